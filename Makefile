@@ -1,0 +1,36 @@
+# modkit-go: run `make help` for the targets.
+GO        ?= go
+PKGS      ?= ./...
+TESTFLAGS ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets with one line each
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## Run the whole test suite with -race (starts a throwaway PostgreSQL unless DATABASE_URL is set)
+	$(GO) test -race -count=1 -timeout 15m $(TESTFLAGS) $(PKGS)
+
+.PHONY: demo
+demo: ## Run the Mini Chat demo end to end (throwaway PostgreSQL unless DATABASE_URL is set)
+	$(GO) run ./examples/minichat/cmd/minichat
+
+.PHONY: bench
+bench: ## Run the benchmark program and print its table (BENCHFLAGS=-help for options)
+	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
+
+.PHONY: soak
+soak: ## Run the soak test: dispatcher processes killed, PostgreSQL restarted, nothing lost (SOAKFLAGS=-help)
+	$(GO) run ./cmd/outbox-soak $(SOAKFLAGS)
+
+.PHONY: lint
+lint: ## Check formatting (gofmt) and run go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+.PHONY: tidy-check
+tidy-check: ## Fail if go.mod/go.sum are not tidy
+	$(GO) mod tidy -diff

@@ -1,0 +1,33 @@
+package db
+
+import (
+	"context"
+
+	"go.uber.org/fx"
+)
+
+// Module provides the process's *Provider, built from the Config in the
+// graph. The connection is checked in the app's start hook (bounded by fx's
+// start timeout) and closed in its stop hook. It is the only module that
+// provides the pool: other modules take a *Provider.
+var Module = fx.Module("modkit-db",
+	fx.Provide(newFx),
+)
+
+// FxParams is what Module needs from the graph.
+type FxParams struct {
+	fx.In
+	Config    Config
+	Lifecycle fx.Lifecycle
+}
+
+func newFx(p FxParams) (*Provider, error) {
+	// pgxpool connects lazily, so building it does no I/O; the ping runs in
+	// OnStart where fx's start context bounds it.
+	prov, err := open(context.Background(), p.Config)
+	if err != nil {
+		return nil, err
+	}
+	p.Lifecycle.Append(fx.Hook{OnStart: prov.Ping, OnStop: func(_ context.Context) error { prov.Close(); return nil }})
+	return prov, nil
+}

@@ -1,0 +1,332 @@
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"log/slog"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/migrations"
+)
+
+// MigrationsTable is the table, in the migrated schema, that records which
+// migrations have run.
+const MigrationsTable = "modkit_schema_migrations"
+
+// SchemaDefault is the schema a Migrator targets when none is configured.
+const SchemaDefault = "public"
+
+// ErrInvalidSchema is returned for a schema (or table) name that is not a
+// plain PostgreSQL identifier.
+var ErrInvalidSchema = errors.New("modkit/db: invalid schema or table name: use 1-63 letters, digits or underscores, not starting with a digit")
+
+var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// ValidateSchema reports whether name can be used as a schema name. Names are
+// always quoted in SQL too; the pattern keeps them portable and readable.
+func ValidateSchema(name string) error {
+	if !schemaPattern.MatchString(name) {
+		return fmt.Errorf("%w (got %q)", ErrInvalidSchema, name)
+	}
+	return nil
+}
+
+// MigratorConfig configures a Migrator. The zero value migrates the embedded
+// modkit migrations into the public schema.
+type MigratorConfig struct {
+	// Schema to migrate; created if missing. Default SchemaDefault.
+	Schema string
+	// FS holds NNNN_name.up.sql / NNNN_name.down.sql files at its root.
+	// Default migrations.FS.
+	FS fs.FS
+	// Logger receives one line per migration applied or reverted. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Table records the applied versions of this set of migrations.
+	// Default MigrationsTable. Give each independent set (an application's
+	// own tables, say) a table of its own so versions do not collide.
+	Table string
+}
+
+// Migration is one versioned pair of SQL files.
+type Migration struct {
+	Version int64
+	Name    string
+	up      string
+	down    string
+}
+
+// MigrationStatus tells whether one migration has run.
+type MigrationStatus struct {
+	Version   int64
+	Name      string
+	Applied   bool
+	AppliedAt time.Time // zero when not applied
+}
+
+// Migrator applies and reverts the versioned SQL files in a schema. Every
+// migration runs in its own transaction together with its tracking row, and
+// a PostgreSQL advisory lock per schema serialises concurrent migrators (two
+// replicas starting at once), so each migration runs exactly once.
+type Migrator struct {
+	pool       *pgxpool.Pool
+	schema     string
+	tableName  string
+	migrations []Migration
+	logger     *slog.Logger
+}
+
+var migrationFile = regexp.MustCompile(`^(\d+)_([A-Za-z0-9_]+)\.(up|down)\.sql$`)
+
+// NewMigrator reads and checks the migration files; it does not touch the
+// database.
+func NewMigrator(pool *pgxpool.Pool, cfg MigratorConfig) (*Migrator, error) {
+	if pool == nil {
+		return nil, errors.New("modkit/db: NewMigrator needs a pool")
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = SchemaDefault
+	}
+	if err := ValidateSchema(cfg.Schema); err != nil {
+		return nil, err
+	}
+	if cfg.FS == nil {
+		cfg.FS = migrations.FS
+	}
+	if cfg.Table == "" {
+		cfg.Table = MigrationsTable
+	}
+	if err := ValidateSchema(cfg.Table); err != nil {
+		return nil, fmt.Errorf("modkit/db: MigratorConfig.Table: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ms, err := readMigrations(cfg.FS)
+	if err != nil {
+		return nil, err
+	}
+	return &Migrator{pool: pool, schema: cfg.Schema, tableName: cfg.Table, migrations: ms, logger: cfg.Logger}, nil
+}
+
+func readMigrations(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("modkit/db: read migrations: %w", err)
+	}
+	byVersion := map[int64]*Migration{}
+	for _, e := range entries {
+		if e.IsDir() || path.Ext(e.Name()) != ".sql" {
+			continue
+		}
+		m := migrationFile.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("modkit/db: migration file %q: name it NNNN_name.up.sql or NNNN_name.down.sql", e.Name())
+		}
+		version, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil || version <= 0 {
+			return nil, fmt.Errorf("modkit/db: migration file %q: version must be a positive number", e.Name())
+		}
+		body, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("modkit/db: read %s: %w", e.Name(), err)
+		}
+		mig := byVersion[version]
+		if mig == nil {
+			mig = &Migration{Version: version, Name: m[2]}
+			byVersion[version] = mig
+		} else if mig.Name != m[2] {
+			return nil, fmt.Errorf("modkit/db: migration %d has two names, %q and %q", version, mig.Name, m[2])
+		}
+		if m[3] == "up" {
+			mig.up = string(body)
+		} else {
+			mig.down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.up == "" {
+			return nil, fmt.Errorf("modkit/db: migration %04d_%s has no .up.sql file", m.Version, m.Name)
+		}
+		if m.down == "" {
+			return nil, fmt.Errorf("modkit/db: migration %04d_%s has no .down.sql file", m.Version, m.Name)
+		}
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b Migration) int { return int(a.Version - b.Version) })
+	return out, nil
+}
+
+// Migrations lists the known migrations in version order.
+func (m *Migrator) Migrations() []Migration { return slices.Clone(m.migrations) }
+
+// Up applies every migration not yet applied, in version order, and returns
+// the ones it applied. Running it again applies nothing.
+func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
+	var applied []Migration
+	err := m.locked(ctx, func(conn *pgx.Conn) error {
+		done, err := m.appliedVersions(ctx, conn)
+		if err != nil {
+			return err
+		}
+		for _, mig := range m.migrations {
+			if _, ok := done[mig.Version]; ok {
+				continue
+			}
+			if err := m.run(ctx, conn, mig, true); err != nil {
+				return err
+			}
+			applied = append(applied, mig)
+		}
+		return nil
+	})
+	return applied, err
+}
+
+// Down reverts the last steps applied migrations, newest first, and returns
+// the ones it reverted. steps must be positive; asking for more than are
+// applied reverts them all.
+func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
+	if steps <= 0 {
+		return nil, fmt.Errorf("modkit/db: Down needs a positive number of steps (got %d)", steps)
+	}
+	var reverted []Migration
+	err := m.locked(ctx, func(conn *pgx.Conn) error {
+		done, err := m.appliedVersions(ctx, conn)
+		if err != nil {
+			return err
+		}
+		for i := len(m.migrations) - 1; i >= 0 && len(reverted) < steps; i-- {
+			mig := m.migrations[i]
+			if _, ok := done[mig.Version]; !ok {
+				continue
+			}
+			if err := m.run(ctx, conn, mig, false); err != nil {
+				return err
+			}
+			reverted = append(reverted, mig)
+		}
+		return nil
+	})
+	return reverted, err
+}
+
+// Status reports every known migration and whether it has been applied.
+func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
+	var out []MigrationStatus
+	err := m.withConn(ctx, func(conn *pgx.Conn) error {
+		done, err := m.appliedVersions(ctx, conn)
+		if err != nil {
+			return err
+		}
+		for _, mig := range m.migrations {
+			at, ok := done[mig.Version]
+			out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (m *Migrator) table() string {
+	return pgx.Identifier{m.schema, m.tableName}.Sanitize()
+}
+
+func (m *Migrator) lockKey() int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("modkit/db migrate " + m.schema + "." + m.tableName))
+	return int64(h.Sum64())
+}
+
+func (m *Migrator) withConn(ctx context.Context, fn func(conn *pgx.Conn) error) error {
+	c, err := m.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("modkit/db: migrate: acquire connection: %w", err)
+	}
+	defer c.Release()
+	return fn(c.Conn())
+}
+
+// locked runs fn on one connection holding the schema's advisory lock. The
+// lock is session-level, so it is released at the latest when the connection
+// dies.
+func (m *Migrator) locked(ctx context.Context, fn func(conn *pgx.Conn) error) error {
+	return m.withConn(ctx, func(conn *pgx.Conn) error {
+		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", m.lockKey()); err != nil {
+			return fmt.Errorf("modkit/db: migrate: take advisory lock: %w", err)
+		}
+		defer func() {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", m.lockKey())
+		}()
+		schema := pgx.Identifier{m.schema}.Sanitize()
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema+";\n"+
+			"CREATE TABLE IF NOT EXISTS "+m.table()+
+			" (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+			return fmt.Errorf("modkit/db: migrate: create %s: %w", m.table(), err)
+		}
+		return fn(conn)
+	})
+}
+
+func (m *Migrator) appliedVersions(ctx context.Context, conn *pgx.Conn) (map[int64]time.Time, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.table()).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
+	}
+	done := map[int64]time.Time{}
+	if !exists {
+		return done, nil
+	}
+	rows, err := conn.Query(ctx, "SELECT version, applied_at FROM "+m.table())
+	if err != nil {
+		return nil, fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
+	}
+	var v int64
+	var at time.Time
+	_, err = pgx.ForEachRow(rows, []any{&v, &at}, func() error { done[v] = at; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
+	}
+	return done, nil
+}
+
+func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bool) error {
+	direction, body := "up", mig.up
+	if !up {
+		direction, body = "down", mig.down
+	}
+	err := InTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
+			return err
+		}
+		// No arguments: pgx uses the simple protocol, which allows several
+		// statements in one file.
+		if _, err := tx.Exec(ctx, body); err != nil {
+			return err
+		}
+		var err error
+		if up {
+			_, err = tx.Exec(ctx, "INSERT INTO "+m.table()+" (version, name) VALUES ($1, $2)", mig.Version, mig.Name)
+		} else {
+			_, err = tx.Exec(ctx, "DELETE FROM "+m.table()+" WHERE version = $1", mig.Version)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
+			mig.Version, mig.Name, direction, m.schema, err)
+	}
+	m.logger.Info("migration "+direction, "version", mig.Version, "name", mig.Name, "schema", m.schema)
+	return nil
+}

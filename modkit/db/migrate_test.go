@@ -1,0 +1,169 @@
+package db_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/db"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func tableExists(t *testing.T, pool *pgxpool.Pool, qualified string) bool {
+	t.Helper()
+	var ok bool
+	if err := pool.QueryRow(context.Background(), "SELECT to_regclass($1) IS NOT NULL", qualified).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestMigratorUpDownStatusInSchema(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_alt", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := m.Migrations()
+	if len(all) == 0 {
+		t.Fatal("no embedded migrations")
+	}
+
+	applied, err := m.Up(ctx)
+	if err != nil || len(applied) != len(all) {
+		t.Fatalf("first Up: applied %d of %d, err %v", len(applied), len(all), err)
+	}
+	if !tableExists(t, pool, "mk_alt.modkit_outbox_events") {
+		t.Fatal("Up did not create mk_alt.modkit_outbox_events")
+	}
+	again, err := m.Up(ctx)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("second Up must be a no-op: applied %d, err %v", len(again), err)
+	}
+	st, err := m.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if !s.Applied || s.AppliedAt.IsZero() {
+			t.Fatalf("status after Up: %+v", s)
+		}
+	}
+
+	reverted, err := m.Down(ctx, len(all)+5)
+	if err != nil || len(reverted) != len(all) {
+		t.Fatalf("Down: reverted %d of %d, err %v", len(reverted), len(all), err)
+	}
+	if tableExists(t, pool, "mk_alt.modkit_outbox_events") {
+		t.Fatal("Down left mk_alt.modkit_outbox_events behind")
+	}
+	st, _ = m.Status(ctx)
+	for _, s := range st {
+		if s.Applied {
+			t.Fatalf("status after Down: %+v", s)
+		}
+	}
+	if _, err := m.Down(ctx, 0); err == nil {
+		t.Fatal("Down(0) must be rejected")
+	}
+	// The public schema, migrated by the harness, was not touched.
+	if !tableExists(t, pool, "public.modkit_outbox_events") {
+		t.Fatal("migrating mk_alt touched public")
+	}
+}
+
+func TestMigratorConcurrent(t *testing.T) {
+	ctx := context.Background()
+	tdb := pgtest.NewDB(t)
+	const n = 8
+	var wg sync.WaitGroup
+	results := make([]int, n)
+	errs := make([]error, n)
+	for i := range n {
+		pool := tdb.NewPool(t) // separate pools, like separate processes
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_conc", Logger: quiet})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			applied, err := m.Up(ctx)
+			results[i], errs[i] = len(applied), err
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("migrator %d: %v", i, errs[i])
+		}
+		total += results[i]
+	}
+	m, _ := db.NewMigrator(tdb.Provider.Pool, db.MigratorConfig{Schema: "mk_conc", Logger: quiet})
+	if want := len(m.Migrations()); total != want {
+		t.Fatalf("%d concurrent migrators applied %d migrations in all, want exactly %d", n, total, want)
+	}
+}
+
+func TestMigratorFailedMigrationRollsBack(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	fsys := fstest.MapFS{
+		"0001_first.up.sql":    {Data: []byte("CREATE TABLE first_t (id int);")},
+		"0001_first.down.sql":  {Data: []byte("DROP TABLE first_t;")},
+		"0002_broken.up.sql":   {Data: []byte("CREATE TABLE second_t (id int);\nSELECT no_such_function();")},
+		"0002_broken.down.sql": {Data: []byte("DROP TABLE second_t;")},
+	}
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_fail", FS: fsys, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied, err := m.Up(ctx)
+	if err == nil {
+		t.Fatal("Up with a broken migration must fail")
+	}
+	if len(applied) != 1 || applied[0].Version != 1 {
+		t.Fatalf("applied %+v, want only 0001", applied)
+	}
+	if !tableExists(t, pool, "mk_fail.first_t") || tableExists(t, pool, "mk_fail.second_t") {
+		t.Fatal("0001 must stay applied and 0002's partial work must be rolled back")
+	}
+	st, _ := m.Status(ctx)
+	if !st[0].Applied || st[1].Applied {
+		t.Fatalf("status: %+v", st)
+	}
+}
+
+func TestMigratorRejectsBadInput(t *testing.T) {
+	pool := pgtest.NewDB(t).Provider.Pool
+	for _, schema := range []string{"a;drop table x", `we"ird`, "1abc", "has space", "x123456789012345678901234567890123456789012345678901234567890123"} {
+		if _, err := db.NewMigrator(pool, db.MigratorConfig{Schema: schema}); !errors.Is(err, db.ErrInvalidSchema) {
+			t.Errorf("schema %q: want ErrInvalidSchema, got %v", schema, err)
+		}
+	}
+	bad := []fstest.MapFS{
+		{"0001_x.up.sql": {Data: []byte("SELECT 1")}},                                                // no down
+		{"0001_x.down.sql": {Data: []byte("SELECT 1")}},                                              // no up
+		{"x.up.sql": {Data: []byte("SELECT 1")}},                                                     // no version
+		{"0001_a.up.sql": {Data: []byte("SELECT 1")}, "0001_b.down.sql": {Data: []byte("SELECT 1")}}, // two names
+	}
+	for i, fsys := range bad {
+		if _, err := db.NewMigrator(pool, db.MigratorConfig{FS: fsys}); err == nil {
+			t.Errorf("bad FS %d accepted", i)
+		}
+	}
+	if _, err := db.NewMigrator(nil, db.MigratorConfig{}); err == nil {
+		t.Error("nil pool accepted")
+	}
+}

@@ -1,0 +1,105 @@
+package db
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/uptrace/bun"
+	"github.com/uptrace/bun/dialect/pgdialect"
+)
+
+// Config says how to open the database.
+type Config struct {
+	// DSN is a libpq connection string or postgres:// URL. Required.
+	DSN string
+	// MaxConns caps the pool. Zero keeps pgx's default (the larger of 4 and
+	// the number of CPUs), or the pool_max_conns parameter of the DSN.
+	MaxConns int32
+}
+
+// ErrNoDSN is returned by Open when Config.DSN is empty.
+var ErrNoDSN = errors.New("modkit/db: no DSN: set Config.DSN (for example from DATABASE_URL)")
+
+// Provider owns the process's PostgreSQL connections: one pgx pool, and a
+// database/sql handle and a bun.DB that both draw from that same pool, so pgx
+// and bun code share connections, limits and settings.
+type Provider struct {
+	// Pool is the pgx pool every other handle is built on.
+	Pool *pgxpool.Pool
+	// SQL is a database/sql handle backed by Pool.
+	SQL *sql.DB
+	// Bun is a bun.DB (PostgreSQL dialect) backed by SQL.
+	Bun *bun.DB
+
+	closeOnce sync.Once
+}
+
+// Open connects to the database in cfg.DSN and checks the connection with a
+// ping. Close the Provider when done.
+func Open(ctx context.Context, cfg Config) (*Provider, error) {
+	p, err := open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// open builds the Provider without connecting: pgxpool connects lazily.
+func open(ctx context.Context, cfg Config) (*Provider, error) {
+	if cfg.DSN == "" {
+		return nil, ErrNoDSN
+	}
+	poolCfg, err := pgxpool.ParseConfig(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("modkit/db: parse DSN: %w", err)
+	}
+	if cfg.MaxConns < 0 {
+		return nil, fmt.Errorf("modkit/db: Config.MaxConns is %d; it must be zero (default) or positive", cfg.MaxConns)
+	}
+	if cfg.MaxConns > 0 {
+		poolCfg.MaxConns = cfg.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	if err != nil {
+		return nil, fmt.Errorf("modkit/db: open pool: %w", err)
+	}
+	return FromPool(pool), nil
+}
+
+// Ping checks that the database answers.
+func (p *Provider) Ping(ctx context.Context) error {
+	if err := p.Pool.Ping(ctx); err != nil {
+		return fmt.Errorf("modkit/db: connect to %s: %w", redactDSN(p.Pool.Config()), err)
+	}
+	return nil
+}
+
+// FromPool builds a Provider around an existing pool. Closing the Provider
+// closes the pool.
+func FromPool(pool *pgxpool.Pool) *Provider {
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	return &Provider{Pool: pool, SQL: sqlDB, Bun: bun.NewDB(sqlDB, pgdialect.New())}
+}
+
+// Close closes the bun and database/sql handles and then the pool. It is safe
+// to call more than once.
+func (p *Provider) Close() {
+	p.closeOnce.Do(func() {
+		_ = p.Bun.Close() // closes p.SQL too; it holds no connections of its own.
+		p.Pool.Close()
+	})
+}
+
+func redactDSN(cfg *pgxpool.Config) string {
+	c := cfg.ConnConfig
+	return fmt.Sprintf("postgres://%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
+}

@@ -1,0 +1,187 @@
+package db
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/uptrace/bun"
+)
+
+// Runner is the caller's own connection or transaction, whatever library the
+// caller uses. Calls that take a Runner run their SQL through it, so the work
+// joins the caller's transaction: it becomes visible on commit and vanishes on
+// rollback.
+//
+// Accepted values:
+//
+//   - pgx: pgx.Tx, *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn (anything with
+//     pgx's Exec, Query and QueryRow methods);
+//   - bun: bun.Tx, *bun.Tx, *bun.DB, bun.Conn, or any of them held in a bun.IDB;
+//   - database/sql: *sql.Tx, *sql.DB, *sql.Conn (anything with ExecContext,
+//     QueryContext and QueryRowContext that passes $1-style arguments through).
+//
+// Any other value makes the call fail with ErrUnsupportedRunner before any SQL
+// runs.
+type Runner = any
+
+// ErrUnsupportedRunner is returned when a Runner is not one of the accepted
+// connection or transaction types.
+var ErrUnsupportedRunner = errors.New("modkit/db: unsupported runner: pass a pgx.Tx, *pgxpool.Pool, *pgx.Conn, bun.Tx, bun.IDB, *sql.Tx or *sql.DB")
+
+// Querier is the small common surface that every Runner is adapted to. SQL
+// uses PostgreSQL's $1, $2, … placeholders whatever the driver.
+type Querier interface {
+	// Exec runs a statement and returns the number of rows it affected.
+	Exec(ctx context.Context, sql string, args ...any) (int64, error)
+	// Query runs a statement that returns rows. The caller must Close them.
+	Query(ctx context.Context, sql string, args ...any) (Rows, error)
+	// QueryRow runs a statement expected to return at most one row. Scan
+	// reports ErrNoRows when there was none.
+	QueryRow(ctx context.Context, sql string, args ...any) Row
+}
+
+// Row is one result row; see Querier.QueryRow.
+type Row interface {
+	Scan(dest ...any) error
+}
+
+// Rows is a result set; see Querier.Query.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close()
+}
+
+// ErrNoRows is what Row.Scan returns when a query produced no row, whichever
+// driver ran it. It matches both pgx.ErrNoRows and sql.ErrNoRows with
+// errors.Is.
+var ErrNoRows = noRowsError{}
+
+type noRowsError struct{}
+
+func (noRowsError) Error() string { return "modkit/db: no rows in result set" }
+func (noRowsError) Is(target error) bool {
+	return target == pgx.ErrNoRows || target == sql.ErrNoRows
+}
+
+// PgxQuerier is the method set shared by pgx.Tx, *pgxpool.Pool,
+// *pgxpool.Conn and *pgx.Conn.
+type PgxQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// SQLQuerier is the method set shared by *sql.DB, *sql.Tx and *sql.Conn.
+type SQLQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// AsQuerier adapts a Runner. bun values are unwrapped to the database/sql
+// handle they embed, because bun's own query methods rewrite ? placeholders
+// and inline arguments.
+func AsQuerier(r Runner) (Querier, error) {
+	switch v := r.(type) {
+	case nil:
+		return nil, fmt.Errorf("%w (got nil)", ErrUnsupportedRunner)
+	case Querier:
+		return v, nil
+	case PgxQuerier:
+		return pgxQuerier{v}, nil
+	case bun.Tx:
+		return sqlQuerier{v.Tx}, nil
+	case *bun.Tx:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *bun.Tx)", ErrUnsupportedRunner)
+		}
+		return sqlQuerier{v.Tx}, nil
+	case *bun.DB:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *bun.DB)", ErrUnsupportedRunner)
+		}
+		return sqlQuerier{v.DB}, nil
+	case bun.Conn:
+		return sqlQuerier{v.Conn}, nil
+	case *bun.Conn:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *bun.Conn)", ErrUnsupportedRunner)
+		}
+		return sqlQuerier{v.Conn}, nil
+	case SQLQuerier:
+		return sqlQuerier{v}, nil
+	default:
+		return nil, fmt.Errorf("%w (got %T)", ErrUnsupportedRunner, r)
+	}
+}
+
+type pgxQuerier struct{ q PgxQuerier }
+
+func (p pgxQuerier) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	tag, err := p.q.Exec(ctx, sql, args...)
+	return tag.RowsAffected(), err
+}
+
+func (p pgxQuerier) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
+	rows, err := p.q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+func (p pgxQuerier) QueryRow(ctx context.Context, sql string, args ...any) Row {
+	return pgxRow{p.q.QueryRow(ctx, sql, args...)}
+}
+
+type pgxRow struct{ r pgx.Row }
+
+func (r pgxRow) Scan(dest ...any) error {
+	err := r.r.Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrNoRows
+	}
+	return err
+}
+
+type sqlQuerier struct{ q SQLQuerier }
+
+func (s sqlQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := s.q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s sqlQuerier) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	rows, err := s.q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return sqlRows{rows}, nil
+}
+
+func (s sqlQuerier) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return sqlRow{s.q.QueryRowContext(ctx, query, args...)}
+}
+
+type sqlRow struct{ r *sql.Row }
+
+func (r sqlRow) Scan(dest ...any) error {
+	err := r.r.Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrNoRows
+	}
+	return err
+}
+
+type sqlRows struct{ *sql.Rows }
+
+func (r sqlRows) Close() { _ = r.Rows.Close() }

@@ -1,0 +1,68 @@
+package db_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/db"
+)
+
+func TestInTx(t *testing.T) {
+	ctx := context.Background()
+	p := pgtest.NewDB(t).Provider
+	if _, err := p.Pool.Exec(ctx, "CREATE TABLE runner_probe (name text NOT NULL, v int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(name string) func(context.Context, pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "INSERT INTO runner_probe VALUES ($1, 1)", name)
+			return err
+		}
+	}
+
+	if err := p.InTx(ctx, insert("committed")); err != nil {
+		t.Fatal(err)
+	}
+	if c := count(t, p, "committed"); c != 1 {
+		t.Fatalf("commit: %d rows, want 1", c)
+	}
+
+	boom := errors.New("boom")
+	err := p.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if err := insert("failed")(ctx, tx); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("want the function's error back, got %v", err)
+	}
+	if c := count(t, p, "failed"); c != 0 {
+		t.Fatalf("error: %d rows, want 0 (rolled back)", c)
+	}
+
+	func() {
+		defer func() {
+			if r := recover(); r != "kaboom" {
+				t.Fatalf("want the panic to continue, recovered %v", r)
+			}
+		}()
+		_ = db.InTx(ctx, p.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if err := insert("panicked")(ctx, tx); err != nil {
+				return err
+			}
+			panic("kaboom")
+		})
+	}()
+	if c := count(t, p, "panicked"); c != 0 {
+		t.Fatalf("panic: %d rows, want 0 (rolled back)", c)
+	}
+	// The pool is still healthy: the panicking transaction's connection went back clean.
+	if st := p.Pool.Stat(); st.AcquiredConns() != 0 {
+		t.Fatalf("%d connections still acquired after InTx", st.AcquiredConns())
+	}
+}
