@@ -1,0 +1,31 @@
+package lifecycle
+
+import (
+	"context"
+
+	"go.uber.org/fx"
+)
+
+// Hook registers t with an fx lifecycle: OnStart starts it (waiting for
+// ready if the task awaits it, bounded by fx's start timeout) and OnStop
+// stops it (bounded by the task's stop timeout and fx's stop timeout). A
+// stop that times out fails the app's Stop with ErrStopTimeout.
+func Hook(lc fx.Lifecycle, t *Task) {
+	lc.Append(fx.Hook{
+		OnStart: t.Start,
+		OnStop: func(ctx context.Context) error {
+			_, err := t.Stop(ctx)
+			return err
+		},
+	})
+}
+
+// HookWithShutdown is Hook, and also asks the app to shut down (exit code
+// 1) when the task fails on its own after it started, so that a service
+// whose essential worker died does not run on silently.
+func HookWithShutdown(lc fx.Lifecycle, sd fx.Shutdowner, t *Task) {
+	t.addFailureHook(func(string, error) {
+		_ = sd.Shutdown(fx.ExitCode(1))
+	})
+	Hook(lc, t)
+}
