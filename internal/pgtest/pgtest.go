@@ -54,18 +54,11 @@ var (
 // Main sets the server up, runs the tests, removes what it created and checks
 // for leaked goroutines. It calls os.Exit.
 func Main(m *testing.M) {
-	os.Exit(run(m, pgserver.Options{}))
+	os.Exit(run(m))
 }
 
-// MainWith is Main with options for the throwaway cluster (ignored when an
-// external server is used): tests that restart the server use Durable, so
-// that what was committed survives an immediate shutdown.
-func MainWith(m *testing.M, opts pgserver.Options) {
-	os.Exit(run(m, opts))
-}
-
-func run(m *testing.M, opts pgserver.Options) int {
-	if err := setup(opts); err != nil {
+func run(m *testing.M) int {
+	if err := setup(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -89,7 +82,7 @@ func ServerURL() string {
 	return os.Getenv("DATABASE_URL")
 }
 
-func setup(opts pgserver.Options) error {
+func setup() error {
 	prefix = fmt.Sprintf("modkit_test_%d_%04x", os.Getpid(), rand.IntN(1<<16))
 	if u := ServerURL(); u != "" {
 		adminDSN = u
@@ -97,7 +90,7 @@ func setup(opts pgserver.Options) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgserver.Start(ctx, opts)
+	c, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
 		return fmt.Errorf("pgtest: no TEST_DATABASE_URL/DATABASE_URL set, and starting a throwaway PostgreSQL failed: %w", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,14 +29,15 @@ const SchemaDefault = "public"
 
 // ErrInvalidSchema is returned for a schema (or table) name that is not a
 // plain PostgreSQL identifier.
-var ErrInvalidSchema = errors.New("modkit/db: invalid schema or table name: use 1-63 letters, digits or underscores, not starting with a digit")
+var ErrInvalidSchema = errors.New("modkit/db: invalid schema or table name: use 1-63 letters, digits or underscores, not starting with a digit or pg_")
 
 var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // ValidateSchema reports whether name can be used as a schema name. Names are
 // always quoted in SQL too; the pattern keeps them portable and readable.
+// The prefix pg_ is refused: PostgreSQL reserves it for system schemas.
 func ValidateSchema(name string) error {
-	if !schemaPattern.MatchString(name) {
+	if !schemaPattern.MatchString(name) || strings.HasPrefix(name, "pg_") {
 		return fmt.Errorf("%w (got %q)", ErrInvalidSchema, name)
 	}
 	return nil
