@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// report is the outcome of a run.
+type report struct {
+	elapsed         time.Duration
+	generations     int
+	logDir          string
+	producerRetries int64
+
+	enqueued, healthy, transient, permanent int
+	delivered, dead                         int
+	deliveries                              int // rows in soak_deliveries
+	eventsDeliveredTwice, extraDeliveries   int
+	byKill, byRestart, unattributed         int // duplicate deliveries, by cause
+	kills, restarts                         int
+	audited                                 int
+	counts                                  []check
+	failures                                []string
+}
+
+// check is one verified quantity and whether it had to be zero.
+type check struct {
+	what string
+	n    int
+}
+
+func (r *report) fail(format string, args ...any) {
+	r.failures = append(r.failures, fmt.Sprintf(format, args...))
+}
+
+// verify checks the database after the drain.
+func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []incident) *report {
+	r := &report{}
+	for _, in := range incidents {
+		if in.kind == "kill" {
+			r.kills++
+		} else {
+			r.restarts++
+		}
+	}
+	scalar := func(sql string, args ...any) int {
+		var n int
+		if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			r.fail("query failed: %v\n%s", err, sql)
+		}
+		return n
+	}
+	r.enqueued = scalar(`SELECT count(*) FROM soak_enqueued`)
+	r.healthy = scalar(`SELECT count(*) FROM soak_enqueued WHERE poison IS NULL`)
+	r.transient = scalar(`SELECT count(*) FROM soak_enqueued WHERE poison = 'transient'`)
+	r.permanent = scalar(`SELECT count(*) FROM soak_enqueued WHERE poison = 'permanent'`)
+	r.delivered = scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'delivered'`)
+	r.dead = scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'dead'`)
+	r.deliveries = scalar(`SELECT count(*) FROM soak_deliveries`)
+	r.audited = scalar(`SELECT count(*) FROM soak_audit`)
+	if r.enqueued == 0 || r.deliveries == 0 {
+		r.fail("nothing was enqueued or delivered")
+	}
+
+	// Each must be zero.
+	mustBeZero := []check{
+		{"healthy events never delivered (lost)", scalar(`SELECT count(*) FROM soak_enqueued q WHERE q.poison IS NULL
+			AND NOT EXISTS (SELECT 1 FROM soak_deliveries d WHERE d.event_id = q.event_id)`)},
+		{"healthy events not marked delivered", scalar(`SELECT count(*) FROM soak_enqueued q
+			LEFT JOIN modkit_outbox_events e ON e.id = q.event_id WHERE q.poison IS NULL AND e.status IS DISTINCT FROM 'delivered'`)},
+		{"enqueued events without an outbox row", scalar(`SELECT count(*) FROM soak_enqueued q
+			WHERE NOT EXISTS (SELECT 1 FROM modkit_outbox_events e WHERE e.id = q.event_id)`)},
+		{"outbox rows no producer committed", scalar(`SELECT count(*) FROM modkit_outbox_events e
+			WHERE NOT EXISTS (SELECT 1 FROM soak_enqueued q WHERE q.event_id = e.id)`)},
+		{"deliveries of unknown events", scalar(`SELECT count(*) FROM soak_deliveries d
+			WHERE NOT EXISTS (SELECT 1 FROM soak_enqueued q WHERE q.event_id = d.event_id)`)},
+		{"rows left pending or processing", scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status IN ('pending', 'processing')`)},
+		{"rows processing with an expired lease", scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'processing' AND locked_until < now()`)},
+		{"dead rows that are not poison", scalar(`SELECT count(*) FROM modkit_outbox_events e
+			LEFT JOIN soak_enqueued q ON q.event_id = e.id WHERE e.status = 'dead' AND q.poison IS NULL`)},
+		{"poison events not dead", scalar(`SELECT count(*) FROM soak_enqueued q
+			JOIN modkit_outbox_events e ON e.id = q.event_id WHERE q.poison IS NOT NULL AND e.status <> 'dead'`)},
+		{"transient poison dead before max_attempts", scalar(`SELECT count(*) FROM soak_enqueued q
+			JOIN modkit_outbox_events e ON e.id = q.event_id WHERE q.poison = 'transient' AND e.attempts <> $1`, o.maxAttempts)},
+		{"poison events delivered", scalar(`SELECT count(*) FROM soak_deliveries d
+			JOIN soak_enqueued q USING (event_id) WHERE q.poison IS NOT NULL`)},
+		// The audit trail of lease transitions.
+		{"settlements under an expired lease", scalar(`SELECT count(*) FROM soak_audit
+			WHERE new_status IN ('delivered', 'pending') AND NOT old_locked_until > at`)},
+		{"dead-lettered under an expired lease, not by the sweep", scalar(`SELECT count(*) FROM soak_audit
+			WHERE new_status = 'dead' AND NOT old_locked_until > at AND new_last_error NOT LIKE '%expired on the final attempt%'`)},
+		{"delivered marks by a lease whose publish never reached the downstream", scalar(`SELECT count(*) FROM soak_audit a
+			WHERE a.new_status = 'delivered' AND NOT EXISTS (
+				SELECT 1 FROM soak_deliveries d WHERE d.event_id = a.event_id AND d.lease_token = a.old_token)`)},
+		{"reclaims of a valid lease", scalar(`SELECT count(*) FROM soak_audit
+			WHERE new_status = 'processing' AND new_token IS DISTINCT FROM old_token AND old_locked_until > at`)},
+	}
+	for _, c := range mustBeZero {
+		if c.n != 0 {
+			r.fail("%s: %d", c.what, c.n)
+		}
+	}
+	r.counts = mustBeZero
+	r.attributeDuplicates(ctx, pool, o, incidents)
+	return r
+}
+
+// attributeDuplicates explains every extra delivery: the delivery before it
+// must have been cut short by a fault, a SIGKILL of the process that made
+// it, or a PostgreSQL restart around it (whose lost acks and claims can
+// surface up to a lease later).
+func (r *report) attributeDuplicates(ctx context.Context, pool *pgxpool.Pool, o options, incidents []incident) {
+	rows, err := pool.Query(ctx, `SELECT event_id, pid, at FROM soak_deliveries
+		WHERE event_id IN (SELECT event_id FROM soak_deliveries GROUP BY event_id HAVING count(*) > 1)
+		ORDER BY event_id, at`)
+	if err != nil {
+		r.fail("read duplicate deliveries: %v", err)
+		return
+	}
+	defer rows.Close()
+	type delivery struct {
+		id  uuid.UUID
+		pid int
+		at  time.Time
+	}
+	var prev delivery
+	var examples []string
+	slack := 2 * o.lease
+	for rows.Next() {
+		var d delivery
+		if err := rows.Scan(&d.id, &d.pid, &d.at); err != nil {
+			r.fail("read duplicate deliveries: %v", err)
+			return
+		}
+		if d.id != prev.id {
+			r.eventsDeliveredTwice++
+			prev = d
+			continue
+		}
+		r.extraDeliveries++
+		cause := ""
+		for _, in := range incidents {
+			switch {
+			case in.kind == "kill" && in.pid == prev.pid && !prev.at.After(in.end) && !d.at.Before(in.begin):
+				cause = "kill"
+			case in.kind == "restart" && !prev.at.After(in.end.Add(slack)) && !d.at.Before(in.begin):
+				if cause == "" {
+					cause = "restart"
+				}
+			}
+		}
+		switch cause {
+		case "kill":
+			r.byKill++
+		case "restart":
+			r.byRestart++
+		default:
+			r.unattributed++
+			if len(examples) < 5 {
+				examples = append(examples, fmt.Sprintf("event %s delivered by pid %d at %s and again by pid %d at %s",
+					d.id, prev.pid, prev.at.Format(time.RFC3339Nano), d.pid, d.at.Format(time.RFC3339Nano)))
+			}
+		}
+		prev = d
+	}
+	if err := rows.Err(); err != nil {
+		r.fail("read duplicate deliveries: %v", err)
+	}
+	if r.unattributed > 0 {
+		r.fail("%d duplicate deliveries coincide with no kill or restart, e.g.\n    %s", r.unattributed, strings.Join(examples, "\n    "))
+	}
+}
+
+func (r *report) print() {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n== outbox soak summary ==\n")
+	fmt.Fprintf(&b, "run time            %v\n", r.elapsed.Round(time.Second))
+	fmt.Fprintf(&b, "faults              %d dispatcher SIGKILLs, %d PostgreSQL restarts (immediate); %d dispatcher processes in all\n",
+		r.kills, r.restarts, r.generations)
+	fmt.Fprintf(&b, "enqueued            %d events: %d healthy, %d poison (%d transient, %d permanent); %d producer retries\n",
+		r.enqueued, r.healthy, r.transient+r.permanent, r.transient, r.permanent, r.producerRetries)
+	fmt.Fprintf(&b, "outcome             %d delivered, %d dead\n", r.delivered, r.dead)
+	fmt.Fprintf(&b, "deliveries          %d recorded downstream; %d events delivered more than once, %d extra deliveries\n",
+		r.deliveries, r.eventsDeliveredTwice, r.extraDeliveries)
+	fmt.Fprintf(&b, "duplicates due to   %d kills, %d restarts, %d unexplained\n", r.byKill, r.byRestart, r.unattributed)
+	fmt.Fprintf(&b, "lease audit         %d transitions out of processing checked\n", r.audited)
+	for _, c := range r.counts {
+		fmt.Fprintf(&b, "  %-72s %d\n", c.what, c.n)
+	}
+	fmt.Fprintf(&b, "dispatcher logs     %s\n", r.logDir)
+	if len(r.failures) == 0 {
+		fmt.Fprintf(&b, "RESULT              PASS: nothing lost, duplicates explained by faults, table consistent\n")
+	} else {
+		fmt.Fprintf(&b, "RESULT              FAIL\n")
+		for _, f := range r.failures {
+			fmt.Fprintf(&b, "  - %s\n", f)
+		}
+	}
+	fmt.Print(b.String())
+}
