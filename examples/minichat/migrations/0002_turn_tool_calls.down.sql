@@ -1,0 +1,3 @@
+ALTER TABLE minichat_turns
+    DROP COLUMN web_search_calls,
+    DROP COLUMN code_exec_calls;
