@@ -1,0 +1,262 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// rawInsertSQL inserts one event with the columns the library's enqueue
+// writes, without ON CONFLICT, duplicate lookup or NOTIFY.
+func rawInsertSQL(table string) string {
+	return `INSERT INTO ` + table + ` (` + strings.Join(insertColumns, ", ") + `)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
+}
+
+// enqueueLoop runs producers goroutines, each committing one transaction
+// after another until dur has passed, and returns the committed
+// transactions per second. write adds the event seq to tx.
+func (b *bench) enqueueLoop(ctx context.Context, producers int, dur time.Duration,
+	write func(ctx context.Context, tx pgx.Tx, seq int64) error) (float64, error) {
+	if err := b.t.truncate(ctx); err != nil {
+		return 0, err
+	}
+	if err := b.t.settle(ctx); err != nil {
+		return 0, err
+	}
+	pool, err := b.t.newPool(ctx, poolSpec{maxConns: int32(producers), warm: producers})
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	var seq, committed atomic.Int64
+	errs := make([]error, producers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(dur)
+	for p := range producers {
+		wg.Go(func() {
+			for ctx.Err() == nil && time.Now().Before(deadline) {
+				s := seq.Add(1)
+				if errs[p] = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, s) }); errs[p] != nil {
+					return
+				}
+				committed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+		return 0, err
+	}
+	return float64(committed.Load()) / elapsed.Seconds(), nil
+}
+
+// enqueueVariant is one way of writing an event in a producer's
+// transaction.
+type enqueueVariant struct {
+	name  string
+	write func(ctx context.Context, tx pgx.Tx, seq int64) error
+}
+
+// enqueueVariants measures each variant -repeat times, going round all of
+// them in turn, and returns the median rate of each.
+func (b *bench) enqueueVariants(ctx context.Context, producers int, dur time.Duration, variants []enqueueVariant) ([]float64, error) {
+	runs := make([][]float64, len(variants))
+	for range b.opts.repeat {
+		for i, v := range variants {
+			b.log.Info("enqueue: "+v.name, "producers", producers, "duration", dur)
+			rate, err := b.enqueueLoop(ctx, producers, dur, v.write)
+			if err != nil {
+				return nil, fmt.Errorf("enqueue (%s): %w", v.name, err)
+			}
+			b.log.Info("enqueue: "+v.name+" done", "events_per_s", int(rate))
+			runs[i] = append(runs[i], rate)
+		}
+	}
+	return medians(runs), nil
+}
+
+// runEnqueue is the enqueue workload: one event per transaction from
+// concurrent producers, the library's Enqueue against a plain INSERT of the
+// same row in the same transaction shape (BEGIN; INSERT; COMMIT).
+func (b *bench) runEnqueue(ctx context.Context) error {
+	if err := b.t.freshTable(ctx); err != nil {
+		return err
+	}
+	producers, dur := b.opts.producers, b.opts.duration
+	insert := rawInsertSQL(b.t.table.Sanitize())
+	quiet, err := outbox.NewProducer(outbox.Config{DisableNotify: true})
+	if err != nil {
+		return err
+	}
+	variants := []enqueueVariant{
+		{"plain INSERT", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			v, err := rawValues(b.src.message("enqueue-raw", seq))
+			if err == nil {
+				_, err = tx.Exec(ctx, insert, v...)
+			}
+			return err
+		}},
+		{"outbox.Enqueue", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			_, err := outbox.Enqueue(ctx, tx, b.src.message("enqueue", seq))
+			return err
+		}},
+		{"Enqueue without NOTIFY", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			_, err := quiet.Enqueue(ctx, tx, b.src.message("enqueue-quiet", seq))
+			return err
+		}},
+	}
+	rates, err := b.enqueueVariants(ctx, producers, dur, variants)
+	if err != nil {
+		return err
+	}
+	measure := fmt.Sprintf("1 event/tx, %d producers, %v", producers, dur)
+	r := rateRow("enqueue", measure, rates[1], rates[0], 0.9)
+	r.Note = "Baseline: the same row (same columns, dedupe key and tenant) by a plain INSERT in the same BEGIN; INSERT; COMMIT. " +
+		"The library sends NOTIFY at most once per NotifyInterval (" + outbox.NotifyIntervalDefault.String() + ") per process, inside the enqueue statement."
+	b.add(r)
+	b.add(rateRow("enqueue", "same, Config.DisableNotify", rates[2], rates[0], 0))
+	if b.opts.repeat > 1 {
+		r.Note += fmt.Sprintf(" Medians of %d runs each.", b.opts.repeat)
+	}
+	return nil
+}
+
+// bulkLoad writes total events in batches of batch, each batch in its own
+// transaction, from producers goroutines, and returns events per second.
+// The messages are built before the clock starts.
+func (b *bench) bulkLoad(ctx context.Context, run string, producers, total, batch int,
+	write func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error) (float64, error) {
+	if err := b.t.truncate(ctx); err != nil {
+		return 0, err
+	}
+	if err := b.t.settle(ctx); err != nil {
+		return 0, err
+	}
+	batches := make(chan []outbox.Message, total/batch+1)
+	for start := 0; start < total; start += batch {
+		msgs := make([]outbox.Message, 0, batch)
+		for i := start; i < min(total, start+batch); i++ {
+			msgs = append(msgs, b.src.message(run, int64(i)))
+		}
+		batches <- msgs
+	}
+	close(batches)
+	pool, err := b.t.newPool(ctx, poolSpec{maxConns: int32(producers), warm: producers})
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	errs := make([]error, producers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for p := range producers {
+		wg.Go(func() {
+			for msgs := range batches {
+				if errs[p] = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return write(ctx, tx, msgs) }); errs[p] != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	return float64(total) / elapsed.Seconds(), nil
+}
+
+// bulkVariant is one way of writing a batch of events.
+type bulkVariant struct {
+	name  string
+	write func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error
+}
+
+// bulkVariants loads -bulk-events events with each variant -repeat times,
+// going round all of them in turn, and returns the median rate of each.
+func (b *bench) bulkVariants(ctx context.Context, producers int, variants []bulkVariant) ([]float64, error) {
+	total, batch := b.opts.bulkEvents, b.opts.bulkBatch
+	runs := make([][]float64, len(variants))
+	for round := range b.opts.repeat {
+		for i, v := range variants {
+			b.log.Info("bulk: "+v.name, "producers", producers, "events", total, "batch", batch)
+			rate, err := b.bulkLoad(ctx, fmt.Sprintf("bulk-%d-%d-%d", producers, i, round), producers, total, batch, v.write)
+			if err != nil {
+				return nil, fmt.Errorf("bulk (%s, %d producers): %w", v.name, producers, err)
+			}
+			b.log.Info("bulk: "+v.name+" done", "events_per_s", int(rate))
+			runs[i] = append(runs[i], rate)
+		}
+	}
+	return medians(runs), nil
+}
+
+// medians returns the median of each list (the lower middle one for an
+// even count).
+func medians(runs [][]float64) []float64 {
+	out := make([]float64, len(runs))
+	for i, r := range runs {
+		r = slices.Clone(r)
+		slices.Sort(r)
+		out[i] = r[(len(r)-1)/2]
+	}
+	return out
+}
+
+// runBulk is the bulk enqueue workload: EnqueueBatch of batches with dedupe
+// keys against COPY of the same rows, with one and with two producers.
+func (b *bench) runBulk(ctx context.Context) error {
+	if err := b.t.freshTable(ctx); err != nil {
+		return err
+	}
+	total, batch := b.opts.bulkEvents, b.opts.bulkBatch
+	lib := func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
+		res, err := outbox.EnqueueBatch(ctx, tx, msgs)
+		if err == nil && len(res) != len(msgs) {
+			err = fmt.Errorf("EnqueueBatch returned %d results for %d messages", len(res), len(msgs))
+		}
+		return err
+	}
+	copyRows := func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
+		rows := make([][]any, len(msgs))
+		for i, m := range msgs {
+			v, err := rawValues(m)
+			if err != nil {
+				return err
+			}
+			rows[i] = v
+		}
+		_, err := tx.CopyFrom(ctx, b.t.table, insertColumns, pgx.CopyFromRows(rows))
+		return err
+	}
+	for _, producers := range []int{1, 2} {
+		rates, err := b.bulkVariants(ctx, producers, []bulkVariant{{"COPY", copyRows}, {"EnqueueBatch", lib}})
+		if err != nil {
+			return err
+		}
+		r := rateRow("bulk enqueue", fmt.Sprintf("batches of %d with dedupe keys, %d producer(s), %s events", batch, producers, itoa(int64(total))),
+			rates[1], rates[0], 0)
+		if producers == 1 {
+			r.Target = "≥ 60,000/s"
+			r.Met = ptr(rates[1] >= 60000)
+			r.Note = "Baseline: pgx CopyFrom of the same rows (same columns, ids generated the same way) into the same table, one transaction per batch."
+			if b.opts.repeat > 1 {
+				r.Note += fmt.Sprintf(" Medians of %d runs each.", b.opts.repeat)
+			}
+		}
+		b.add(r)
+	}
+	return nil
+}
