@@ -39,19 +39,13 @@ func newStatements(schema string, syncCommit bool) statements {
 	}
 	f := func(format string) string { return fmt.Sprintf(format, t) }
 
-	// The duplicate lookup runs in the same statement for the common case;
-	// a row committed by a racing transaction after this statement's
-	// snapshot is found by lookupDuplicate in a new statement.
+	// A duplicate inserts nothing and returns no row; Enqueue then finds
+	// the original with lookupDuplicate in a new statement (which also sees
+	// a row a racing transaction committed after the insert's snapshot).
 	insertOne := `INSERT INTO %[1]s (id, namespace, topic, tenant_id, dedupe_key, payload, status, attempts)
 	VALUES ($1, $2, $3, $4, $5, $6::jsonb, 'pending', 0)
 	ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
 	RETURNING id`
-	enqueueTail := `
-SELECT ins.id, false FROM ins
-UNION ALL
-SELECT e.id, true FROM %[1]s e
-WHERE $5::text IS NOT NULL AND e.namespace = $2 AND e.topic = $3 AND e.dedupe_key = $5
-  AND NOT EXISTS (SELECT 1 FROM ins)`
 
 	batchInput := `WITH input AS (
 	SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[])
@@ -86,15 +80,15 @@ WHERE e.id = a.id AND e.lease_token = a.token AND e.status = 'processing' AND e.
 RETURNING e.id`
 
 	return statements{
-		enqueue: f(`WITH ins AS (` + insertOne + `)` + enqueueTail),
+		// The insert stands alone: a duplicate returns no row and Enqueue
+		// looks the original up in a second statement, so the common case
+		// pays for nothing but the insert (and, at most once per
+		// NotifyInterval, the NOTIFY).
+		enqueue: f(insertOne + `, false`),
 		// pg_notify is evaluated only when the insert produced a row.
 		enqueueNotify: f(`WITH ins AS (` + insertOne + `),
 n AS (SELECT pg_notify('` + NotifyChannel + `', $2 || ':' || $3))
-SELECT ins.id, false FROM ins CROSS JOIN n
-UNION ALL
-SELECT e.id, true FROM %[1]s e
-WHERE $5::text IS NOT NULL AND e.namespace = $2 AND e.topic = $3 AND e.dedupe_key = $5
-  AND NOT EXISTS (SELECT 1 FROM ins)`),
+SELECT ins.id, false FROM ins CROSS JOIN n`),
 		lookupDuplicate: f(`SELECT id FROM %[1]s WHERE namespace = $1 AND topic = $2 AND dedupe_key = $3`),
 
 		enqueueBatch: f(batchInput + `

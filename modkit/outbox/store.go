@@ -177,12 +177,13 @@ func (p *Producer) Enqueue(ctx context.Context, r db.Runner, msg Message) (Enque
 	if p.shouldNotify(msg.Namespace, msg.Topic) {
 		stmt = p.sql.enqueueNotify
 	}
-	args := []any{id, msg.Namespace, msg.Topic, nullUUID(msg.TenantID), msg.DedupeKey, string(msg.Payload)}
+	args := []any{pgtype.UUID{Bytes: id, Valid: true}, msg.Namespace, msg.Topic, nullUUID(msg.TenantID), msg.DedupeKey, string(msg.Payload)}
 	var out Enqueued
 	err = q.QueryRow(ctx, stmt, args...).Scan(&out.ID, &out.AlreadyEnqueued)
 	if errors.Is(err, db.ErrNoRows) {
-		// The conflicting row was committed by a concurrent transaction
-		// after this statement's snapshot: a new statement sees it.
+		// A duplicate: the insert returned no row. A new statement sees
+		// the original, even one a concurrent transaction committed after
+		// the insert's snapshot.
 		out.AlreadyEnqueued = true
 		err = q.QueryRow(ctx, p.sql.lookupDuplicate, msg.Namespace, msg.Topic, *msg.DedupeKey).Scan(&out.ID)
 		if errors.Is(err, db.ErrNoRows) {
