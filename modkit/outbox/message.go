@@ -3,7 +3,6 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
@@ -59,16 +58,31 @@ const (
 	DedupeKeyMaxLen = 512
 )
 
-var nameRE = regexp.MustCompile(NamePattern)
+// validName reports whether s matches NamePattern (without a regular
+// expression: it runs for every message enqueued).
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '.' || c == '_' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 func validate(i int, m *Message, maxPayload int) error {
 	bad := func(field string, kind error, format string, args ...any) error {
 		return &ValidationError{Index: i, Field: field, Kind: kind, Reason: fmt.Sprintf(format, args...)}
 	}
-	if !nameRE.MatchString(m.Namespace) {
+	if !validName(m.Namespace) {
 		return bad("Namespace", ErrInvalidNamespace, "%q does not match %s", m.Namespace, NamePattern)
 	}
-	if !nameRE.MatchString(m.Topic) {
+	if !validName(m.Topic) {
 		return bad("Topic", ErrInvalidTopic, "%q does not match %s", m.Topic, NamePattern)
 	}
 	if len(m.Payload) == 0 {
@@ -107,9 +121,10 @@ func validate(i int, m *Message, maxPayload int) error {
 // tenant id's hex form and "/". Both the 32-digit form and the hyphenated
 // form are accepted, in any letter case.
 func keyBelongsToTenant(key string, tenant uuid.UUID) bool {
-	for _, form := range []string{hex32(tenant), tenant.String()} {
-		if len(key) > len(form) && key[len(form)] == '/' && strings.EqualFold(key[:len(form)], form) {
-			return true
+	for _, n := range []int{32, 36} { // the two forms' lengths
+		if len(key) > n && key[n] == '/' {
+			id, err := uuid.Parse(key[:n]) // any letter case; n excludes the {…} and urn: forms
+			return err == nil && id == tenant
 		}
 	}
 	return false

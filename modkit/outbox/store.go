@@ -416,7 +416,7 @@ func validateTopics(topics []Topic) error {
 		return ErrNoTopics
 	}
 	for _, t := range topics {
-		if !nameRE.MatchString(t.Namespace) || !nameRE.MatchString(t.Topic) {
+		if !validName(t.Namespace) || !validName(t.Topic) {
 			return fmt.Errorf("outbox: topic %q/%q: namespace and topic must match %s", t.Namespace, t.Topic, NamePattern)
 		}
 	}

@@ -1,0 +1,52 @@
+package outbox
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+// BenchmarkValidate measures the client-side cost of checking one typical
+// message (tenant, dedupe key, 128-byte payload), which every Enqueue and
+// every message of an EnqueueBatch pays before any SQL runs.
+func BenchmarkValidate(b *testing.B) {
+	tenant := uuid.MustParse("0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65")
+	m := Message{Namespace: "mini-chat", Topic: "usage_snapshot", TenantID: &tenant,
+		DedupeKey: Key(hex32(tenant) + "/turn/0190b6c5-3f1e-7c9d-8a4b-2e1f0d9c8b7a/req-1"),
+		Payload:   json.RawMessage(`{"turn":"0190b6c5-3f1e-7c9d-8a4b-2e1f0d9c8b7a","tokens":{"in":1234,"out":567},"credits":12.5,"note":"` + strings.Repeat("x", 20) + `"}`)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := validate(0, &m, PayloadLimitDefault); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestNamesAndTenantKeys pins the name pattern and the tenant prefix rule
+// that validate implements without regular expressions or allocations.
+func TestNamesAndTenantKeys(t *testing.T) {
+	for name, want := range map[string]bool{
+		"a": true, "mini-chat": true, "usage.snapshot_v2": true, "0x": true, strings.Repeat("a", 128): true,
+		"": false, "-a": false, ".a": false, "_a": false, "A": false, "a b": false, "a:b": false, "é": false,
+		strings.Repeat("a", 129): false, "a/b": false,
+	} {
+		if got := validName(name); got != want {
+			t.Errorf("validName(%q) = %v, want %v", name, got, want)
+		}
+	}
+	tenant := uuid.MustParse("0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65")
+	hex, hyph := hex32(tenant), tenant.String()
+	for key, want := range map[string]bool{
+		hex + "/x": true, strings.ToUpper(hex) + "/x": true, hyph + "/x": true, strings.ToUpper(hyph) + "/x": true,
+		hex + "/": true, hex: false, hex + "x": false, hyph: false, "/" + hex + "/x": false,
+		"0b7c6f1e5a4d4c3b9a2f1e0d9c8b7a66/x": false, "0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a66/x": false,
+		"{0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65}/x": false, "urn:uuid:0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65/x": false,
+		"0b7c6f1e5a4d4c3b9a2f1e0d9c8b7a6g/x": false,
+	} {
+		if got := keyBelongsToTenant(key, tenant); got != want {
+			t.Errorf("keyBelongsToTenant(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
