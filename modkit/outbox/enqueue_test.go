@@ -2,18 +2,19 @@ package outbox_test
 
 import (
 	"context"
-	"time"
-
 	"database/sql"
 	"encoding/json"
 	"errors"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -379,5 +380,84 @@ func TestStoreInSchema(t *testing.T) {
 		if _, err := outbox.NewStore(pool, outbox.Config{Schema: bad}); !errors.Is(err, db.ErrInvalidSchema) {
 			t.Errorf("schema %q: %v", bad, err)
 		}
+	}
+}
+
+// Large batches through pgx take the COPY fast path, which falls back to the
+// INSERT when a dedupe key already exists: through every kind of runner the
+// results are the same, duplicates name the original rows, a fallback inside
+// a transaction leaves it usable, and a rolled-back batch leaves nothing.
+func TestEnqueueBatchLarge(t *testing.T) {
+	_, tdb := newStore(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	batch := func(prefix string, from, to int) []outbox.Message {
+		var msgs []outbox.Message
+		for i := from; i < to; i++ {
+			msgs = append(msgs, keyed(i, fmt.Sprintf("%s-%d", prefix, i)))
+		}
+		return msgs
+	}
+	runners := map[string]func(func(db.Runner) error) error{
+		"pgx.Tx": func(f func(db.Runner) error) error {
+			return db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+				if err := f(tx); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "SELECT 1") // still usable after a fallback
+				return err
+			})
+		},
+		"pool": func(f func(db.Runner) error) error { return f(pool) },
+		"bun.Tx": func(f func(db.Runner) error) error {
+			return tdb.Provider.Bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return f(tx) })
+		},
+	}
+	for name, run := range runners {
+		t.Run(name, func(t *testing.T) {
+			first := batch(name, 0, 200)
+			var res1, res2 []outbox.Enqueued
+			if err := run(func(r db.Runner) (err error) { res1, err = outbox.EnqueueBatch(ctx, r, first); return }); err != nil {
+				t.Fatal(err)
+			}
+			// Half old keys, half new: the COPY must fail and the INSERT
+			// sort them out.
+			second := batch(name, 100, 300)
+			if err := run(func(r db.Runner) (err error) { res2, err = outbox.EnqueueBatch(ctx, r, second); return }); err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range res1 {
+				if r.AlreadyEnqueued {
+					t.Fatalf("first batch, message %d reported as a duplicate", i)
+				}
+			}
+			for i, r := range res2 {
+				if old := i < 100; r.AlreadyEnqueued != old || (old && r.ID != res1[100+i].ID) {
+					t.Fatalf("second batch, message %d: %+v (first batch: %+v)", i, r, res1[min(100+i, 199)])
+				}
+			}
+			if n := countRows(t, pool, "dedupe_key LIKE $1", name+"-%"); n != 300 {
+				t.Fatalf("%d rows, want 300", n)
+			}
+			var ids []uuid.UUID
+			for _, r := range slices.Concat(res1, res2[100:]) {
+				ids = append(ids, r.ID)
+			}
+			if n := countRows(t, pool, "dedupe_key LIKE $1 AND id = ANY($2)", name+"-%", ids); n != 300 {
+				t.Fatalf("%d rows carry the returned ids, want 300", n)
+			}
+		})
+	}
+	// A rolled-back COPY leaves nothing.
+	err := db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := outbox.EnqueueBatch(ctx, tx, batch("rolled-back", 0, 100)); err != nil {
+			return err
+		}
+		return sql.ErrTxDone
+	})
+	if !errors.Is(err, sql.ErrTxDone) {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, "dedupe_key LIKE 'rolled-back-%'"); n != 0 {
+		t.Fatalf("%d rows after a rolled-back batch, want 0", n)
 	}
 }
