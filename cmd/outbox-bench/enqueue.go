@@ -217,6 +217,21 @@ func medians(runs [][]float64) []float64 {
 
 // runBulk is the bulk enqueue workload: EnqueueBatch of batches with dedupe
 // keys against COPY of the same rows, with one and with two producers.
+// copyBaseline is the bulk baseline: the same rows as EnqueueBatch would
+// write, loaded with pgx CopyFrom in tx.
+func (b *bench) copyBaseline(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
+	rows := make([][]any, len(msgs))
+	for i, m := range msgs {
+		v, err := rawValues(m)
+		if err != nil {
+			return err
+		}
+		rows[i] = v
+	}
+	_, err := tx.CopyFrom(ctx, b.t.table, insertColumns, pgx.CopyFromRows(rows))
+	return err
+}
+
 func (b *bench) runBulk(ctx context.Context) error {
 	if err := b.t.freshTable(ctx); err != nil {
 		return err
@@ -229,20 +244,8 @@ func (b *bench) runBulk(ctx context.Context) error {
 		}
 		return err
 	}
-	copyRows := func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
-		rows := make([][]any, len(msgs))
-		for i, m := range msgs {
-			v, err := rawValues(m)
-			if err != nil {
-				return err
-			}
-			rows[i] = v
-		}
-		_, err := tx.CopyFrom(ctx, b.t.table, insertColumns, pgx.CopyFromRows(rows))
-		return err
-	}
 	for _, producers := range []int{1, 2} {
-		rates, err := b.bulkVariants(ctx, producers, []bulkVariant{{"COPY", copyRows}, {"EnqueueBatch", lib}})
+		rates, err := b.bulkVariants(ctx, producers, []bulkVariant{{"COPY", b.copyBaseline}, {"EnqueueBatch", lib}})
 		if err != nil {
 			return err
 		}

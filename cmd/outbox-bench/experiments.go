@@ -345,18 +345,7 @@ ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHI
 		return err
 	}
 	variants := []bulkVariant{
-		{"COPY (the baseline)", func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
-			rows := make([][]any, len(msgs))
-			for i, m := range msgs {
-				v, err := rawValues(m)
-				if err != nil {
-					return err
-				}
-				rows[i] = v
-			}
-			_, err := tx.CopyFrom(ctx, b.t.table, insertColumns, pgx.CopyFromRows(rows))
-			return err
-		}},
+		{"COPY (the baseline)", b.copyBaseline},
 		{"EnqueueBatch", func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
 			_, err := outbox.EnqueueBatch(ctx, tx, msgs)
 			return err

@@ -424,10 +424,10 @@ func (d *Dispatcher) publish(pubCtx context.Context, c claimed) outcome {
 func (d *Dispatcher) callSafely(p Publisher, m ClaimedMessage, call func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
+			err = fmt.Errorf("publisher %s panicked: %v", p.name(), r)
 			d.log.Error("publisher panicked; the event will be retried", "publisher", p.name(),
 				"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempts,
-				"panic", sanitizeError(fmt.Sprint(r), max(d.cfg.Store.ErrorMaxLen, 64)), "stack", string(debug.Stack()))
-			err = fmt.Errorf("publisher %s panicked: %v", p.name(), r)
+				"panic", SanitizeError(err, d.cfg.Store.ErrorMaxLen), "stack", string(debug.Stack()))
 		}
 	}()
 	return call()
