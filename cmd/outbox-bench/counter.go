@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // queryKind classifies the statements a dispatcher sends.
@@ -21,19 +23,27 @@ const (
 	kindSweep
 	kindPurge
 	kindDepth
+	kindMaintenance
 	kindListen
 	kindOther
 	numKinds
 )
 
-var kindNames = [numKinds]string{"claim", "complete", "sweep", "purge", "depth", "listen", "other"}
+var kindNames = [numKinds]string{"claim", "complete", "sweep", "purge", "depth", "maintenance", "listen", "other"}
 
 // classify tells the dispatcher's statements apart by their text. The
-// patterns follow modkit/outbox/sql.go; anything unrecognised is "other".
+// patterns follow the statements of modkit/outbox/outboxpg/queries.go;
+// anything unrecognised is "other". "maintenance" is the election (and
+// resignation) of the maintenance lease on the leaders table, which each
+// dispatcher runs once per SweepInterval before it sweeps, purges and
+// reads the depth gauges of the topics it was elected for. It is tested
+// first: resigning is a DELETE FROM like the purge.
 func classify(sql string) queryKind {
 	switch {
 	case strings.HasPrefix(sql, "LISTEN"):
 		return kindListen
+	case strings.Contains(sql, outboxpg.LeadersTableName):
+		return kindMaintenance
 	case strings.Contains(sql, "lease_token = gen_random_uuid()"):
 		return kindClaim
 	case strings.Contains(sql, "AS a(id, token, outcome"):

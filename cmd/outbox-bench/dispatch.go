@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -15,12 +16,18 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
-// rawClaimSQL is the claim statement of modkit/outbox (sql.go) with the
-// same eligibility predicate, order, lock clause, UPDATE and RETURNING
-// list, so that the baseline differs from the library only in what
-// surrounds the statement.
+// rawClaimSQL is the claim statement of modkit/outbox's PostgreSQL driver
+// (qClaim in modkit/outbox/outboxpg/queries.go) with the same eligibility
+// predicate, order, lock clause, UPDATE, RETURNING list and parameters ($1
+// MaxAttempts, $2 topic keys "namespace:topic", $3 limit, $4 worker id, $5
+// lease), so that the baseline differs from the library only in what
+// surrounds the statement. It leaves out the library's asynchronous commit
+// (set_config('synchronous_commit', 'off', true) joined into the FROM
+// list): the baseline is what a hand-written loop would send.
+// checkBaselineClaim compares it with the statement the driver sends.
 func rawClaimSQL(table string) string {
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
@@ -66,24 +73,8 @@ func (r drainResult) rate() float64 { return float64(r.delivered) / r.elapsed.Se
 // drainTimeout bounds a drain of n events: far beyond any plausible rate.
 func drainTimeout(n int) time.Duration { return time.Minute + time.Duration(n)*time.Millisecond }
 
-// noopPublishers registers a publisher for benchTopic that calls fn (if set)
-// and succeeds.
-func noopPublishers(fn func(m outbox.ClaimedMessage)) *outbox.Publishers {
-	var pubs outbox.Publishers
-	err := pubs.Register(outbox.Publisher{Topic: benchTopic, Name: "outbox-bench", Publish: func(_ context.Context, m outbox.ClaimedMessage) error {
-		if fn != nil {
-			fn(m)
-		}
-		return nil
-	}})
-	if err != nil {
-		panic(err) // a fixed, valid registration
-	}
-	return &pubs
-}
-
 // drainDispatcher delivers the n preloaded events with the library's
-// Dispatcher and a no-op publisher, timing from Start until OnSettled has
+// Dispatcher and a no-op publisher, timing from Start until OnOutcome has
 // seen the n-th delivery. settings are session settings of the
 // dispatcher's pool.
 func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, settings map[string]string) (drainResult, error) {
@@ -99,8 +90,8 @@ func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, 
 	var start time.Time
 	cfg := outbox.DispatcherConfig{
 		BatchSize: batch, Concurrency: concurrency, Logger: b.dispatcherLog,
-		OnSettled: func(_ outbox.ClaimedMessage, st outbox.Settlement) {
-			if st.LeaseLost || st.Status != outbox.StatusDelivered {
+		OnOutcome: func(_ outbox.Delivery, o outbox.Outcome) {
+			if o.LeaseLost || o.Released || o.Status != outbox.StatusDelivered {
 				return
 			}
 			if delivered.Add(1) == int64(n) {
@@ -109,7 +100,7 @@ func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, 
 			}
 		},
 	}
-	d, err := outbox.NewDispatcher(pool, noopPublishers(nil), cfg)
+	d, err := b.newDispatcher(pool, cfg, nil)
 	if err != nil {
 		return drainResult{}, err
 	}
@@ -163,7 +154,6 @@ func (b *bench) drainRaw(ctx context.Context, n int, loop rawLoop) (drainResult,
 		return drainResult{}, err
 	}
 	defer pool.Close()
-	keys := []string{benchTopic.Namespace + ":" + benchTopic.Topic}
 	ctx, cancel := context.WithTimeout(ctx, drainTimeout(n))
 	defer cancel()
 	var wg sync.WaitGroup
@@ -177,21 +167,22 @@ func (b *bench) drainRaw(ctx context.Context, n int, loop rawLoop) (drainResult,
 				return
 			}
 			defer conn.Release()
-			worker := uuid.New()
+			args := b.claimParams(loop.batch, pgtype.UUID{Bytes: uuid.New(), Valid: true})
 			ids := make([]pgtype.UUID, 0, loop.batch)
 			tokens := make([]pgtype.UUID, 0, loop.batch)
-			var m outbox.ClaimedMessage
+			// The rows are decoded into the types the driver's Claim uses.
+			var c driver.Claimed
 			var id, tenant, token pgtype.UUID
 			for {
 				ids, tokens = ids[:0], tokens[:0]
-				rows, err := conn.Query(ctx, loop.claim, outbox.MaxAttemptsDefault, keys, loop.batch, worker, outbox.LeaseDurationDefault)
+				rows, err := conn.Query(ctx, loop.claim, args...)
 				if err != nil {
 					errs[w] = err
 					return
 				}
 				for rows.Next() {
-					if err := rows.Scan(&id, &m.Namespace, &m.Topic, &tenant, &m.DedupeKey, &m.Payload, &m.Attempts,
-						&token, &m.LeaseExpiresAt, &m.CreatedAt); err != nil {
+					if err := rows.Scan(&id, &c.Namespace, &c.Topic, &tenant, &c.DedupeKey, &c.Payload, &c.Attempts,
+						&token, &c.LockedTill, &c.CreatedAt); err != nil {
 						rows.Close()
 						errs[w] = err
 						return
@@ -235,16 +226,25 @@ func (b *bench) checkDelivered(ctx context.Context, n int) error {
 
 // prepareDrain readies the table for one drain: empty it, add retained
 // delivered rows and n pending events, vacuum and checkpoint, and explain
-// the hot statements when asked to.
+// the hot statements when asked to. A table that already holds that much
+// delivered history keeps it, and only loses the rows of earlier phases.
 func (b *bench) prepareDrain(ctx context.Context, label string, retained, n int) error {
-	if err := b.t.truncate(ctx); err != nil {
-		return err
-	}
 	b.retainedNow = retained
-	if retained > 0 {
-		b.log.Info(label+": inserting delivered history", "rows", retained)
-		if err := b.t.insertDelivered(ctx, b.src, retained); err != nil {
+	if retained > 0 && b.t.history == retained {
+		b.log.Info(label+": keeping the delivered history, deleting the rest", "rows", retained)
+		if err := b.t.deleteAllButHistory(ctx, b.src); err != nil {
 			return err
+		}
+	} else {
+		if err := b.t.truncate(ctx); err != nil {
+			return err
+		}
+		if retained > 0 {
+			b.log.Info(label+": inserting delivered history", "rows", retained)
+			if err := b.t.insertDelivered(ctx, b.src, retained); err != nil {
+				return err
+			}
+			b.t.history = retained
 		}
 	}
 	b.log.Info(label+": preloading pending events", "events", n)
@@ -260,20 +260,18 @@ func (b *bench) prepareDrain(ctx context.Context, label string, retained, n int)
 	return nil
 }
 
-// drainBoth measures one preloaded table twice, first with the raw-SQL
-// baseline, then with the library's dispatcher, preparing the table afresh
-// for each.
-func (b *bench) drainBoth(ctx context.Context, label string, retained, n int) (lib, raw drainResult, err error) {
+// drainBaseline prepares the table and drains it with the raw-SQL
+// baseline loop.
+func (b *bench) drainBaseline(ctx context.Context, label string, retained, n int) (drainResult, error) {
 	if err := b.prepareDrain(ctx, label, retained, n); err != nil {
-		return lib, raw, err
+		return drainResult{}, err
 	}
 	b.log.Info(label+": raw SQL drain", "workers", b.opts.rawWorkers, "batch", b.opts.batch)
-	if raw, err = b.drainRaw(ctx, n, b.baselineLoop()); err != nil {
-		return lib, raw, err
+	res, err := b.drainRaw(ctx, n, b.baselineLoop())
+	if err == nil {
+		b.log.Info(label+": raw SQL drained", "events_per_s", int(res.rate()))
 	}
-	b.log.Info(label+": raw SQL drained", "events_per_s", int(raw.rate()))
-	lib, err = b.drainLibrary(ctx, label, retained, n, b.opts.batch)
-	return lib, raw, err
+	return res, err
 }
 
 // drainLibrary prepares the table and drains it with the dispatcher.
@@ -289,125 +287,164 @@ func (b *bench) drainLibrary(ctx context.Context, label string, retained, n, bat
 	return res, err
 }
 
+// drainRate is a drain's figure: events per second.
+func drainRate(r drainResult) float64 { return r.rate() }
+
 // runDispatch is the dispatch workload: N preloaded events drained by the
-// dispatcher against the raw-SQL claim+ack loop, -repeat times each
-// (alternating), reporting the medians.
+// dispatcher against the raw-SQL claim+ack loop, alternating round by
+// round (and, when -batch is not the library's default, the dispatcher
+// with its default batch too), each drain on a freshly loaded table.
 func (b *bench) runDispatch(ctx context.Context) error {
 	n := b.opts.events
 	if err := b.t.freshTable(ctx); err != nil {
 		return err
 	}
-	var libs, raws, defs []drainResult
-	for range b.opts.repeat {
-		lib, raw, err := b.drainBoth(ctx, "dispatch", 0, n)
-		if err != nil {
-			return err
-		}
-		libs, raws = append(libs, lib), append(raws, raw)
-		if b.opts.batch != outbox.BatchSizeDefault {
-			def, err := b.drainLibrary(ctx, "dispatch-default-batch", 0, n, outbox.BatchSizeDefault)
-			if err != nil {
-				return err
-			}
-			defs = append(defs, def)
-		}
+	drift, err := b.checkBaselineClaim(ctx)
+	if err != nil {
+		return err
 	}
-	lib, raw := median(libs), median(raws)
-	b.emptyRate = lib.rate()
-	r := rateRow("dispatch", fmt.Sprintf("%s events, batch %d, concurrency %d", itoa(int64(n)), b.opts.batch, b.opts.concurrency),
-		lib.rate(), raw.rate(), 0.9)
+	sides := []side[drainResult]{
+		{fmt.Sprintf("dispatcher, batch %d", b.opts.batch), func(ctx context.Context, _ int) (drainResult, error) {
+			return b.drainLibrary(ctx, "dispatch", 0, n, b.opts.batch)
+		}},
+		{"raw SQL claim+ack loop", func(ctx context.Context, _ int) (drainResult, error) {
+			return b.drainBaseline(ctx, "dispatch", 0, n)
+		}},
+	}
+	defaultBatch := b.defaults.BatchSize
+	if b.opts.batch != defaultBatch {
+		sides = append(sides, side[drainResult]{fmt.Sprintf("dispatcher, default batch %d", defaultBatch), func(ctx context.Context, _ int) (drainResult, error) {
+			return b.drainLibrary(ctx, "dispatch-default-batch", 0, n, defaultBatch)
+		}})
+	}
+	runs, err := alternate(ctx, b, "dispatch", b.opts.rounds, sides)
+	if err != nil {
+		return err
+	}
+	lib, raw := mapSeries(runs[0], drainRate), mapSeries(runs[1], drainRate)
+	r := roundsRow("dispatch", fmt.Sprintf("%s events, batch %d, concurrency %d", itoa(int64(n)), b.opts.batch, b.opts.concurrency), lib, raw, 0.9)
 	r.Note = fmt.Sprintf("Baseline: %d goroutines on their own connections looping claim (the library's statement, batch %d) + UPDATE … WHERE id = ANY($1). "+
-		"Dispatcher statements per 1,000 events: %s.%s", b.opts.rawWorkers, b.opts.batch, perThousand(lib.queries, n), medianNote(libs, raws))
+		"Dispatcher statements per 1,000 events (median round): %s.%s%s", b.opts.rawWorkers, b.opts.batch, perThousand(median(runs[0]).queries, n),
+		roundsNote(lib, raw), drift)
 	b.add(r)
 
-	if len(defs) > 0 {
-		def := median(defs)
-		r := rateRow("dispatch", fmt.Sprintf("same, library default batch %d", outbox.BatchSizeDefault), def.rate(), raw.rate(), 0)
+	if len(runs) > 2 {
+		def := mapSeries(runs[2], drainRate)
+		r := roundsRow("dispatch", fmt.Sprintf("same, library default batch %d", defaultBatch), def, raw, 0)
 		r.Note = fmt.Sprintf("Library defaults (BatchSize %d, Concurrency %d); the claim takes whatever room the queue of BatchSize has, at least half of it. "+
-			"Statements per 1,000 events: %s.%s", outbox.BatchSizeDefault, b.opts.concurrency, perThousand(def.queries, n), medianNote(defs, nil))
+			"Statements per 1,000 events (median round): %s.%s", defaultBatch, b.defaults.Concurrency, perThousand(median(runs[2]).queries, n), roundsNote(def, raw))
 		b.add(r)
 	}
 	return nil
 }
 
 // median returns the run with the median rate (the lower middle one for an
-// even count).
+// even count), for the statement counts of a typical run.
 func median(runs []drainResult) drainResult {
 	sorted := slices.Clone(runs)
 	slices.SortFunc(sorted, func(a, b drainResult) int { return cmp.Compare(a.rate(), b.rate()) })
 	return sorted[(len(sorted)-1)/2]
 }
 
-// spread describes repeated runs by their lowest and highest rate,
-// "14,000–15,000/s"; empty for a single run.
-func spread(runs []drainResult) string {
-	if len(runs) < 2 {
-		return ""
-	}
-	byRate := func(a, b drainResult) int { return cmp.Compare(a.rate(), b.rate()) }
-	lo, hi := slices.MinFunc(runs, byRate), slices.MaxFunc(runs, byRate)
-	return strings.TrimSuffix(fmtRate(lo.rate()), "/s") + "–" + fmtRate(hi.rate())
-}
+// asyncCommitFragment matches the library's per-statement asynchronous
+// commit, joined into a statement's FROM list.
+var asyncCommitFragment = regexp.MustCompile(`\(SELECT set_config\('synchronous_commit', 'off', true\)\) AS \w+, `)
 
-// medianNote says which medians a row shows, or nothing for single runs.
-func medianNote(runs []drainResult, raws []drainResult) string {
-	if len(runs) < 2 {
-		return ""
+// checkBaselineClaim learns the library's claim statement (see librarySQL)
+// and compares it with rawClaimSQL, the baseline's copy, whitespace and the
+// asynchronous commit aside. A difference does not stop the run, since the
+// figures are still real, but the report says that the baseline no longer
+// runs the library's statement. It leaves the table empty.
+func (b *bench) checkBaselineClaim(ctx context.Context) (warning string, err error) {
+	if err := b.t.truncate(ctx); err != nil {
+		return "", err
 	}
-	s := fmt.Sprintf(" Median of %d runs; outbox %s", len(runs), spread(runs))
-	if len(raws) > 1 {
-		s += ", baseline " + spread(raws)
+	if err := b.t.preloadPending(ctx, b.src, "claim-check", 1); err != nil {
+		return "", err
 	}
-	return s + "."
+	claim, _, err := b.librarySQL(ctx)
+	if err != nil {
+		return "", fmt.Errorf("learn the library's claim statement: %w", err)
+	}
+	if err := b.t.truncate(ctx); err != nil {
+		return "", err
+	}
+	normal := func(sql string) string {
+		return strings.Join(strings.Fields(asyncCommitFragment.ReplaceAllString(sql, "")), " ")
+	}
+	if normal(claim) == normal(rawClaimSQL(b.t.table.Sanitize())) {
+		return "", nil
+	}
+	b.log.Warn("the baseline's claim statement (rawClaimSQL) differs from the library's; update cmd/outbox-bench/dispatch.go", "library", claim)
+	return " WARNING: the baseline's claim statement is no longer the library's (run with -v -explain to see the library's); update rawClaimSQL.", nil
 }
 
 // runScale is the scale workload: the dispatch rate with many delivered
-// rows retained, and with a large pending backlog, against the rate on an
-// empty table.
+// rows retained, and with a large pending backlog, each against the rate
+// on an empty table measured in the same rounds (retained, empty, backlog,
+// retained, empty, backlog, …). The retained rows live in a second outbox
+// schema of the run, inserted once: each retained round deletes the
+// previous round's events there and loads its own, while the empty and
+// backlog rounds use the run's own schema.
 func (b *bench) runScale(ctx context.Context) error {
-	n := b.opts.events
+	n, retained, backlog := b.opts.events, b.opts.retained, b.opts.backlog
 	if err := b.t.freshTable(ctx); err != nil {
 		return err
 	}
-	if b.emptyRate == 0 {
-		lib, err := b.drainLibrary(ctx, "scale-empty", 0, n, b.opts.batch)
-		if err != nil {
-			return err
-		}
-		b.emptyRate = lib.rate()
+	kept, drop, err := b.t.addSchema(ctx, "retained")
+	if err != nil {
+		return err
 	}
+	defer drop()
+	inKept := func(ctx context.Context, drain func(ctx context.Context) (drainResult, error)) (drainResult, error) {
+		b.t.use(kept)
+		defer b.t.use(b.t.main)
+		return drain(ctx)
+	}
+	sides := []side[drainResult]{
+		{"dispatcher, delivered rows retained", func(ctx context.Context, _ int) (drainResult, error) {
+			return inKept(ctx, func(ctx context.Context) (drainResult, error) {
+				return b.drainLibrary(ctx, "scale-retained", retained, n, b.opts.batch)
+			})
+		}},
+		{"dispatcher, empty table", func(ctx context.Context, _ int) (drainResult, error) {
+			return b.drainLibrary(ctx, "scale-empty", 0, n, b.opts.batch)
+		}},
+		{"dispatcher, pending backlog", func(ctx context.Context, _ int) (drainResult, error) {
+			return b.drainLibrary(ctx, "scale-backlog", 0, backlog, b.opts.batch)
+		}},
+	}
+	if b.opts.scaleRaw {
+		sides = append(sides, side[drainResult]{"raw SQL loop, delivered rows retained", func(ctx context.Context, _ int) (drainResult, error) {
+			return inKept(ctx, func(ctx context.Context) (drainResult, error) {
+				return b.drainBaseline(ctx, "scale-retained-raw", retained, n)
+			})
+		}})
+	}
+	runs, err := alternate(ctx, b, "scale", b.opts.rounds, sides)
+	b.retainedNow = 0
+	if err != nil {
+		return err
+	}
+	withHistory, empty, pending := mapSeries(runs[0], drainRate), mapSeries(runs[1], drainRate), mapSeries(runs[2], drainRate)
 	emptyLabel := func(r row) row {
-		r.Baseline = fmtRate(r.Values["baseline_per_s"]) + " (empty table)"
+		r.Baseline += ", empty table"
 		return r
 	}
-
-	retained := b.opts.retained
-	var lib, raw drainResult
-	var err error
-	if b.opts.scaleRaw {
-		lib, raw, err = b.drainBoth(ctx, "scale-retained", retained, n)
-	} else {
-		lib, err = b.drainLibrary(ctx, "scale-retained", retained, n, b.opts.batch)
-	}
-	if err != nil {
-		return err
-	}
-	r := emptyLabel(rateRow("scale: delivered retained", fmt.Sprintf("%s events drained, %s delivered rows kept", itoa(int64(n)), itoa(int64(retained))),
-		lib.rate(), b.emptyRate, 0.8))
-	r.Note = "Ratio against the dispatch rate on an empty table in this run. Delivered rows are inserted directly (INSERT … SELECT generate_series), then VACUUM (ANALYZE)."
-	if raw.delivered > 0 {
-		r.Note += fmt.Sprintf(" The raw-SQL baseline on the same table moved %s (the outbox: %.2f× of it).", fmtRate(raw.rate()), lib.rate()/raw.rate())
+	r := emptyLabel(roundsRow("scale: delivered retained", fmt.Sprintf("%s events drained, %s delivered rows kept", itoa(int64(n)), itoa(int64(retained))),
+		withHistory, empty, 0.8))
+	r.Note = "Baseline: the dispatcher draining the same number of events from an empty table, in the same rounds. " +
+		"Delivered rows are inserted directly (INSERT … SELECT generate_series) into a second schema of the run, once; each round deletes the previous round's events there, " +
+		"loads its own, then VACUUM (ANALYZE)." + roundsNote(withHistory, empty)
+	if len(runs) > 3 {
+		raw := mapSeries(runs[3], drainRate)
+		r.Note += fmt.Sprintf(" The raw-SQL baseline on the same table moved %s (the outbox: %.2f× of it).", raw.withSpread(fmtCount, "/s"), withHistory.median()/raw.median())
 	}
 	b.add(r)
 
-	backlog := b.opts.backlog
-	lib, err = b.drainLibrary(ctx, "scale-backlog", 0, backlog, b.opts.batch)
-	if err != nil {
-		return err
-	}
-	r = emptyLabel(rateRow("scale: pending backlog", fmt.Sprintf("%s pending events drained", itoa(int64(backlog))), lib.rate(), b.emptyRate, 0))
+	r = emptyLabel(roundsRow("scale: pending backlog", fmt.Sprintf("%s pending events drained", itoa(int64(backlog))), pending, empty, 0))
+	r.Note = "Baseline: the dispatcher draining " + itoa(int64(n)) + " events from an empty table, in the same rounds." + roundsNote(pending, empty)
 	b.add(r)
-	b.retainedNow = 0
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,47 +68,66 @@ type enqueueVariant struct {
 	write func(ctx context.Context, tx pgx.Tx, seq int64) error
 }
 
-// enqueueVariants measures each variant -repeat times, going round all of
-// them in turn, and returns the median rate of each.
-func (b *bench) enqueueVariants(ctx context.Context, producers int, dur time.Duration, variants []enqueueVariant) ([]float64, error) {
-	runs := make([][]float64, len(variants))
-	for range b.opts.repeat {
-		for i, v := range variants {
-			b.log.Info("enqueue: "+v.name, "producers", producers, "duration", dur)
+// enqueueVariants measures each variant in -rounds rounds, running all of
+// them in the order given in each round, and returns each one's rate per
+// round.
+func (b *bench) enqueueVariants(ctx context.Context, producers int, dur time.Duration, variants []enqueueVariant) ([]series, error) {
+	sides := make([]side[float64], len(variants))
+	for i, v := range variants {
+		sides[i] = side[float64]{v.name, func(ctx context.Context, _ int) (float64, error) {
 			rate, err := b.enqueueLoop(ctx, producers, dur, v.write)
-			if err != nil {
-				return nil, fmt.Errorf("enqueue (%s): %w", v.name, err)
+			if err == nil {
+				b.log.Info("enqueue: "+v.name+" done", "producers", producers, "events_per_s", int(rate))
 			}
-			b.log.Info("enqueue: "+v.name+" done", "events_per_s", int(rate))
-			runs[i] = append(runs[i], rate)
-		}
+			return rate, err
+		}}
 	}
-	return medians(runs), nil
+	runs, err := alternate(ctx, b, "enqueue", b.opts.rounds, sides)
+	if err != nil {
+		return nil, err
+	}
+	return toSeries(runs), nil
+}
+
+// toSeries turns alternate's results of plain figures into series.
+func toSeries(runs [][]float64) []series {
+	out := make([]series, len(runs))
+	for i, r := range runs {
+		out[i] = r
+	}
+	return out
 }
 
 // runEnqueue is the enqueue workload: one event per transaction from
-// concurrent producers, the library's Enqueue against a plain INSERT of the
-// same row in the same transaction shape (BEGIN; INSERT; COMMIT).
+// concurrent producers, the library's Client.Enqueue against a plain INSERT
+// of the same row in the same transaction shape (BEGIN; INSERT; COMMIT),
+// and Enqueue with Config.DisableNotify, round after round.
 func (b *bench) runEnqueue(ctx context.Context) error {
 	if err := b.t.freshTable(ctx); err != nil {
 		return err
 	}
 	producers, dur := b.opts.producers, b.opts.duration
 	insert := rawInsertSQL(b.t.table.Sanitize())
-	quiet, err := outbox.NewProducer(outbox.Config{DisableNotify: true})
+	// The clients' pool only matters for enqueues through a pool; these
+	// run in the producers' transactions.
+	lib, err := b.newClient(b.t.admin, outbox.Config{})
+	if err != nil {
+		return err
+	}
+	quiet, err := b.newClient(b.t.admin, outbox.Config{DisableNotify: true})
 	if err != nil {
 		return err
 	}
 	variants := []enqueueVariant{
+		{"Client.Enqueue", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			_, err := lib.Enqueue(ctx, tx, b.src.message("enqueue", seq))
+			return err
+		}},
 		{"plain INSERT", func(ctx context.Context, tx pgx.Tx, seq int64) error {
 			v, err := rawValues(b.src.message("enqueue-raw", seq))
 			if err == nil {
 				_, err = tx.Exec(ctx, insert, v...)
 			}
-			return err
-		}},
-		{"outbox.Enqueue", func(ctx context.Context, tx pgx.Tx, seq int64) error {
-			_, err := outbox.Enqueue(ctx, tx, b.src.message("enqueue", seq))
 			return err
 		}},
 		{"Enqueue without NOTIFY", func(ctx context.Context, tx pgx.Tx, seq int64) error {
@@ -121,15 +139,13 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	measure := fmt.Sprintf("1 event/tx, %d producers, %v", producers, dur)
-	r := rateRow("enqueue", measure, rates[1], rates[0], 0.9)
+	measure := fmt.Sprintf("1 event/tx, %d producers, %v per round", producers, dur)
+	r := roundsRow("enqueue", measure, rates[0], rates[1], 0.9)
 	r.Note = "Baseline: the same row (same columns, dedupe key and tenant) by a plain INSERT in the same BEGIN; INSERT; COMMIT. " +
-		"The library sends NOTIFY at most once per NotifyInterval (" + outbox.NotifyIntervalDefault.String() + ") per process, inside the enqueue statement."
+		"The library sends NOTIFY at most once per Config.NotifyInterval (default " + notifyIntervalDefault + ") per client, inside the enqueue statement." +
+		roundsNote(rates[0], rates[1])
 	b.add(r)
-	b.add(rateRow("enqueue", "same, Config.DisableNotify", rates[2], rates[0], 0))
-	if b.opts.repeat > 1 {
-		r.Note += fmt.Sprintf(" Medians of %d runs each.", b.opts.repeat)
-	}
+	b.add(roundsRow("enqueue", "same, Config.DisableNotify", rates[2], rates[1], 0))
 	return nil
 }
 
@@ -184,39 +200,29 @@ type bulkVariant struct {
 	write func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error
 }
 
-// bulkVariants loads -bulk-events events with each variant -repeat times,
-// going round all of them in turn, and returns the median rate of each.
-func (b *bench) bulkVariants(ctx context.Context, producers int, variants []bulkVariant) ([]float64, error) {
+// bulkVariants loads -bulk-events events with each variant in -rounds
+// rounds, running all of them in the order given in each round, and
+// returns each one's rate per round.
+func (b *bench) bulkVariants(ctx context.Context, producers int, variants []bulkVariant) ([]series, error) {
 	total, batch := b.opts.bulkEvents, b.opts.bulkBatch
-	runs := make([][]float64, len(variants))
-	for round := range b.opts.repeat {
-		for i, v := range variants {
-			b.log.Info("bulk: "+v.name, "producers", producers, "events", total, "batch", batch)
-			rate, err := b.bulkLoad(ctx, fmt.Sprintf("bulk-%d-%d-%d", producers, i, round), producers, total, batch, v.write)
-			if err != nil {
-				return nil, fmt.Errorf("bulk (%s, %d producers): %w", v.name, producers, err)
-			}
-			b.log.Info("bulk: "+v.name+" done", "events_per_s", int(rate))
-			runs[i] = append(runs[i], rate)
-		}
+	sides := make([]side[float64], len(variants))
+	for i, v := range variants {
+		sides[i] = side[float64]{fmt.Sprintf("%s, %d producer(s), %s events in batches of %d", v.name, producers, itoa(int64(total)), batch),
+			func(ctx context.Context, round int) (float64, error) {
+				rate, err := b.bulkLoad(ctx, fmt.Sprintf("bulk-%d-%d-%d", producers, i, round), producers, total, batch, v.write)
+				if err == nil {
+					b.log.Info("bulk: "+v.name+" done", "producers", producers, "events_per_s", int(rate))
+				}
+				return rate, err
+			}}
 	}
-	return medians(runs), nil
+	runs, err := alternate(ctx, b, "bulk", b.opts.rounds, sides)
+	if err != nil {
+		return nil, err
+	}
+	return toSeries(runs), nil
 }
 
-// medians returns the median of each list (the lower middle one for an
-// even count).
-func medians(runs [][]float64) []float64 {
-	out := make([]float64, len(runs))
-	for i, r := range runs {
-		r = slices.Clone(r)
-		slices.Sort(r)
-		out[i] = r[(len(r)-1)/2]
-	}
-	return out
-}
-
-// runBulk is the bulk enqueue workload: EnqueueBatch of batches with dedupe
-// keys against COPY of the same rows, with one and with two producers.
 // copyBaseline is the bulk baseline: the same rows as EnqueueBatch would
 // write, loaded with pgx CopyFrom in tx.
 func (b *bench) copyBaseline(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
@@ -232,32 +238,37 @@ func (b *bench) copyBaseline(ctx context.Context, tx pgx.Tx, msgs []outbox.Messa
 	return err
 }
 
+// runBulk is the bulk enqueue workload: Client.EnqueueBatch of batches
+// with dedupe keys against COPY of the same rows, with one and with two
+// producers, round after round.
 func (b *bench) runBulk(ctx context.Context) error {
 	if err := b.t.freshTable(ctx); err != nil {
 		return err
 	}
 	total, batch := b.opts.bulkEvents, b.opts.bulkBatch
+	client, err := b.newClient(b.t.admin, outbox.Config{})
+	if err != nil {
+		return err
+	}
 	lib := func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
-		res, err := outbox.EnqueueBatch(ctx, tx, msgs)
+		res, err := client.EnqueueBatch(ctx, tx, msgs)
 		if err == nil && len(res) != len(msgs) {
 			err = fmt.Errorf("EnqueueBatch returned %d results for %d messages", len(res), len(msgs))
 		}
 		return err
 	}
 	for _, producers := range []int{1, 2} {
-		rates, err := b.bulkVariants(ctx, producers, []bulkVariant{{"COPY", b.copyBaseline}, {"EnqueueBatch", lib}})
+		rates, err := b.bulkVariants(ctx, producers, []bulkVariant{{"EnqueueBatch", lib}, {"COPY", b.copyBaseline}})
 		if err != nil {
 			return err
 		}
-		r := rateRow("bulk enqueue", fmt.Sprintf("batches of %d with dedupe keys, %d producer(s), %s events", batch, producers, itoa(int64(total))),
-			rates[1], rates[0], 0)
+		r := roundsRow("bulk enqueue", fmt.Sprintf("batches of %d with dedupe keys, %d producer(s), %s events", batch, producers, itoa(int64(total))),
+			rates[0], rates[1], 0)
 		if producers == 1 {
 			r.Target = "≥ 60,000/s"
-			r.Met = ptr(rates[1] >= 60000)
-			r.Note = "Baseline: pgx CopyFrom of the same rows (same columns, ids generated the same way) into the same table, one transaction per batch."
-			if b.opts.repeat > 1 {
-				r.Note += fmt.Sprintf(" Medians of %d runs each.", b.opts.repeat)
-			}
+			r.Met = ptr(rates[0].median() >= 60000)
+			r.Note = "Baseline: pgx CopyFrom of the same rows (same columns, ids generated the same way) into the same table, one transaction per batch." +
+				roundsNote(rates[0], rates[1])
 		}
 		b.add(r)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/modkit-go/modkit/internal/pgserver"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // target is the database the benchmark runs in: a dedicated database (or,
@@ -26,15 +27,68 @@ import (
 // this run and removed afterwards, so that an external server is left as it
 // was found.
 type target struct {
+	// outboxSchema is the schema the phases work in: main, or another one
+	// made by addSchema while a workload uses it (see use). Its fields are
+	// read through target (t.schema, t.table, …).
+	*outboxSchema
+	main     *outboxSchema   // the run's own schema: "public" in a dedicated database
 	template *pgxpool.Config // pool settings for the benchmark database
-	schema   string          // schema of the outbox table: "public" in a dedicated database
-	table    pgx.Identifier  // the outbox table, schema-qualified
+	ownDB    bool            // the run has a database of its own (not just a schema)
 	server   string          // human description of the server
 	admin    *pgxpool.Pool   // setup, preloads and measurements; never timed against
-	migrator *db.Migrator
 	log      *slog.Logger
 	cleanup  []func() // run in reverse order by close
 }
+
+// outboxSchema is one schema of the run holding the outbox's tables.
+type outboxSchema struct {
+	schema   string
+	table    pgx.Identifier // the outbox table, schema-qualified
+	leaders  pgx.Identifier // the maintenance leases (migration 0002), schema-qualified
+	migrator *db.Migrator
+	// history is how many delivered rows of eventSource.history the table
+	// holds besides the events of the current phase (see
+	// bench.prepareDrain); 0 after truncate and freshTable.
+	history int
+}
+
+// newOutboxSchema names the outbox tables of schema and builds its
+// migrator; it does not touch the database.
+func (t *target) newOutboxSchema(schema string) (*outboxSchema, error) {
+	m, err := db.NewMigrator(t.admin, db.MigratorConfig{Schema: schema, Logger: quietLogger()})
+	if err != nil {
+		return nil, err
+	}
+	return &outboxSchema{schema: schema, migrator: m,
+		table: pgx.Identifier{schema, outboxpg.TableName}, leaders: pgx.Identifier{schema, outboxpg.LeadersTableName}}, nil
+}
+
+// addSchema creates a second outbox schema for the run, named after the
+// run's own with suffix, migrated and empty, and returns it with a function
+// that drops it again. Switch to it with use.
+func (t *target) addSchema(ctx context.Context, suffix string) (*outboxSchema, func(), error) {
+	name := "modkit_bench_" + suffix
+	if !t.ownDB { // the run lives in a schema of a shared database
+		name = t.main.schema + "_" + suffix
+	}
+	s, err := t.newOutboxSchema(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	drop := func() {
+		if _, err := t.admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			t.log.Warn("could not drop a schema of the run", "schema", name, "error", err)
+		}
+	}
+	if _, err := s.migrator.Up(ctx); err != nil {
+		drop()
+		return nil, nil, fmt.Errorf("migrate schema %s: %w", name, err)
+	}
+	return s, drop, nil
+}
+
+// use makes s the schema the following phases work in.
+func (t *target) use(s *outboxSchema) { t.outboxSchema = s }
 
 // openTarget starts a throwaway durable cluster when dsn is empty, or uses
 // the server in dsn, and creates the run's database (or schema) there.
@@ -67,7 +121,8 @@ func openTarget(ctx context.Context, dsn string, log *slog.Logger) (t *target, e
 		c := base.ConnConfig
 		t.server = fmt.Sprintf("external server %s:%d (database %s)", c.Host, c.Port, c.Database)
 	}
-	if err := t.createRunDatabase(ctx, base); err != nil {
+	schema, err := t.createRunDatabase(ctx, base)
+	if err != nil {
 		return t, err
 	}
 	if t.admin, err = pgxpool.NewWithConfig(ctx, t.newPoolConfig(poolSpec{maxConns: 4})); err != nil {
@@ -77,20 +132,24 @@ func openTarget(ctx context.Context, dsn string, log *slog.Logger) (t *target, e
 	if err := t.admin.Ping(ctx); err != nil {
 		return t, fmt.Errorf("connect to the benchmark database: %w", err)
 	}
-	t.migrator, err = db.NewMigrator(t.admin, db.MigratorConfig{Schema: t.schema, Logger: quietLogger()})
-	return t, err
+	if t.main, err = t.newOutboxSchema(schema); err != nil {
+		return t, err
+	}
+	t.use(t.main)
+	return t, nil
 }
 
 // createRunDatabase creates a database named for this run on the server of
 // base and points t.template at it; if the role may not create databases it
-// creates a schema in base's database instead and sets the search_path.
-func (t *target) createRunDatabase(ctx context.Context, base *pgxpool.Config) error {
+// creates a schema in base's database instead and sets the search_path. It
+// returns the schema the outbox tables go in.
+func (t *target) createRunDatabase(ctx context.Context, base *pgxpool.Config) (schema string, err error) {
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	name := fmt.Sprintf("modkit_bench_%d_%s", os.Getpid(), hex.EncodeToString(suffix))
 	conn, err := pgx.ConnectConfig(ctx, base.ConnConfig.Copy())
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return "", fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	t.template = base.Copy()
@@ -101,22 +160,21 @@ func (t *target) createRunDatabase(ctx context.Context, base *pgxpool.Config) er
 	switch {
 	case err == nil:
 		t.template.ConnConfig.Database = name
-		t.schema = "public"
+		schema, t.ownDB = "public", true
 		t.cleanup = append(t.cleanup, func() { t.dropRunObject(base, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)") })
 		t.server += ", run database " + name
 	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
 		if _, err := conn.Exec(ctx, "CREATE SCHEMA "+ident); err != nil {
-			return fmt.Errorf("the role can create neither a database nor a schema for the run: %w", err)
+			return "", fmt.Errorf("the role can create neither a database nor a schema for the run: %w", err)
 		}
 		t.template.ConnConfig.RuntimeParams["search_path"] = name
-		t.schema = name
+		schema = name
 		t.cleanup = append(t.cleanup, func() { t.dropRunObject(base, "DROP SCHEMA IF EXISTS "+ident+" CASCADE") })
 		t.server += ", run schema " + name
 	default:
-		return fmt.Errorf("create the run database: %w", err)
+		return "", fmt.Errorf("create the run database: %w", err)
 	}
-	t.table = pgx.Identifier{t.schema, outbox.TableName}
-	return nil
+	return schema, nil
 }
 
 // dropRunObject runs the statement that removes the run's database or
@@ -206,10 +264,12 @@ func (t *target) newPool(ctx context.Context, spec poolSpec) (*pgxpool.Pool, err
 }
 
 // freshTable gives a workload an outbox table of its own: every migration is
-// reverted and applied again with db.Migrator, so each workload starts from
-// an empty, newly created table and indexes, with no bloat or statistics
-// left by the previous one.
+// reverted (newest first: the leaders table of 0002, then the events table
+// of 0001) and applied again with db.Migrator, so each workload starts from
+// empty, newly created tables and indexes, with no bloat, statistics or
+// maintenance leases left by the previous one.
 func (t *target) freshTable(ctx context.Context) error {
+	t.history = 0
 	if _, err := t.migrator.Down(ctx, len(t.migrator.Migrations())); err != nil {
 		return fmt.Errorf("revert migrations: %w", err)
 	}
@@ -219,9 +279,14 @@ func (t *target) freshTable(ctx context.Context) error {
 	return nil
 }
 
-// truncate empties the outbox table between the phases of one workload.
+// truncate empties the outbox table between the phases of one workload,
+// and the maintenance leases with it, so that every phase's dispatcher is
+// elected for maintenance at once as a first dispatcher would be (a
+// stopped dispatcher resigns its leases, but one that failed to would
+// otherwise keep the next out of maintenance until the lease expired).
 func (t *target) truncate(ctx context.Context) error {
-	_, err := t.admin.Exec(ctx, "TRUNCATE "+t.table.Sanitize())
+	t.history = 0
+	_, err := t.admin.Exec(ctx, "TRUNCATE "+t.table.Sanitize()+", "+t.leaders.Sanitize())
 	return err
 }
 

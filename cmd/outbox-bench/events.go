@@ -112,9 +112,25 @@ FROM generate_series($6::bigint, $7::bigint) AS g,
 	for start := 0; start < n; start += chunk {
 		end := min(n, start+chunk) - 1
 		if _, err := t.admin.Exec(ctx, stmt, benchTopic.Namespace, benchTopic.Topic, src.tenant,
-			src.tenantHex+"/history/", src.payload(0), start, end); err != nil {
+			strings.TrimSuffix(src.historyKeys(), "%"), src.payload(0), start, end); err != nil {
 			return fmt.Errorf("insert delivered history: %w", err)
 		}
 	}
 	return nil
+}
+
+// historyKeys is the LIKE pattern of the dedupe keys of the rows
+// insertDelivered writes (which it builds from the same prefix).
+func (s *eventSource) historyKeys() string { return s.tenantHex + "/history/%" }
+
+// deleteAllButHistory empties the table but for the delivered history that
+// insertDelivered wrote, and the maintenance leases with it, so that the
+// next phase finds the same history without inserting it again. The rows
+// deleted leave dead tuples for the next VACUUM, as a purge would.
+func (t *target) deleteAllButHistory(ctx context.Context, src *eventSource) error {
+	if _, err := t.admin.Exec(ctx, "DELETE FROM "+t.table.Sanitize()+" WHERE NOT coalesce(dedupe_key LIKE $1, false)", src.historyKeys()); err != nil {
+		return fmt.Errorf("delete all but the history: %w", err)
+	}
+	_, err := t.admin.Exec(ctx, "DELETE FROM "+t.leaders.Sanitize())
+	return err
 }

@@ -105,22 +105,23 @@ func (b *bench) runExperiments(ctx context.Context) error {
 		{name: "without the (status, next_attempt_at) index",
 			before: "DROP INDEX " + pgx.Identifier{b.t.schema, "modkit_outbox_events_status_next_attempt_idx"}.Sanitize(), loop: base, fresh: true},
 	}
-	// Repeats go round all variants in turn, so that drift (autovacuum,
+	// Rounds go through all variants in turn, so that drift (autovacuum,
 	// checkpoints, a noisy neighbour) spreads over all of them.
-	results := make([][]drainResult, len(experiments))
-	for round := range b.opts.repeat {
-		for i, e := range experiments {
-			res, err := b.rawExperiment(ctx, e, n, round == 0)
-			if err != nil {
-				return fmt.Errorf("%s: %w", e.name, err)
-			}
-			results[i] = append(results[i], res)
-		}
-	}
-	baseline := median(results[0]).rate()
+	sides := make([]side[drainResult], len(experiments))
 	for i, e := range experiments {
-		r := rateRow("experiment: raw drain", e.name, median(results[i]).rate(), baseline, 0)
-		r.Note = rangeNote(results[i])
+		sides[i] = side[drainResult]{e.name, func(ctx context.Context, round int) (drainResult, error) {
+			return b.rawExperiment(ctx, e, n, round == 0)
+		}}
+	}
+	results, err := alternate(ctx, b, "experiments", b.opts.rounds, sides)
+	if err != nil {
+		return err
+	}
+	baseline := mapSeries(results[0], drainRate)
+	for i, e := range experiments {
+		rates := mapSeries(results[i], drainRate)
+		r := roundsRow("experiment: raw drain", e.name, rates, baseline, 0)
+		r.Note = strings.TrimSpace(roundsNote(rates, baseline))
 		b.add(r)
 	}
 	if err := b.dispatcherExperiments(ctx, n); err != nil {
@@ -181,13 +182,12 @@ func (b *bench) explainCustomClaim(ctx context.Context, name, claim string, sett
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	keys := []string{benchTopic.Namespace + ":" + benchTopic.Topic}
 	title := fmt.Sprintf("experiment %q: claim, batch %d, custom plan", name, b.opts.batch)
-	if err := printExplain(ctx, tx, title, claim, outbox.MaxAttemptsDefault, keys, b.opts.batch, uuid.New(), outbox.LeaseDurationDefault); err != nil {
+	if err := printExplain(ctx, tx, title, claim, b.claimParams(b.opts.batch, uuid.New())...); err != nil {
 		return err
 	}
 	if settings["plan_cache_mode"] == "" {
-		return explainGenericClaim(ctx, tx, fmt.Sprintf("experiment %q", name), claim, b.opts.batch)
+		return b.explainGenericClaim(ctx, tx, fmt.Sprintf("experiment %q", name), claim)
 	}
 	return nil
 }
@@ -203,25 +203,29 @@ func (b *bench) dispatcherExperiments(ctx context.Context, n int) error {
 		{"dispatcher, synchronous_commit=off on its pool", map[string]string{"synchronous_commit": "off"}},
 		{"dispatcher, plan_cache_mode=force_custom_plan on its pool", map[string]string{"plan_cache_mode": "force_custom_plan"}},
 	}
-	results := make([][]drainResult, len(variants))
-	for range b.opts.repeat {
-		for i, v := range variants {
-			if err := b.prepareDrain(ctx, "experiments", 0, n); err != nil {
-				return err
-			}
-			b.log.Info("experiment: "+v.name, "events", n)
-			res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, v.settings)
-			if err != nil {
-				return fmt.Errorf("%s: %w", v.name, err)
-			}
-			b.log.Info("experiment: "+v.name+" done", "events_per_s", int(res.rate()))
-			results[i] = append(results[i], res)
-		}
-	}
+	sides := make([]side[drainResult], len(variants))
 	for i, v := range variants {
-		r := rateRow("experiment: dispatcher drain", v.name, median(results[i]).rate(), median(results[0]).rate(), 0)
+		sides[i] = side[drainResult]{v.name, func(ctx context.Context, _ int) (drainResult, error) {
+			if err := b.prepareDrain(ctx, "experiments", 0, n); err != nil {
+				return drainResult{}, err
+			}
+			res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, v.settings)
+			if err == nil {
+				b.log.Info("experiment: "+v.name+" done", "events_per_s", int(res.rate()))
+			}
+			return res, err
+		}}
+	}
+	results, err := alternate(ctx, b, "experiments", b.opts.rounds, sides)
+	if err != nil {
+		return err
+	}
+	baseline := mapSeries(results[0], drainRate)
+	for i, v := range variants {
+		rates := mapSeries(results[i], drainRate)
+		r := roundsRow("experiment: dispatcher drain", v.name, rates, baseline, 0)
 		r.Baseline += " (default settings)"
-		r.Note = rangeNote(results[i])
+		r.Note = strings.TrimSpace(roundsNote(rates, baseline))
 		b.add(r)
 	}
 	async := map[string]string{"synchronous_commit": "off"}
@@ -233,27 +237,26 @@ func (b *bench) dispatcherExperiments(ctx context.Context, n int) error {
 		{"dispatcher, synchronous_commit=off on its pool", latencySetup{settings: async}},
 		{"dispatcher, synchronous_commit=off; producers NotifyInterval 10ms", latencySetup{settings: async, notifyInterval: 10 * time.Millisecond}},
 	}
-	latencies := make([][]latencyStats, len(latencyVariants))
-	for range b.opts.repeat {
-		for i, v := range latencyVariants {
-			b.log.Info("experiment: latency, "+v.name, "rate", 500)
+	latencySides := make([]side[latencyStats], len(latencyVariants))
+	for i, v := range latencyVariants {
+		latencySides[i] = side[latencyStats]{"latency at 500/s, " + v.name, func(ctx context.Context, _ int) (latencyStats, error) {
 			st, err := b.measureLatency(ctx, 500, b.opts.duration, v.setup)
-			if err != nil {
-				return err
+			if err == nil {
+				b.log.Info("experiment: latency, "+v.name+" done", "stats", st.String())
 			}
-			b.log.Info("experiment: latency, "+v.name+" done", "stats", st.String())
-			latencies[i] = append(latencies[i], st)
-		}
+			return st, err
+		}}
+	}
+	latencies, err := alternate(ctx, b, "experiments", b.opts.rounds, latencySides)
+	if err != nil {
+		return err
 	}
 	for i, v := range latencyVariants {
-		st, repeated := summarize(latencies[i])
-		note := fmt.Sprintf("p90 %s. Dispatcher claim statements: %s.", fmtMs(st.p90), st.claims)
-		if repeated != "" {
-			note += " Shown: " + repeated + "."
-		}
-		b.add(row{Workload: "experiment: latency 500/s, NOTIFY on", Measure: v.name, Outbox: st.String(),
-			Values: map[string]float64{"p50_ms": ms(st.p50), "p90_ms": ms(st.p90), "p99_ms": ms(st.p99), "max_ms": ms(st.max)},
-			Note:   note})
+		runs := latencyRounds(latencies[i])
+		values, perRound := runs.values()
+		note := fmt.Sprintf("p90 %s. Dispatcher claim statements: %s.", runs.ms(p90).withSpread(fmtMsValue, " ms"), runs.claims())
+		b.add(row{Workload: "experiment: latency 500/s, NOTIFY on", Measure: v.name, Outbox: runs.String(),
+			Values: values, Runs: perRound, Note: note})
 	}
 	return nil
 }
@@ -272,13 +275,16 @@ func (b *bench) enqueueExperiments(ctx context.Context) error {
 	for _, cfg := range []outbox.Config{
 		{}, {NotifyInterval: 10 * time.Millisecond}, {NotifyInterval: 100 * time.Millisecond}, {DisableNotify: true},
 	} {
-		p, err := outbox.NewProducer(cfg)
+		p, err := b.newClient(b.t.admin, cfg)
 		if err != nil {
 			return err
 		}
-		name := "Enqueue, NotifyInterval " + cfg.WithDefaults().NotifyInterval.String()
-		if cfg.DisableNotify {
+		name := "Enqueue, NotifyInterval " + cfg.NotifyInterval.String()
+		switch {
+		case cfg.DisableNotify:
 			name = "Enqueue, DisableNotify"
+		case cfg.NotifyInterval == 0:
+			name = "Enqueue, NotifyInterval default (" + notifyIntervalDefault + ")"
 		}
 		run := fmt.Sprintf("exp-%d", len(variants))
 		variants = append(variants, enqueueVariant{name, func(ctx context.Context, tx pgx.Tx, seq int64) error {
@@ -291,7 +297,7 @@ func (b *bench) enqueueExperiments(ctx context.Context) error {
 		return err
 	}
 	for i, v := range variants {
-		r := rateRow(fmt.Sprintf("experiment: enqueue, %d producers", b.opts.producers), v.name, rates[i], rates[0], 0)
+		r := roundsRow(fmt.Sprintf("experiment: enqueue, %d producers", b.opts.producers), v.name, rates[i], rates[0], 0)
 		r.Baseline += " (plain INSERT)"
 		b.add(r)
 	}
@@ -311,7 +317,12 @@ func (b *bench) bulkExperiments(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = outbox.EnqueueBatch(ctx, pool, []outbox.Message{b.src.message("capture", 0)})
+	// Two messages: a single one takes the one-row INSERT, and batches of
+	// 64 or more through a pool try COPY first.
+	client, err := b.newClient(pool, outbox.Config{})
+	if err == nil {
+		_, err = client.EnqueueBatch(ctx, pool, []outbox.Message{b.src.message("capture", 0), b.src.message("capture", 1)})
+	}
 	pool.Close()
 	if err != nil {
 		return err
@@ -340,14 +351,18 @@ ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHI
 		}
 		return []any{ids, ns, tp, tenants, keys, payloads}, nil
 	}
-	quiet, err := outbox.NewProducer(outbox.Config{DisableNotify: true})
+	lib, err := b.newClient(b.t.admin, outbox.Config{})
+	if err != nil {
+		return err
+	}
+	quiet, err := b.newClient(b.t.admin, outbox.Config{DisableNotify: true})
 	if err != nil {
 		return err
 	}
 	variants := []bulkVariant{
 		{"COPY (the baseline)", b.copyBaseline},
 		{"EnqueueBatch", func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
-			_, err := outbox.EnqueueBatch(ctx, tx, msgs)
+			_, err := lib.EnqueueBatch(ctx, tx, msgs)
 			return err
 		}},
 		{"EnqueueBatch, DisableNotify", func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
@@ -385,17 +400,9 @@ ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHI
 		return err
 	}
 	for i, v := range variants {
-		r := rateRow("experiment: bulk, 1 producer", v.name, rates[i], rates[0], 0)
+		r := roundsRow("experiment: bulk, 1 producer", v.name, rates[i], rates[0], 0)
 		r.Baseline += " (COPY)"
 		b.add(r)
 	}
 	return nil
-}
-
-// rangeNote gives the range of repeated runs, for an experiment's row.
-func rangeNote(runs []drainResult) string {
-	if len(runs) < 2 {
-		return ""
-	}
-	return fmt.Sprintf("Median of %d runs, range %s.", len(runs), spread(runs))
 }

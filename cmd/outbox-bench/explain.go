@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // sqlCapture is a pgx.QueryTracer that keeps the text of every distinct
@@ -55,7 +58,11 @@ const (
 )
 
 // librarySQL learns the library's claim and outcome statements by claiming
-// one due event and releasing it again (the table must hold one).
+// one due event and releasing it again (the table must hold one). It calls
+// the PostgreSQL driver's Claim and Complete directly, opened with the
+// options a Client with a zero Config (but for the schema) gives it, which
+// is the one way to run a single claim without a dispatcher publishing
+// what it claims: the statements are those a dispatcher sends.
 func (b *bench) librarySQL(ctx context.Context) (claim, complete string, err error) {
 	capture := &sqlCapture{}
 	pool, err := b.t.newPool(ctx, poolSpec{maxConns: 1, tracer: capture})
@@ -63,15 +70,23 @@ func (b *bench) librarySQL(ctx context.Context) (claim, complete string, err err
 		return "", "", err
 	}
 	defer pool.Close()
-	store, err := outbox.NewStore(pool, outbox.Config{})
+	store, err := outboxpg.New(pool).Open(driver.Options{Schema: b.t.schema})
 	if err != nil {
 		return "", "", err
 	}
-	got, err := store.ClaimBatch(ctx, outbox.ClaimConfig{BatchSize: 1, Topics: []outbox.Topic{benchTopic}})
+	got, err := store.Claim(ctx, driver.ClaimParams{Topics: []string{benchTopic.Namespace + ":" + benchTopic.Topic}, Limit: 1,
+		MaxAttempts: b.defaults.MaxAttempts, Worker: uuid.New(), Lease: b.defaults.LeaseDuration})
 	if err != nil {
 		return "", "", err
 	}
-	if err := store.Release(ctx, got); err != nil {
+	if len(got) == 0 {
+		return "", "", errors.New("learn the library's SQL: no due event to claim")
+	}
+	release := make([]driver.Outcome, len(got))
+	for i, c := range got {
+		release[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release}
+	}
+	if _, err := store.Complete(ctx, nil, release); err != nil {
 		return "", "", err
 	}
 	if claim, err = capture.find(claimMarker); err != nil {
@@ -103,8 +118,7 @@ func (b *bench) explain(ctx context.Context, label string) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	keys := []string{benchTopic.Namespace + ":" + benchTopic.Topic}
-	claimArgs := []any{outbox.MaxAttemptsDefault, keys, b.opts.batch, uuid.New(), outbox.LeaseDurationDefault}
+	claimArgs := b.claimParams(b.opts.batch, uuid.New())
 	show := func(title, sql string, args ...any) error {
 		return printExplain(ctx, tx, label+": "+title, sql, args...)
 	}
@@ -128,7 +142,7 @@ func (b *bench) explain(ctx context.Context, label string) error {
 	if err := show(fmt.Sprintf("claim, batch %d (library), custom plan", b.opts.batch), claimSQL, claimArgs...); err != nil {
 		return err
 	}
-	if err := explainGenericClaim(ctx, tx, label, claimSQL, b.opts.batch); err != nil {
+	if err := b.explainGenericClaim(ctx, tx, label, claimSQL); err != nil {
 		return err
 	}
 	ids, tokens, err := claim()
@@ -168,11 +182,12 @@ func printExplain(ctx context.Context, q pgx.Tx, title, sql string, args ...any)
 	return nil
 }
 
-// explainGenericClaim prints the generic plan of claim: the plan a
-// prepared statement (pgx's default statement cache) switches to after
-// five executions when the planner thinks it no worse than the custom
-// ones. It runs in tx, which the caller rolls back.
-func explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim string, batch int) error {
+// explainGenericClaim prints the generic plan of claim, batch -batch: the
+// plan a prepared statement (pgx's default statement cache) switches to
+// after five executions when the planner thinks it no worse than the
+// custom ones. It runs in tx, which the caller rolls back.
+func (b *bench) explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim string) error {
+	batch := b.opts.batch
 	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
 		return err
 	}
@@ -183,7 +198,7 @@ func explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim string, ba
 	// PREPARE outlives the transaction.
 	defer func() { _, _ = tx.Conn().Exec(context.WithoutCancel(ctx), "DEALLOCATE "+name) }()
 	exec := fmt.Sprintf("EXECUTE %s(%d, '{%s:%s}', %d, gen_random_uuid(), '%s')", name,
-		outbox.MaxAttemptsDefault, benchTopic.Namespace, benchTopic.Topic, batch, outbox.LeaseDurationDefault)
+		b.defaults.MaxAttempts, benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.LeaseDuration)
 	if err := printExplain(ctx, tx, fmt.Sprintf("%s: claim, batch %d (library), generic plan", label, batch), exec); err != nil {
 		return err
 	}

@@ -32,7 +32,7 @@ func (b *bench) runIdle(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
-	d, err := outbox.NewDispatcher(pool, noopPublishers(nil), outbox.DispatcherConfig{Logger: b.dispatcherLog})
+	d, err := b.newDispatcher(pool, outbox.DispatcherConfig{Logger: b.dispatcherLog}, nil)
 	if err != nil {
 		return err
 	}

@@ -20,9 +20,10 @@ import (
 type latencyStats struct {
 	n                  int
 	p50, p90, p99, max time.Duration
-	early              int     // publishes seen before the producer's commit returned (counted as 0)
-	achieved           float64 // enqueues per second the producers kept up
-	claims             string  // how long the dispatcher's claim statements took
+	early              int             // publishes seen before the producer's commit returned (counted as 0)
+	achieved           float64         // enqueues per second the producers kept up
+	claims             []time.Duration // how long each of the dispatcher's claim statements took
+	pollInterval       time.Duration   // the dispatcher's PollInterval
 }
 
 // percentiles sorts samples and summarises them (nearest rank).
@@ -60,7 +61,7 @@ type latencyRecord struct {
 // rate for dur, each event in its own transaction, and measures for every
 // event the time from its producer's commit returning to its publisher
 // being called. With pollOnly the producers send no NOTIFY and the
-// dispatcher does not LISTEN (it polls every PollIntervalDefault).
+// dispatcher does not LISTEN (it polls every PollInterval, 1s by default).
 func (b *bench) measureLatency(ctx context.Context, rate int, dur time.Duration, setup latencySetup) (latencyStats, error) {
 	pollOnly := setup.pollOnly
 	if err := b.t.truncate(ctx); err != nil {
@@ -76,15 +77,15 @@ func (b *bench) measureLatency(ctx context.Context, rate int, dur time.Duration,
 	stamp := func() int64 { return int64(time.Since(base)) + 1 }
 	var published atomic.Int64
 	allPublished := make(chan struct{})
-	pubs := noopPublishers(func(m outbox.ClaimedMessage) {
-		v, ok := byID.Load(m.ID)
+	onPublish := func(d outbox.Delivery) {
+		v, ok := byID.Load(d.ID)
 		if !ok {
 			return
 		}
 		if v.(*latencyRecord).published.CompareAndSwap(0, stamp()) && published.Add(1) == int64(total) {
 			close(allPublished)
 		}
-	})
+	}
 
 	timer := &claimTimer{}
 	dpool, err := b.t.newPool(ctx, poolSpec{maxConns: b.opts.dispatcherConns, warm: 1, settings: setup.settings, tracer: timer})
@@ -92,9 +93,7 @@ func (b *bench) measureLatency(ctx context.Context, rate int, dur time.Duration,
 		return latencyStats{}, err
 	}
 	defer dpool.Close()
-	d, err := outbox.NewDispatcher(dpool, pubs, outbox.DispatcherConfig{
-		Store: outbox.Config{DisableNotify: pollOnly}, PollOnly: pollOnly, Logger: b.dispatcherLog,
-	})
+	d, err := b.newDispatcher(dpool, outbox.DispatcherConfig{PollOnly: pollOnly, Logger: b.dispatcherLog}, onPublish)
 	if err != nil {
 		return latencyStats{}, err
 	}
@@ -103,16 +102,16 @@ func (b *bench) measureLatency(ctx context.Context, rate int, dur time.Duration,
 	}
 	defer func() { _ = d.Stop(context.WithoutCancel(ctx)) }()
 
-	producer, err := outbox.NewProducer(outbox.Config{DisableNotify: pollOnly, NotifyInterval: setup.notifyInterval})
-	if err != nil {
-		return latencyStats{}, err
-	}
 	workers := b.opts.latencyProducers
 	ppool, err := b.t.newPool(ctx, poolSpec{maxConns: int32(workers), warm: workers})
 	if err != nil {
 		return latencyStats{}, err
 	}
 	defer ppool.Close()
+	producer, err := b.newClient(ppool, outbox.Config{DisableNotify: pollOnly, NotifyInterval: setup.notifyInterval})
+	if err != nil {
+		return latencyStats{}, err
+	}
 
 	run := fmt.Sprintf("latency-%d-%t", rate, pollOnly)
 	enqueue := func(ctx context.Context, i int) error {
@@ -178,40 +177,58 @@ func (b *bench) measureLatency(ctx context.Context, rate int, dur time.Duration,
 	st := percentiles(samples)
 	st.early = early
 	st.achieved = float64(total) / producing.Seconds()
-	claims := timer.durations()
-	st.claims = fmt.Sprintf("%d, %s", len(claims), percentiles(claims))
+	st.claims = timer.durations()
+	st.pollInterval = d.Config().PollInterval
 	return st, nil
 }
 
-// latencyRuns runs measureLatency -repeat times and returns the run with
-// the median p99, and for several runs a note on the range of their p50s
-// and p99s.
-func (b *bench) latencyRuns(ctx context.Context, rate int, setup latencySetup) (latencyStats, string, error) {
-	var runs []latencyStats
-	for range b.opts.repeat {
-		st, err := b.measureLatency(ctx, rate, b.opts.duration, setup)
-		if err != nil {
-			return st, "", err
-		}
-		b.log.Info("latency: measured", "rate", rate, "poll_only", setup.pollOnly, "stats", st.String())
-		runs = append(runs, st)
-	}
-	st, note := summarize(runs)
-	return st, note, nil
+// latencyRounds is one latency phase measured in several rounds, in run
+// order.
+type latencyRounds []latencyStats
+
+// ms is one percentile of every round, in milliseconds.
+func (l latencyRounds) ms(percentile func(latencyStats) time.Duration) series {
+	return mapSeries(l, func(st latencyStats) float64 { return ms(percentile(st)) })
 }
 
-// summarize returns the run with the median p99 and, for several runs, a
-// note on the range of their p50s and p99s.
-func summarize(runs []latencyStats) (latencyStats, string) {
-	runs = slices.Clone(runs)
-	slices.SortFunc(runs, func(a, b latencyStats) int { return cmp.Compare(a.p99, b.p99) })
-	mid := runs[(len(runs)-1)/2]
-	if len(runs) == 1 {
-		return mid, ""
+func p50(st latencyStats) time.Duration { return st.p50 }
+func p90(st latencyStats) time.Duration { return st.p90 }
+func p99(st latencyStats) time.Duration { return st.p99 }
+
+// max is the highest latency seen in any round.
+func (l latencyRounds) max() time.Duration {
+	return slices.MaxFunc(l, func(a, b latencyStats) int { return cmp.Compare(a.max, b.max) }).max
+}
+
+// String gives the median p50 and p99 of the rounds with their min–max,
+// and the highest latency of any round: "p50 2.05 ms (1.90–2.31), p99
+// 6.87 ms (6.10–9.20), max 19.0 ms".
+func (l latencyRounds) String() string {
+	return fmt.Sprintf("p50 %s, p99 %s, max %s", l.ms(p50).withSpread(fmtMsValue, " ms"), l.ms(p99).withSpread(fmtMsValue, " ms"), fmtMs(l.max()))
+}
+
+// values are the figures of a latency row, for JSON.
+func (l latencyRounds) values() (map[string]float64, map[string][]float64) {
+	values := map[string]float64{"max_ms": ms(l.max()), "rounds": float64(len(l))}
+	runs := map[string][]float64{}
+	for name, percentile := range map[string]func(latencyStats) time.Duration{"p50_ms": p50, "p90_ms": p90, "p99_ms": p99} {
+		s := l.ms(percentile)
+		values[name], runs[name] = s.median(), s
+		if len(s) > 1 {
+			values[name+"_min"], values[name+"_max"] = s.lo(), s.hi()
+		}
 	}
-	p50 := func(a, b latencyStats) int { return cmp.Compare(a.p50, b.p50) }
-	return mid, fmt.Sprintf("the run with the median p99 of %d; p50 ranged %s–%s, p99 %s–%s", len(runs),
-		fmtMs(slices.MinFunc(runs, p50).p50), fmtMs(slices.MaxFunc(runs, p50).p50), fmtMs(runs[0].p99), fmtMs(runs[len(runs)-1].p99))
+	return values, runs
+}
+
+// claims summarises the dispatcher's claim statements over all rounds:
+// their count and duration percentiles.
+func (l latencyRounds) claims() string {
+	var all []time.Duration
+	for _, st := range l {
+		all = append(all, st.claims...)
+	}
+	return fmt.Sprintf("%d, %s", len(all), percentiles(all))
 }
 
 // notifyRoundTrip measures raw LISTEN/NOTIFY: the time from one connection
@@ -265,63 +282,116 @@ func (b *bench) notifyRoundTrip(ctx context.Context, n int) (latencyStats, error
 	return percentiles(samples), nil
 }
 
+// latencyPhase is one measured configuration of the latency workload.
+type latencyPhase struct {
+	rate     int
+	pollOnly bool
+}
+
+func (p latencyPhase) mode() string {
+	if p.pollOnly {
+		return "poll-only"
+	}
+	return "NOTIFY on"
+}
+
 // runLatency is the end-to-end latency workload: each configured rate with
-// NOTIFY on and in poll-only mode, plus the raw LISTEN/NOTIFY round trip.
+// NOTIFY on and in poll-only mode, plus the raw LISTEN/NOTIFY round trip as
+// the baseline, in rounds: each round runs the first NOTIFY phase, the
+// round trip, then the other phases.
 func (b *bench) runLatency(ctx context.Context) error {
 	if err := b.t.freshTable(ctx); err != nil {
 		return err
 	}
-	ping, err := b.notifyRoundTrip(ctx, 1000)
-	if err != nil {
-		return fmt.Errorf("notify round trip: %w", err)
-	}
-	pingText := "raw NOTIFY→LISTEN " + ping.String()
+	var phases []latencyPhase
 	for _, pollOnly := range []bool{false, true} {
 		for _, rate := range b.opts.rates {
-			mode := "NOTIFY on"
-			if pollOnly {
-				mode = "poll-only"
-			}
-			b.log.Info("latency: producing", "rate", rate, "mode", mode, "duration", b.opts.duration)
-			st, repeated, err := b.latencyRuns(ctx, rate, latencySetup{pollOnly: pollOnly, settings: b.opts.dispatcherSettings})
-			if err != nil {
-				return fmt.Errorf("latency %d/s %s: %w", rate, mode, err)
-			}
-			r := row{
-				Workload: "end-to-end latency, " + mode,
-				Measure:  fmt.Sprintf("commit→publish at %s/s, %s events", itoa(int64(rate)), itoa(int64(st.n))),
-				Outbox:   st.String(),
-				Values: map[string]float64{
-					"rate": float64(rate), "achieved_rate": st.achieved, "events": float64(st.n),
-					"p50_ms": ms(st.p50), "p90_ms": ms(st.p90), "p99_ms": ms(st.p99), "max_ms": ms(st.max),
-				},
-			}
-			if !pollOnly {
-				r.Baseline = pingText
-				r.Values["notify_p50_ms"], r.Values["notify_p99_ms"] = ms(ping.p50), ms(ping.p99)
-			}
-			if !pollOnly && rate == 500 {
-				r.Target = "p50 ≤ 2 ms, p99 ≤ 10 ms"
-				r.Met = ptr(st.p50 <= 2*time.Millisecond && st.p99 <= 10*time.Millisecond)
-			}
-			notes := []string{"the dispatcher's claim statements (count, duration) " + st.claims}
-			if repeated != "" {
-				notes = append(notes, repeated)
-			}
-			if st.achieved < 0.95*float64(rate) {
-				notes = append(notes, fmt.Sprintf("the %d producers kept up only %s", b.opts.latencyProducers, fmtRate(st.achieved)))
-			}
-			if st.early > 0 {
-				notes = append(notes, fmt.Sprintf("%d events were published before their producer's commit returned (counted as 0)", st.early))
-			}
-			if pollOnly {
-				notes = append(notes, "the dispatcher polls every PollIntervalDefault ("+outbox.PollIntervalDefault.String()+"); latency is about half of it on average")
-			}
-			r.Note = "Latency " + mode + " at " + itoa(int64(rate)) + "/s: p90 " + fmtMs(st.p90) + "; " + strings.Join(notes, "; ") + "."
-			b.add(r)
+			phases = append(phases, latencyPhase{rate: rate, pollOnly: pollOnly})
 		}
 	}
+	var sides []side[latencyStats]
+	for i, p := range phases {
+		sides = append(sides, side[latencyStats]{fmt.Sprintf("dispatcher, %s, %s/s for %v", p.mode(), itoa(int64(p.rate)), b.opts.duration),
+			func(ctx context.Context, _ int) (latencyStats, error) {
+				st, err := b.measureLatency(ctx, p.rate, b.opts.duration, latencySetup{pollOnly: p.pollOnly, settings: b.opts.dispatcherSettings})
+				if err != nil {
+					return st, fmt.Errorf("latency %d/s %s: %w", p.rate, p.mode(), err)
+				}
+				b.log.Info("latency: measured", "rate", p.rate, "mode", p.mode(), "stats", st.String())
+				return st, nil
+			}})
+		if i == 0 {
+			sides = append(sides, side[latencyStats]{"raw NOTIFY→LISTEN round trip", func(ctx context.Context, _ int) (latencyStats, error) {
+				st, err := b.notifyRoundTrip(ctx, 1000)
+				if err != nil {
+					return st, fmt.Errorf("notify round trip: %w", err)
+				}
+				return st, nil
+			}})
+		}
+	}
+	results, err := alternate(ctx, b, "latency", b.opts.rounds, sides)
+	if err != nil {
+		return err
+	}
+	ping := latencyRounds(results[1])
+	results = slices.Delete(results, 1, 2)
+	pingText := "raw NOTIFY→LISTEN " + ping.String()
+	for i, p := range phases {
+		runs := latencyRounds(results[i])
+		values, perRound := runs.values()
+		total := 0
+		for _, st := range runs {
+			total += st.n
+		}
+		r := row{
+			Workload: "end-to-end latency, " + p.mode(),
+			Measure:  fmt.Sprintf("commit→publish at %s/s, %s events per round", itoa(int64(p.rate)), itoa(int64(runs[0].n))),
+			Outbox:   runs.String(),
+			Values:   values,
+			Runs:     perRound,
+		}
+		r.Values["rate"], r.Values["events"] = float64(p.rate), float64(total)
+		r.Values["achieved_rate"] = mapSeries(runs, func(st latencyStats) float64 { return st.achieved }).lo()
+		if !p.pollOnly {
+			r.Baseline = pingText
+			r.Values["notify_p50_ms"], r.Values["notify_p99_ms"] = ping.ms(p50).median(), ping.ms(p99).median()
+		}
+		if !p.pollOnly && p.rate == 500 {
+			r.Target = "p50 ≤ 2 ms, p99 ≤ 10 ms"
+			r.Met = ptr(runs.ms(p50).median() <= 2 && runs.ms(p99).median() <= 10)
+		}
+		notes := []string{"the dispatcher's claim statements (count, duration) " + runs.claims()}
+		if len(runs) > 1 {
+			notes = append(notes, fmt.Sprintf("medians of %d rounds (min–max); max is the highest of any round; p50 by round %s, p99 by round %s",
+				len(runs), joinSeries(runs.ms(p50), fmtMsValue), joinSeries(runs.ms(p99), fmtMsValue)))
+		}
+		if achieved := r.Values["achieved_rate"]; achieved < 0.95*float64(p.rate) {
+			notes = append(notes, fmt.Sprintf("the %d producers kept up only %s in one round", b.opts.latencyProducers, fmtRate(achieved)))
+		}
+		early := 0
+		for _, st := range runs {
+			early += st.early
+		}
+		if early > 0 {
+			notes = append(notes, fmt.Sprintf("%d events were published before their producer's commit returned (counted as 0)", early))
+		}
+		if p.pollOnly {
+			notes = append(notes, "the dispatcher polls every PollInterval ("+runs[0].pollInterval.String()+"); latency is about half of it on average")
+		}
+		r.Note = "Latency " + p.mode() + " at " + itoa(int64(p.rate)) + "/s: p90 " + runs.ms(p90).withSpread(fmtMsValue, " ms") + "; " + strings.Join(notes, "; ") + "."
+		b.add(r)
+	}
 	return nil
+}
+
+// joinSeries renders every value of s in run order, "2.05, 1.90, 2.31".
+func joinSeries(s series, format func(float64) string) string {
+	parts := make([]string, len(s))
+	for i, v := range s {
+		parts[i] = format(v)
+	}
+	return strings.Join(parts, ", ")
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -12,13 +12,14 @@
 //
 // Workloads (-only picks some, comma-separated):
 //
-//	dispatch  drain -events preloaded events with outbox.Dispatcher and a
-//	          no-op publisher, against a raw claim+ack loop on 2 connections
+//	dispatch  drain -events preloaded events with the outbox's Dispatcher
+//	          and a no-op publisher, against a raw claim+ack loop on 2
+//	          connections
 //	latency   commit-to-publish latency at fixed enqueue rates (-rates), with
 //	          NOTIFY and poll-only, plus a raw LISTEN/NOTIFY round trip
 //	enqueue   one event per transaction from -producers producers for
-//	          -duration, outbox.Enqueue against a plain INSERT
-//	bulk      outbox.EnqueueBatch in batches of -bulk-batch against COPY
+//	          -duration, Client.Enqueue against a plain INSERT
+//	bulk      Client.EnqueueBatch in batches of -bulk-batch against COPY
 //	scale     the dispatch rate with -retained delivered rows kept and with a
 //	          -backlog pending events, against the empty-table rate
 //	idle      statements per second of an idle dispatcher (NOTIFY on)
@@ -27,8 +28,16 @@
 // insert run as raw SQL, and the dispatcher under other session settings,
 // each against the unchanged form, to size changes to the library.
 //
-// The defaults finish in about five minutes on a 2-core machine. For the
-// full-size scale figures use -retained=1000000 -backlog=1000000.
+// Every comparison is measured in -rounds rounds (3 by default) that run
+// the library and its baseline alternately, and is reported as medians
+// with their spread (see rounds.go), so that a machine loaded by something
+// else during one phase does not pass for a regression.
+//
+// The defaults finish in about five to six minutes on an otherwise idle
+// 2-core machine (twice that when other work shares it). -rounds=1 with
+// -duration=10s -events=200000 measures each side once, as earlier
+// versions of this program did. For the full-size scale figures use
+// -retained=1000000 -backlog=1000000.
 //
 // Usage:
 //
@@ -64,7 +73,7 @@ type options struct {
 	dsn                string
 	only               []string
 	events             int
-	repeat             int
+	rounds             int
 	duration           time.Duration
 	batch              int
 	concurrency        int
@@ -118,11 +127,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var only, rates string
 	fs.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "PostgreSQL server to use (default $DATABASE_URL; empty starts a throwaway durable cluster); a database or schema is created for the run and dropped afterwards")
 	fs.StringVar(&only, "only", strings.Join(defaults, ","), "comma-separated workloads to run (experiments: raw-SQL variants for tuning the library, not run by default)")
-	fs.IntVar(&o.events, "events", 200000, "events preloaded and drained by the dispatch workload (and by the retained-rows scale run)")
-	fs.IntVar(&o.repeat, "repeat", 1, "run the dispatch drains and the experiments this many times each and report the medians")
-	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each timed phase of the enqueue and latency workloads (latency: per rate and mode)")
+	fs.IntVar(&o.events, "events", 100000, "events preloaded and drained by each dispatch round (and by the empty and retained-rows scale runs)")
+	const roundsUsage = "rounds per comparison: library and baseline run alternately this many times each, and the medians are reported with their spread"
+	fs.IntVar(&o.rounds, "rounds", 3, roundsUsage)
+	fs.IntVar(&o.rounds, "repeat", 3, "the same as -rounds")
+	fs.DurationVar(&o.duration, "duration", 3*time.Second, "length of each timed phase of the enqueue and latency workloads, per round (latency: per rate and mode)")
 	fs.IntVar(&o.batch, "batch", 500, "dispatcher BatchSize, and the batch of the raw claim baseline")
-	fs.IntVar(&o.concurrency, "concurrency", outbox.ConcurrencyDefault, "dispatcher Concurrency")
+	fs.IntVar(&o.concurrency, "concurrency", 0, "dispatcher Concurrency (0: the library's default)")
 	fs.IntVar(&o.rawWorkers, "raw-workers", 2, "goroutines (each with its own connection) of the raw claim+ack baseline")
 	var conns int
 	fs.IntVar(&conns, "dispatcher-conns", 0, "MaxConns of the dispatcher's pool (0: pgx default, max(4, CPUs))")
@@ -131,10 +142,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.producers, "producers", 8, "concurrent producers of the enqueue workload")
 	fs.IntVar(&o.latencyProducers, "latency-producers", 8, "producer goroutines sharing the fixed enqueue rate of the latency workload")
 	fs.StringVar(&rates, "rates", "500,2000", "enqueue rates (events/s) of the latency workload")
-	fs.IntVar(&o.bulkEvents, "bulk-events", 200000, "events written per bulk enqueue phase")
+	fs.IntVar(&o.bulkEvents, "bulk-events", 100000, "events written per bulk enqueue phase (per round)")
 	fs.IntVar(&o.bulkBatch, "bulk-batch", 1000, "events per EnqueueBatch call (and per COPY)")
 	fs.IntVar(&o.retained, "retained", 1000000, "delivered rows kept in the table for the scale workload")
-	fs.IntVar(&o.backlog, "backlog", 300000, "pending events drained by the backlog run of the scale workload (1000000 for the issue's figure)")
+	fs.IntVar(&o.backlog, "backlog", 200000, "pending events drained by each backlog round of the scale workload (1000000 for the issue's figure)")
 	fs.BoolVar(&o.scaleRaw, "scale-raw", false, "also run the raw-SQL baseline on the retained-rows table")
 	fs.DurationVar(&o.idle, "idle", 30*time.Second, "window over which the idle dispatcher's statements are counted")
 	fs.IntVar(&o.payload, "payload", 128, "approximate payload size in bytes")
@@ -187,14 +198,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	switch {
 	case len(o.only) == 0:
 		return o, errors.New("-only names no workload")
-	case o.repeat < 1:
-		return o, errors.New("-repeat must be positive")
+	case o.rounds < 1:
+		return o, errors.New("-rounds must be positive")
 	case o.events < 1, o.bulkEvents < 1, o.backlog < 1, o.retained < 0:
 		return o, errors.New("-events, -bulk-events and -backlog must be positive, -retained not negative")
-	case o.batch < 1 || o.batch > outbox.BatchSizeMax, o.bulkBatch < 1:
-		return o, fmt.Errorf("-batch must be between 1 and %d, -bulk-batch positive", outbox.BatchSizeMax)
-	case o.concurrency < 1, o.rawWorkers < 1, o.producers < 1, o.latencyProducers < 1, conns < 0:
-		return o, errors.New("-concurrency, -raw-workers, -producers and -latency-producers must be positive, -dispatcher-conns not negative")
+	case o.batch < 1, o.bulkBatch < 1: // the library checks -batch's upper bound when the run starts
+		return o, errors.New("-batch and -bulk-batch must be positive")
+	case o.concurrency < 0, o.rawWorkers < 1, o.producers < 1, o.latencyProducers < 1, conns < 0:
+		return o, errors.New("-raw-workers, -producers and -latency-producers must be positive, -concurrency and -dispatcher-conns not negative")
 	case o.duration <= 0, o.idle <= 0:
 		return o, errors.New("-duration and -idle must be positive")
 	}
@@ -203,11 +214,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 // params lists the sizes in force, for the report.
 func (o options) params() map[string]string {
-	p := map[string]string{"only": strings.Join(o.only, ",")}
+	p := map[string]string{"only": strings.Join(o.only, ","), "rounds": fmt.Sprint(o.rounds)}
 	has := func(name string) bool { return slices.Contains(o.only, name) }
 	if has("dispatch") || has("scale") || has("experiments") {
 		p["events"], p["batch"], p["concurrency"], p["raw_workers"] = itoa(int64(o.events)), fmt.Sprint(o.batch), fmt.Sprint(o.concurrency), fmt.Sprint(o.rawWorkers)
-		p["repeat"] = fmt.Sprint(o.repeat)
 	}
 	if has("latency") {
 		var rs []string
@@ -250,8 +260,10 @@ type bench struct {
 	log           *slog.Logger // progress, to stderr
 	dispatcherLog *slog.Logger
 	report        *report
-	emptyRate     float64 // the dispatcher's rate on an empty table, once measured
-	retainedNow   int     // delivered rows the current drain started with
+	// defaults is the dispatcher configuration the library fills in for a
+	// zero DispatcherConfig (see libraryDefaults).
+	defaults    outbox.DispatcherConfig
+	retainedNow int // delivered rows the current drain started with
 }
 
 func (b *bench) add(r row) { b.report.Results = append(b.report.Results, r) }
@@ -287,7 +299,7 @@ func run(args []string) int {
 			Started: time.Now(),
 			Command: strings.TrimSpace("go run ./cmd/outbox-bench " + strings.Join(args, " ")),
 			Machine: machineInfo(),
-			Params:  opts.params(),
+			Rounds:  opts.rounds,
 		},
 	}
 	if opts.cpuprofile != "" {
@@ -305,6 +317,7 @@ func run(args []string) int {
 	}
 
 	code := b.runAll(ctx)
+	b.report.Params = b.opts.params() // after runAll resolved the library's defaults
 	b.report.Elapsed = time.Since(b.report.Started).Round(time.Second).String()
 	b.report.Machine["load_end"] = loadAverage()
 	if opts.json {
@@ -333,6 +346,10 @@ func (b *bench) runAll(ctx context.Context) int {
 	if b.report.Postgres.Version, b.report.Postgres.Settings, err = t.postgresInfo(ctx); err != nil {
 		b.report.Errors = append(b.report.Errors, "read server settings: "+err.Error())
 		return 1
+	}
+	if err := b.resolveDefaults(); err != nil {
+		b.report.Errors = append(b.report.Errors, "set-up: "+err.Error())
+		return 2
 	}
 	code := 0
 	for _, w := range workloads {

@@ -21,8 +21,11 @@ type report struct {
 	Machine  map[string]string `json:"machine"`
 	Postgres postgresReport    `json:"postgres"`
 	Params   map[string]string `json:"parameters"`
-	Results  []row             `json:"results"`
-	Errors   []string          `json:"errors,omitempty"`
+	// Rounds is how many times each comparison was measured, library and
+	// baseline alternating (see rounds.go).
+	Rounds  int      `json:"rounds"`
+	Results []row    `json:"results"`
+	Errors  []string `json:"errors,omitempty"`
 }
 
 type postgresReport struct {
@@ -43,22 +46,9 @@ type row struct {
 	Met      *bool              `json:"met,omitempty"`
 	Note     string             `json:"note,omitempty"`
 	Values   map[string]float64 `json:"values,omitempty"`
-}
-
-// rateRow is a row comparing the outbox's throughput with a baseline's.
-// baseline 0 means none; minRatio > 0 makes the ratio the target.
-func rateRow(workload, measure string, got, baseline, minRatio float64) row {
-	r := row{Workload: workload, Measure: measure, Outbox: fmtRate(got), Values: map[string]float64{"outbox_per_s": got}}
-	if baseline > 0 {
-		ratio := got / baseline
-		r.Baseline, r.Ratio = fmtRate(baseline), fmt.Sprintf("%.2f×", ratio)
-		r.Values["baseline_per_s"], r.Values["ratio"] = baseline, ratio
-		if minRatio > 0 {
-			r.Target = fmt.Sprintf("≥ %.1f×", minRatio)
-			r.Met = ptr(ratio >= minRatio)
-		}
-	}
-	return r
+	// Runs holds, for figures measured in rounds, each round's value in
+	// run order (see rounds.go).
+	Runs map[string][]float64 `json:"runs,omitempty"`
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -75,6 +65,10 @@ func (r *report) print(w io.Writer) {
 	fmt.Fprintf(w, "postgres  %s, %s\n", r.Postgres.Version, r.Postgres.Server)
 	fmt.Fprintf(w, "settings  %s\n", joinMap(r.Postgres.Settings, serverSettings))
 	fmt.Fprintf(w, "sizes     %s\n", joinMap(r.Params, slices.Sorted(maps.Keys(r.Params))))
+	if r.Rounds > 1 {
+		fmt.Fprintf(w, "rounds    %d per comparison, run alternately (library, baseline, library, baseline, …); each figure is the median "+
+			"of its rounds (min–max); RATIO is the ratio of the medians (min–max of the per-round ratios)\n", r.Rounds)
+	}
 	fmt.Fprintln(w)
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -130,16 +124,19 @@ func fmtRate(perSecond float64) string {
 	return itoa(int64(perSecond+0.5)) + "/s"
 }
 
-// fmtMs renders a duration in milliseconds.
-func fmtMs(d time.Duration) string {
-	ms := float64(d) / float64(time.Millisecond)
+// fmtMs renders a duration in milliseconds: "2.05 ms".
+func fmtMs(d time.Duration) string { return fmtMsValue(float64(d)/float64(time.Millisecond)) + " ms" }
+
+// fmtMsValue renders a number of milliseconds with three significant
+// digits (at most two decimals), without the unit.
+func fmtMsValue(ms float64) string {
 	switch {
 	case ms < 10:
-		return strconv.FormatFloat(ms, 'f', 2, 64) + " ms"
+		return strconv.FormatFloat(ms, 'f', 2, 64)
 	case ms < 100:
-		return strconv.FormatFloat(ms, 'f', 1, 64) + " ms"
+		return strconv.FormatFloat(ms, 'f', 1, 64)
 	}
-	return strconv.FormatFloat(ms, 'f', 0, 64) + " ms"
+	return strconv.FormatFloat(ms, 'f', 0, 64)
 }
 
 // itoa formats n with thousands separators: 1234567 -> "1,234,567".

@@ -17,9 +17,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // childDSNEnv carries the run database to dispatcher processes (not on the
@@ -28,6 +30,17 @@ const childDSNEnv = "OUTBOX_SOAK_DSN"
 
 // soakTopic is the one topic of the run, poison events included.
 var soakTopic = outbox.Topic{Namespace: "soak", Topic: "events"}
+
+// recordDelivery records one delivery in soak_deliveries ($1 event id, $2
+// worker id, $3 attempt, $4 pid) with the lease token it was made under. A
+// publisher is not told its lease token (outbox.Delivery keeps it to
+// itself), so the statement reads it from the event's row: the token of the
+// unexpired lease this dispatcher holds on the event for this attempt. It
+// records NULL when that lease has already ended; such a lease can no
+// longer mark the event delivered, so the audit checks lose nothing.
+const recordDelivery = `INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid)
+SELECT $1, (SELECT lease_token FROM modkit_outbox_events
+	WHERE id = $1 AND status = 'processing' AND locked_by = $2 AND attempts = $3 AND locked_until > now()), $3, $4`
 
 // payload is what producers put in each event.
 type payload struct {
@@ -48,9 +61,14 @@ func runChild(ctx context.Context, o options) error {
 	defer pool.Close()
 	pid := os.Getpid()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("pid", pid)
-	publish := func(ctx context.Context, m outbox.ClaimedMessage) error {
+	client, err := outbox.New(outboxpg.New(pool), outbox.Config{Logger: log})
+	if err != nil {
+		return err
+	}
+	workerID := uuid.New()
+	publish := func(ctx context.Context, d outbox.Delivery) error {
 		var p payload
-		if err := json.Unmarshal(m.Payload, &p); err != nil {
+		if err := json.Unmarshal(d.Payload, &p); err != nil {
 			return outbox.Permanent(fmt.Errorf("decode payload: %w", err))
 		}
 		switch p.Poison {
@@ -61,18 +79,14 @@ func runChild(ctx context.Context, o options) error {
 		}
 		// The publish's own work, so that kills land inside publishes too.
 		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-		_, err := pool.Exec(ctx, `INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid) VALUES ($1, $2, $3, $4)`,
-			m.ID, m.LeaseToken, m.Attempts, pid)
-		if err != nil {
+		if _, err := pool.Exec(ctx, recordDelivery, d.ID, workerID, d.Attempt, pid); err != nil {
 			return fmt.Errorf("record delivery: %w", err)
 		}
 		return nil
 	}
-	var pubs outbox.Publishers
-	if err := pubs.Register(outbox.Publisher{Topic: soakTopic, Publish: publish, Name: "soak"}); err != nil {
-		return err
-	}
-	d, err := outbox.NewDispatcher(pool, &pubs, outbox.DispatcherConfig{
+	d, err := client.NewDispatcher(outbox.DispatcherConfig{
+		WorkerID:      workerID,
+		Retry:         outbox.RetryPolicy{BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second},
 		LeaseDuration: o.lease,
 		PollInterval:  o.lease / 5,
 		MaxAttempts:   o.maxAttempts,
@@ -80,9 +94,7 @@ func runChild(ctx context.Context, o options) error {
 		Concurrency:   16,
 		SweepInterval: time.Second,
 		StopTimeout:   10 * time.Second,
-		Store:         outbox.Config{Retry: outbox.RetryPolicy{BaseDelay: 50 * time.Millisecond, MaxDelay: time.Second}},
-		Logger:        log,
-	})
+	}, outbox.Publisher{Topic: soakTopic, Publish: publish, Name: "soak"})
 	if err != nil {
 		return err
 	}

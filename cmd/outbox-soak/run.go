@@ -16,6 +16,7 @@ import (
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // incident is a fault the soak injected.
@@ -47,6 +48,10 @@ func run(ctx context.Context, o options) (bool, error) {
 		return false, err
 	}
 	defer pool.Close()
+	client, err := outbox.New(outboxpg.New(pool), outbox.Config{})
+	if err != nil {
+		return false, err
+	}
 	sup, err := newSupervisor(o, tgt.dsn)
 	if err != nil {
 		return false, err
@@ -58,7 +63,7 @@ func run(ctx context.Context, o options) (bool, error) {
 		}
 	}
 
-	prod := startProducers(ctx, pool, o)
+	prod := startProducers(ctx, client, pool, o)
 	incidents, crashes, chaosErr := chaos(ctx, o, rng, tgt, sup, pool, prod)
 	prod.stop()
 	if chaosErr != nil {
@@ -206,6 +211,7 @@ func drain(ctx context.Context, pool *pgxpool.Pool, timeout time.Duration) bool 
 // commits, so a commit whose outcome was unknown is neither lost nor
 // doubled.
 type producers struct {
+	client  *outbox.Client
 	seq     atomic.Int64
 	n       atomic.Int64
 	retries atomic.Int64
@@ -213,8 +219,8 @@ type producers struct {
 	wg      sync.WaitGroup
 }
 
-func startProducers(ctx context.Context, pool *pgxpool.Pool, o options) *producers {
-	p := &producers{halt: make(chan struct{})}
+func startProducers(ctx context.Context, client *outbox.Client, pool *pgxpool.Pool, o options) *producers {
+	p := &producers{client: client, halt: make(chan struct{})}
 	interval := time.Second * time.Duration(o.producers) / time.Duration(o.rate)
 	for range o.producers {
 		p.wg.Add(1)
@@ -272,7 +278,7 @@ func (p *producers) enqueue(ctx context.Context, pool *pgxpool.Pool, pl payload)
 	}
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		err := db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
-			res, err := outbox.Enqueue(ctx, tx, msg)
+			res, err := p.client.Enqueue(ctx, tx, msg)
 			if err != nil {
 				return err
 			}

@@ -38,7 +38,7 @@ CREATE TABLE soak_enqueued (
 );
 CREATE TABLE soak_deliveries (
 	event_id    uuid NOT NULL,
-	lease_token uuid NOT NULL,
+	lease_token uuid, -- NULL: made after its lease had ended (see recordDelivery)
 	attempt     int NOT NULL,
 	pid         int NOT NULL,
 	at          timestamptz NOT NULL DEFAULT clock_timestamp()

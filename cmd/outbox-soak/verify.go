@@ -20,6 +20,7 @@ type report struct {
 	enqueued, healthy, transient, permanent int
 	delivered, dead                         int
 	deliveries                              int // rows in soak_deliveries
+	lateDeliveries                          int // of which made after their lease had ended
 	eventsDeliveredTwice, extraDeliveries   int
 	byKill, byRestart, unattributed         int // duplicate deliveries, by cause
 	kills, restarts                         int
@@ -62,6 +63,7 @@ func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []inci
 	r.delivered = scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'delivered'`)
 	r.dead = scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'dead'`)
 	r.deliveries = scalar(`SELECT count(*) FROM soak_deliveries`)
+	r.lateDeliveries = scalar(`SELECT count(*) FROM soak_deliveries WHERE lease_token IS NULL`)
 	r.audited = scalar(`SELECT count(*) FROM soak_audit`)
 	if r.enqueued == 0 || r.deliveries == 0 {
 		r.fail("nothing was enqueued or delivered")
@@ -185,8 +187,8 @@ func (r *report) print() {
 	fmt.Fprintf(&b, "enqueued            %d events: %d healthy, %d poison (%d transient, %d permanent); %d producer retries\n",
 		r.enqueued, r.healthy, r.transient+r.permanent, r.transient, r.permanent, r.producerRetries)
 	fmt.Fprintf(&b, "outcome             %d delivered, %d dead\n", r.delivered, r.dead)
-	fmt.Fprintf(&b, "deliveries          %d recorded downstream; %d events delivered more than once, %d extra deliveries\n",
-		r.deliveries, r.eventsDeliveredTwice, r.extraDeliveries)
+	fmt.Fprintf(&b, "deliveries          %d recorded downstream (%d after their lease ended); %d events delivered more than once, %d extra deliveries\n",
+		r.deliveries, r.lateDeliveries, r.eventsDeliveredTwice, r.extraDeliveries)
 	fmt.Fprintf(&b, "duplicates due to   %d kills, %d restarts, %d unexplained\n", r.byKill, r.byRestart, r.unattributed)
 	fmt.Fprintf(&b, "lease audit         %d transitions out of processing checked\n", r.audited)
 	for _, c := range r.counts {

@@ -24,6 +24,10 @@ var (
 	// task's goroutine is still running; its Status stays Stopping until it
 	// returns.
 	ErrStopTimeout = errors.New("lifecycle: task did not stop within its stop timeout")
+	// ErrStillStopping is returned by Start while an earlier run has not
+	// returned yet: its Stop timed out and the run is still finishing. Wait
+	// for Done() to close, then start again.
+	ErrStillStopping = errors.New("lifecycle: task is still stopping: its previous run has not returned after a stop timeout; wait for Done() and start again")
 	// ErrExitedBeforeReady is returned by Start (with AwaitReady) when the
 	// task returned nil before signalling ready.
 	ErrExitedBeforeReady = errors.New("lifecycle: task returned before signalling ready")
@@ -201,13 +205,17 @@ func (t *Task) Done() <-chan struct{} {
 // Without AwaitReady it returns at once. With AwaitReady it returns nil when
 // the task signals ready, the task's error if it ends first, or ctx's error
 // (after cancelling the task and waiting up to the stop timeout for it) if
-// ctx ends first. Starting a task that is not Stopped returns
-// ErrAlreadyStarted.
+// ctx ends first. Starting a task that is Starting or Running returns
+// ErrAlreadyStarted; one whose last Stop timed out and whose run has not
+// returned yet returns ErrStillStopping.
 func (t *Task) Start(ctx context.Context) error {
 	t.mu.Lock()
 	if t.status != Stopped {
 		st := t.status
 		t.mu.Unlock()
+		if st == Stopping {
+			return fmt.Errorf("%w (task %q)", ErrStillStopping, t.cfg.Name)
+		}
 		return fmt.Errorf("%w (task %q is %s)", ErrAlreadyStarted, t.cfg.Name, st)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -207,13 +207,17 @@ func TestStopTimesOut(t *testing.T) {
 	if s := task.Status(); s != lifecycle.Stopping {
 		t.Fatalf("status = %s, want stopping while the run goes on", s)
 	}
-	if err := task.Start(context.Background()); !errors.Is(err, lifecycle.ErrAlreadyStarted) {
-		t.Fatalf("start while still stopping = %v", err)
+	if err := task.Start(context.Background()); !errors.Is(err, lifecycle.ErrStillStopping) {
+		t.Fatalf("start while still stopping = %v, want ErrStillStopping", err)
 	}
 	close(release)
 	<-task.Done()
 	if s := task.Status(); s != lifecycle.Stopped {
 		t.Fatalf("status = %s after the run returned", s)
+	}
+	// Once the old run has returned, the task starts again.
+	if err := task.Start(context.Background()); err != nil {
+		t.Fatalf("start after the old run returned: %v", err)
 	}
 }
 

@@ -9,11 +9,40 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
-// Event is a full outbox row, as the admin calls return it.
+// Status is an event's state: pending → processing → delivered | pending
+// (retry) | dead.
+type Status string
+
+// The event states.
+const (
+	// StatusPending: waiting for its next attempt (next_attempt_at).
+	StatusPending Status = "pending"
+	// StatusProcessing: leased to a dispatcher that is publishing it.
+	StatusProcessing Status = "processing"
+	// StatusDelivered: published; kept until its topic's retention ends.
+	StatusDelivered Status = "delivered"
+	// StatusDead: failed permanently or used up its attempts; kept until
+	// an operator replays or purges it.
+	StatusDead Status = "dead"
+)
+
+func (s Status) valid() bool {
+	switch s {
+	case StatusPending, StatusProcessing, StatusDelivered, StatusDead:
+		return true
+	}
+	return false
+}
+
+// Admin is the operator API of a Client: stats, listing, replay and purge.
+// Get it from Client.Admin. Its calls run on the client's own connections.
+type Admin struct{ c *Client }
+
+// Event is a full outbox row, as Admin returns it.
 type Event struct {
 	ID            uuid.UUID
 	Namespace     string
@@ -31,35 +60,22 @@ type Event struct {
 	UpdatedAt     time.Time
 }
 
-func scanEvent(row pgx.Row) (Event, error) {
-	var e Event
-	var tenant, lockedBy pgtype.UUID
-	err := row.Scan(&e.ID, &e.Namespace, &e.Topic, &tenant, &e.DedupeKey, &e.Payload, &e.Status, &e.Attempts,
-		&e.NextAttemptAt, &lockedBy, &e.LockedUntil, &e.LastError, &e.CreatedAt, &e.UpdatedAt)
-	if tenant.Valid {
-		id := uuid.UUID(tenant.Bytes)
-		e.TenantID = &id
-	}
-	if lockedBy.Valid {
-		id := uuid.UUID(lockedBy.Bytes)
-		e.LockedBy = &id
-	}
-	return e, err
+func eventFrom(e driver.Event) Event {
+	return Event{ID: e.ID, Namespace: e.Namespace, Topic: e.Topic, TenantID: e.TenantID, DedupeKey: e.DedupeKey,
+		Payload: e.Payload, Status: Status(e.Status), Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt,
+		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, LastError: e.LastError, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt}
 }
 
-// ErrEventNotFound is returned by Get for an unknown id.
-var ErrEventNotFound = errors.New("outbox: event not found")
-
-// Get returns one event by id.
-func (s *Store) Get(ctx context.Context, id uuid.UUID) (Event, error) {
-	e, err := scanEvent(s.pool.QueryRow(ctx, s.sql.get, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Event{}, fmt.Errorf("%w: %s", ErrEventNotFound, id)
+// Get returns one event by id, or an error matching ErrNotFound.
+func (a *Admin) Get(ctx context.Context, id uuid.UUID) (Event, error) {
+	e, err := a.c.store.Get(ctx, id)
+	if errors.Is(err, driver.ErrNotFound) {
+		return Event{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	if err != nil {
 		return Event{}, fmt.Errorf("outbox: get %s: %w", id, err)
 	}
-	return e, nil
+	return eventFrom(e), nil
 }
 
 // TopicStats counts one (namespace, topic)'s events.
@@ -73,31 +89,24 @@ type TopicStats struct {
 
 // Stats summarises the table per (namespace, topic).
 type Stats struct {
+	// Topics, sorted by namespace and topic.
 	Topics []TopicStats
-	// Totals over all topics; OldestDueAge is the largest.
+	// Total over all topics; its OldestDueAge is the largest.
 	Total TopicStats
 }
 
 // Stats counts events per status per (namespace, topic). It reads the whole
 // table, delivered history included: it is for operators and dashboards,
 // not for a tight loop.
-func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	rows, err := s.pool.Query(ctx, s.sql.stats)
+func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	rows, err := a.c.store.Stats(ctx)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
-	defer rows.Close()
 	var out Stats
 	index := map[Topic]int{}
-	for rows.Next() {
-		var t Topic
-		var status Status
-		var n int64
-		var oldestDue *time.Time
-		var now time.Time
-		if err := rows.Scan(&t.Namespace, &t.Topic, &status, &n, &oldestDue, &now); err != nil {
-			return Stats{}, fmt.Errorf("outbox: stats: %w", err)
-		}
+	for _, r := range rows {
+		t := Topic{r.Namespace, r.Topic}
 		i, ok := index[t]
 		if !ok {
 			i = len(out.Topics)
@@ -105,101 +114,146 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 			out.Topics = append(out.Topics, TopicStats{Topic: t})
 		}
 		ts := &out.Topics[i]
-		switch status {
-		case StatusPending:
-			ts.Pending += n
-			out.Total.Pending += n
-		case StatusProcessing:
-			ts.Processing += n
-			out.Total.Processing += n
-		case StatusDelivered:
-			ts.Delivered += n
-			out.Total.Delivered += n
-		case StatusDead:
-			ts.Dead += n
-			out.Total.Dead += n
+		for _, s := range []*TopicStats{ts, &out.Total} {
+			switch Status(r.Status) {
+			case StatusPending:
+				s.Pending += r.Count
+			case StatusProcessing:
+				s.Processing += r.Count
+			case StatusDelivered:
+				s.Delivered += r.Count
+			case StatusDead:
+				s.Dead += r.Count
+			}
+			s.OldestDueAge = max(s.OldestDueAge, r.OldestDueAge)
 		}
-		if oldestDue != nil {
-			ts.OldestDueAge = max(ts.OldestDueAge, now.Sub(*oldestDue))
-			out.Total.OldestDueAge = max(out.Total.OldestDueAge, ts.OldestDueAge)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
 	return out, nil
 }
 
-// DeadFilter selects dead events for ListDead. Empty fields match anything.
-type DeadFilter struct {
+// EventFilter selects events for Admin.List and Admin.ReplayDead.
+// Zero fields match anything.
+type EventFilter struct {
+	// Status to list. Replay and purge act on dead events only and refuse
+	// any other Status.
+	Status    Status
 	Namespace string
 	Topic     string
 	TenantID  *uuid.UUID
-	// Limit is the page size: default 100, at most 1000.
+	// CreatedAfter (inclusive) and CreatedBefore (exclusive) bound the
+	// enqueue time.
+	CreatedAfter, CreatedBefore time.Time
+	// Limit is List's page size: default 100, at most 1000. For
+	// ReplayDead by filter it caps how many events one call
+	// changes: default and at most 10000.
 	Limit int
 	// After is the NextPage of the previous page; empty for the first.
 	After string
 }
 
-// DeadPage is one page of dead events, oldest first.
-type DeadPage struct {
+// EventPage is one page of events, oldest first.
+type EventPage struct {
 	Events []Event
-	// NextPage is an opaque cursor for DeadFilter.After; empty on the last
-	// page.
+	// NextPage is an opaque cursor for EventFilter.After; empty on the
+	// last page.
 	NextPage string
 }
 
-// ErrInvalidCursor is returned by ListDead for a DeadFilter.After it did not
-// produce.
-var ErrInvalidCursor = errors.New("outbox: invalid page cursor: pass DeadPage.NextPage unchanged")
-
-// ListDead returns dead events matching f, oldest first, a page at a time.
-func (s *Store) ListDead(ctx context.Context, f DeadFilter) (DeadPage, error) {
-	if f.Limit == 0 {
-		f.Limit = 100
+func (f EventFilter) toDriver(limitDefault, limitMax int) (driver.ListFilter, error) {
+	out := driver.ListFilter{Status: string(f.Status), Namespace: f.Namespace, Topic: f.Topic, TenantID: f.TenantID,
+		CreatedAfter: f.CreatedAfter, CreatedBefore: f.CreatedBefore, Limit: f.Limit}
+	if f.Status != "" && !f.Status.valid() {
+		return out, configError("EventFilter.Status is %q; use one of pending, processing, delivered, dead", f.Status)
 	}
-	if f.Limit < 0 || f.Limit > 1000 {
-		return DeadPage{}, fmt.Errorf("outbox: DeadFilter.Limit is %d; it must be between 1 and 1000", f.Limit)
+	if out.Limit == 0 {
+		out.Limit = limitDefault
 	}
-	var afterAt *time.Time
-	var afterID pgtype.UUID
+	if out.Limit < 0 || out.Limit > limitMax {
+		return out, configError("EventFilter.Limit is %d; it must be between 1 and %d", f.Limit, limitMax)
+	}
 	if f.After != "" {
 		at, id, err := decodeCursor(f.After)
 		if err != nil {
-			return DeadPage{}, err
+			return out, err
 		}
-		afterAt, afterID = &at, pgtype.UUID{Bytes: id, Valid: true}
+		out.AfterCreatedAt, out.AfterID = at, id
 	}
-	rows, err := s.pool.Query(ctx, s.sql.listDead, emptyNil(f.Namespace), emptyNil(f.Topic), nullUUID(f.TenantID),
-		afterAt, afterID, f.Limit+1)
+	return out, nil
+}
+
+// List returns events matching f, oldest first, a page at a time.
+func (a *Admin) List(ctx context.Context, f EventFilter) (EventPage, error) {
+	df, err := f.toDriver(listLimitDefault, listLimitMax)
 	if err != nil {
-		return DeadPage{}, fmt.Errorf("outbox: list dead: %w", err)
+		return EventPage{}, err
 	}
-	defer rows.Close()
-	var page DeadPage
-	for rows.Next() {
-		e, err := scanEvent(rows)
-		if err != nil {
-			return DeadPage{}, fmt.Errorf("outbox: list dead: %w", err)
-		}
-		page.Events = append(page.Events, e)
+	limit := df.Limit
+	df.Limit++ // one more, to know whether there is a next page
+	rows, err := a.c.store.List(ctx, df)
+	if err != nil {
+		return EventPage{}, fmt.Errorf("outbox: list events: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		return DeadPage{}, fmt.Errorf("outbox: list dead: %w", err)
+	var page EventPage
+	for _, e := range rows[:min(len(rows), limit)] {
+		page.Events = append(page.Events, eventFrom(e))
 	}
-	if len(page.Events) > f.Limit {
-		page.Events = page.Events[:f.Limit]
-		last := page.Events[f.Limit-1]
+	if len(rows) > limit {
+		last := page.Events[limit-1]
 		page.NextPage = encodeCursor(last.CreatedAt, last.ID)
 	}
 	return page, nil
 }
 
-func emptyNil(s string) *string {
-	if s == "" {
-		return nil
+// ReplayDead puts dead events back to pending, due now, with their attempts
+// reset: the ones in ids or, when ids is empty, those matching f (at most
+// f.Limit, default 10000, oldest first). by names who asked (an operator, a
+// tool) and is recorded with the time in last_error, followed by the error
+// the event died with. Ids that are unknown or not dead are skipped. It
+// returns the ids replayed.
+func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	if strings.TrimSpace(by) == "" {
+		return nil, configError("ReplayDead needs a non-empty 'by' (who is replaying) for the audit trail")
 	}
-	return &s
+	if f.Status != "" && f.Status != StatusDead {
+		return nil, configError("ReplayDead replays dead events only; EventFilter.Status is %q", f.Status)
+	}
+	f.Status = StatusDead
+	df, err := f.toDriver(replayFilterLimitMax, replayFilterLimitMax)
+	if err != nil {
+		return nil, err
+	}
+	replayed, err := a.c.store.Replay(ctx, driver.ReplayParams{IDs: ids, Filter: df, By: sanitizeError(by, replayByMaxLen)})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: replay dead: %w", err)
+	}
+	return replayed, nil
+}
+
+// Purge deletes the delivered events of topics older than retention, in
+// small batches so that no statement holds many locks or runs long, and
+// returns how many it deleted. Deleting a row ends its dedupe window: the
+// same key can be enqueued again afterwards. Dispatchers do this on their
+// own for their topics (see DispatcherConfig.Retention); Purge is for
+// topics no dispatcher serves, or for an operator in a hurry.
+func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...Topic) (int64, error) {
+	if retention < 0 {
+		return 0, configError("Purge retention is %v; it must not be negative", retention)
+	}
+	if len(topics) == 0 {
+		return 0, configError("Purge needs the topics to purge; it never purges topics it was not told about")
+	}
+	keys := make([]string, len(topics))
+	for i, t := range topics {
+		if err := validateTopic(t); err != nil {
+			return 0, err
+		}
+		keys[i] = t.key()
+	}
+	n, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch})
+	if err != nil {
+		return n, fmt.Errorf("outbox: purge delivered: %w", err)
+	}
+	return n, nil
 }
 
 func encodeCursor(at time.Time, id uuid.UUID) string {
@@ -221,87 +275,4 @@ func decodeCursor(c string) (time.Time, uuid.UUID, error) {
 		return time.Time{}, uuid.Nil, ErrInvalidCursor
 	}
 	return at, id, nil
-}
-
-// ReplayDead puts dead events back to pending, due now, with attempts reset
-// to 0. by names who asked (an operator, a tool) and is recorded with the
-// time in last_error, followed by the error the event died with. Ids that are
-// unknown or not dead are skipped. It returns the ids replayed.
-func (s *Store) ReplayDead(ctx context.Context, ids []uuid.UUID, by string) ([]uuid.UUID, error) {
-	if strings.TrimSpace(by) == "" {
-		return nil, errors.New("outbox: ReplayDead needs a non-empty 'by' (who is replaying) for the audit trail")
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	rows, err := s.pool.Query(ctx, s.sql.replayDead, ids, sanitizeError(by, 200))
-	if err != nil {
-		return nil, fmt.Errorf("outbox: replay dead: %w", err)
-	}
-	replayed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("outbox: replay dead: %w", err)
-	}
-	return replayed, nil
-}
-
-// PurgeBatchDefault is how many rows PurgeDelivered deletes per statement.
-const PurgeBatchDefault = 1000
-
-// PurgeDelivered deletes delivered events last updated more than retention
-// ago, batch rows per statement (default PurgeBatchDefault) so that no
-// statement holds many locks or runs long, until none are left or ctx ends.
-// It returns how many it deleted. Deleting a row ends its dedupe window: the
-// same key can be enqueued again afterwards.
-func (s *Store) PurgeDelivered(ctx context.Context, retention time.Duration, batch int) (int64, error) {
-	if retention < 0 {
-		return 0, fmt.Errorf("outbox: retention is %v; it must not be negative", retention)
-	}
-	if batch == 0 {
-		batch = PurgeBatchDefault
-	}
-	if batch < 0 || batch > BatchSizeMax {
-		return 0, fmt.Errorf("outbox: purge batch is %d; it must be between 1 and %d", batch, BatchSizeMax)
-	}
-	var total int64
-	for {
-		tag, err := s.pool.Exec(ctx, s.sql.purgeDelivered, retention, batch)
-		if err != nil {
-			return total, fmt.Errorf("outbox: purge delivered: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batch) {
-			return total, nil
-		}
-	}
-}
-
-// SweepExhausted dead-letters events of topics whose attempts are used up
-// but which are not dead yet: above all an event whose final attempt was
-// claimed by a worker that then crashed (processing, lease expired,
-// attempts = maxAttempts), which the claim query never picks up again. It
-// also catches pending events left over when maxAttempts was lowered.
-// last_error says why. It returns the ids it dead-lettered.
-func (s *Store) SweepExhausted(ctx context.Context, maxAttempts int, topics []Topic) ([]uuid.UUID, error) {
-	if maxAttempts < 1 {
-		return nil, fmt.Errorf("outbox: maxAttempts is %d; it must be at least 1", maxAttempts)
-	}
-	if err := validateTopics(topics); err != nil {
-		return nil, err
-	}
-	var all []uuid.UUID
-	for {
-		rows, err := s.pool.Query(ctx, s.sql.sweepExhausted, maxAttempts, topicKeys(topics), PurgeBatchDefault)
-		if err != nil {
-			return all, fmt.Errorf("outbox: sweep exhausted: %w", err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		if err != nil {
-			return all, fmt.Errorf("outbox: sweep exhausted: %w", err)
-		}
-		all = append(all, ids...)
-		if len(ids) < PurgeBatchDefault {
-			return all, nil
-		}
-	}
 }

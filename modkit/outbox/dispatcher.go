@@ -3,640 +3,403 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/google/uuid"
 
-	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/lifecycle"
 )
 
-// Dispatcher defaults.
 const (
-	PollIntervalDefault  = time.Second
-	ConcurrencyDefault   = 32
-	SweepIntervalDefault = 30 * time.Second
-	RetentionDefault     = 7 * 24 * time.Hour
-	// WakeWindowDefault: after a wake-up, and after any claim that found
-	// events, the dispatcher keeps re-checking for this long, because
-	// producers announce a burst with one NOTIFY per Config.NotifyInterval
-	// rather than one per event. Keep it above the producers'
-	// NotifyInterval.
-	WakeWindowDefault = 50 * time.Millisecond
-	// WakeRecheckDefault is the first re-check interval inside the wake
-	// window; it doubles after each claim that finds nothing, up to 8×.
-	WakeRecheckDefault = time.Millisecond
+	batchSizeDefault     = 100
+	batchSizeMax         = 10000
+	leaseDurationDefault = 30 * time.Second
+	leaseDurationMin     = 100 * time.Millisecond
+	pollIntervalDefault  = time.Second
+	concurrencyDefault   = 32
+	sweepIntervalDefault = 30 * time.Second
+	retentionDefault     = 7 * 24 * time.Hour
+	wakeWindowDefault    = 50 * time.Millisecond
+	wakeRecheckDefault   = time.Millisecond
 )
 
-// DispatcherConfig configures a Dispatcher. Zero fields take defaults
-// (WithDefaults); a zero DispatcherConfig is valid.
+// DispatcherConfig configures a Dispatcher. Zero fields take the defaults
+// given with each; a zero DispatcherConfig is valid.
 type DispatcherConfig struct {
-	// Store configures the underlying Store: Schema, WorkerID, Retry
-	// (BaseDelay, MaxDelay) and the error length limit.
-	Store Config
-	// BatchSize is the most events one claim takes. Default
-	// BatchSizeDefault.
+	// WorkerID identifies this dispatcher in locked_by and in the
+	// maintenance leases. Default: a random id.
+	WorkerID uuid.UUID
+	// Retry is the backoff after a failed publish.
+	Retry RetryPolicy
+	// MaxAttempts is the total number of delivery attempts per event, the
+	// first included. Default 10.
+	MaxAttempts int
+	// BatchSize is the most events one claim takes. Default 100, at most
+	// 10000.
 	BatchSize int
-	// LeaseDuration is how long a claim owns its events. Default
-	// LeaseDurationDefault.
+	// LeaseDuration is how long a claim owns its events. Default 30s, at
+	// least 100ms.
 	LeaseDuration time.Duration
 	// LeaseHeadroom is cut from the lease to get the publish deadline,
 	// leaving time to record the outcome before the lease ends. Default
 	// LeaseDuration/5, at most 5s. Must be below LeaseDuration.
 	LeaseHeadroom time.Duration
 	// PollInterval is how often the dispatcher looks for due events when
-	// nothing wakes it. Must be at most LeaseDuration/3 (seed 004). Default
-	// PollIntervalDefault.
+	// nothing wakes it. At most LeaseDuration/3, so that a live lease is
+	// never taken for a crashed one. Default 1s (or LeaseDuration/3).
 	PollInterval time.Duration
-	// MaxAttempts is the total number of delivery attempts per event.
-	// Default MaxAttemptsDefault.
-	MaxAttempts int
-	// Concurrency bounds the publish calls in flight. Default
-	// ConcurrencyDefault. Plain Publish calls need no connection, but each
-	// HandleTx call holds one of the pool's connections for its whole
-	// transaction, and the dispatcher itself uses two or three more (claim,
-	// outcomes, LISTEN). With transactional handlers, size the pool
-	// (pgxpool's MaxConns defaults to max(4, CPUs)) to Concurrency plus
-	// three, or lower Concurrency to what the pool allows; otherwise
-	// handlers queue for connections inside their publish deadline.
+	// Concurrency bounds the publish calls in flight across all topics.
+	// Default 32. Each topic has its own limit under it
+	// (Publisher.Concurrency).
 	Concurrency int
 	// PollOnly turns LISTEN/NOTIFY wake-ups off: the dispatcher only polls.
 	// Use it behind PgBouncer in transaction pooling mode, where LISTEN does
 	// not work.
 	PollOnly bool
-	// WakeWindow: see WakeWindowDefault.
+	// WakeWindow: after a wake-up, and after any claim that found events,
+	// the dispatcher keeps re-checking for this long, because producers
+	// announce a burst with one NOTIFY per Config.NotifyInterval rather
+	// than one per event. Keep it above the producers' NotifyInterval.
+	// Default 50ms.
 	WakeWindow time.Duration
-	// WakeRecheck: see WakeRecheckDefault.
+	// WakeRecheck is the first re-check interval inside the wake window; it
+	// doubles after each claim that finds nothing, up to 8×. Default 1ms.
 	WakeRecheck time.Duration
-	// SweepInterval is how often the dispatcher dead-letters exhausted
-	// events (see Store.SweepExhausted) and purges delivered events older
-	// than Retention. Default SweepIntervalDefault.
+	// SweepInterval is how often maintenance runs: for each of its topics
+	// one dispatcher at a time (elected through a lease in the database)
+	// dead-letters events whose attempts are used up, purges delivered
+	// events past their retention and refreshes the depth gauges. Default
+	// 30s.
 	SweepInterval time.Duration
-	// Retention keeps delivered events this long before purging them.
-	// Default RetentionDefault; negative keeps them forever.
+	// Retention keeps delivered events this long before maintenance purges
+	// them, for the topics whose Publisher.Retention is zero. Purging ends
+	// an event's dedupe window. Default 7 days; negative keeps them
+	// forever. Only this dispatcher's topics are purged, each with its own
+	// retention.
 	Retention time.Duration
 	// StopTimeout bounds a graceful stop: in-flight publishes get until
-	// 80% of it, then their contexts are cancelled and the events go back
-	// to pending. Default lifecycle.StopTimeoutDefault.
+	// 80% of it, then their contexts are cancelled; at 85% those still
+	// running are abandoned and their events given back. Default 30s.
 	StopTimeout time.Duration
-	// Logger for the dispatcher. Default slog.Default().
+	// Logger for the dispatcher. Default: the Client's.
 	Logger *slog.Logger
-	// OnSettled, if set, is called after each outcome is recorded (or
+	// OnOutcome, if set, is called after each outcome is recorded (or
 	// refused for a lost lease), from the dispatcher's completer goroutine:
 	// keep it fast and never block in it. Useful for tests and custom
 	// telemetry.
-	OnSettled func(m ClaimedMessage, st Settlement)
+	OnOutcome func(d Delivery, o Outcome)
 }
 
-// WithDefaults returns c with zero fields set to their defaults.
-func (c DispatcherConfig) WithDefaults() DispatcherConfig {
-	c.Store = c.Store.WithDefaults()
-	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
-	c.LeaseDuration = cmp.Or(c.LeaseDuration, LeaseDurationDefault)
+func (c DispatcherConfig) withDefaults(logger *slog.Logger) DispatcherConfig {
+	if c.WorkerID == uuid.Nil {
+		c.WorkerID = uuid.New()
+	}
+	c.Retry = c.Retry.withDefaults()
+	c.BatchSize = cmp.Or(c.BatchSize, batchSizeDefault)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, leaseDurationDefault)
 	c.LeaseHeadroom = cmp.Or(c.LeaseHeadroom, min(c.LeaseDuration/5, 5*time.Second))
-	c.PollInterval = cmp.Or(c.PollInterval, min(PollIntervalDefault, c.LeaseDuration/3))
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
-	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
-	c.WakeWindow = cmp.Or(c.WakeWindow, WakeWindowDefault)
-	c.WakeRecheck = cmp.Or(c.WakeRecheck, WakeRecheckDefault)
-	c.SweepInterval = cmp.Or(c.SweepInterval, SweepIntervalDefault)
-	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, min(pollIntervalDefault, c.LeaseDuration/3))
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, maxAttemptsDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, concurrencyDefault)
+	c.WakeWindow = cmp.Or(c.WakeWindow, wakeWindowDefault)
+	c.WakeRecheck = cmp.Or(c.WakeRecheck, wakeRecheckDefault)
+	c.SweepInterval = cmp.Or(c.SweepInterval, sweepIntervalDefault)
+	c.Retention = cmp.Or(c.Retention, retentionDefault)
 	c.StopTimeout = cmp.Or(c.StopTimeout, lifecycle.StopTimeoutDefault)
 	if c.Logger == nil {
-		c.Logger = slog.Default()
+		c.Logger = logger
 	}
 	return c
 }
 
 func (c DispatcherConfig) validate() error {
-	claim := ClaimConfig{BatchSize: c.BatchSize, LeaseDuration: c.LeaseDuration, MaxAttempts: c.MaxAttempts, Topics: []Topic{{"x", "x"}}}
-	if err := claim.validate(); err != nil {
-		return err
-	}
 	switch {
+	case c.BatchSize < 1 || c.BatchSize > batchSizeMax:
+		return configError("DispatcherConfig.BatchSize is %d; it must be between 1 and %d", c.BatchSize, batchSizeMax)
+	case c.LeaseDuration < leaseDurationMin:
+		return configError("DispatcherConfig.LeaseDuration is %v; it must be at least %v", c.LeaseDuration, leaseDurationMin)
+	case c.MaxAttempts < 1:
+		return configError("DispatcherConfig.MaxAttempts is %d; it must be at least 1", c.MaxAttempts)
 	case c.LeaseHeadroom <= 0 || c.LeaseHeadroom >= c.LeaseDuration:
-		return fmt.Errorf("outbox: LeaseHeadroom is %v; it must be positive and below LeaseDuration (%v)", c.LeaseHeadroom, c.LeaseDuration)
+		return configError("DispatcherConfig.LeaseHeadroom is %v; it must be positive and below LeaseDuration (%v)", c.LeaseHeadroom, c.LeaseDuration)
 	case c.PollInterval <= 0 || c.PollInterval > c.LeaseDuration/3:
-		return fmt.Errorf("outbox: PollInterval is %v; it must be positive and at most LeaseDuration/3 (%v), "+
-			"so that live leases are not mistaken for crashed ones (seed 004)", c.PollInterval, c.LeaseDuration/3)
+		return configError("DispatcherConfig.PollInterval is %v; it must be positive and at most LeaseDuration/3 (%v), "+
+			"so that live leases are not mistaken for crashed ones", c.PollInterval, c.LeaseDuration/3)
 	case c.Concurrency < 1:
-		return fmt.Errorf("outbox: Concurrency is %d; it must be at least 1", c.Concurrency)
-	case c.WakeRecheck < 0, c.WakeWindow < 0, c.SweepInterval <= 0, c.StopTimeout <= 0:
-		return errors.New("outbox: WakeRecheck and WakeWindow must not be negative, SweepInterval and StopTimeout must be positive")
+		return configError("DispatcherConfig.Concurrency is %d; it must be at least 1", c.Concurrency)
+	case c.WakeRecheck < 0, c.WakeWindow < 0:
+		return configError("DispatcherConfig.WakeRecheck and WakeWindow must not be negative")
+	case c.SweepInterval <= 0:
+		return configError("DispatcherConfig.SweepInterval is %v; it must be positive", c.SweepInterval)
+	case c.StopTimeout <= 0:
+		return configError("DispatcherConfig.StopTimeout is %v; it must be positive", c.StopTimeout)
 	}
-	return nil
+	return c.Retry.validate()
 }
 
-// Dispatcher delivers due events to their publishers: the background worker
-// of seed 004, run as a lifecycle task. It claims events of the registered
-// topics in batches under a lease, publishes them with bounded concurrency,
-// and records the outcomes in batches, each fenced by its lease token. See
-// the package documentation for the guarantees.
+// Dispatcher delivers due events of its publishers' topics, as a lifecycle
+// task: a claimer leases events in batches, a worker pool publishes them
+// with a concurrency limit per topic, a completer records the outcomes in
+// batches (each fenced by its lease token), a notifier wakes the claimer on
+// NOTIFY, and maintenance (sweep, purge, gauges) runs on one elected
+// dispatcher per topic. See the package documentation for the guarantees.
 type Dispatcher struct {
-	cfg      DispatcherConfig
-	pool     *pgxpool.Pool
-	store    *Store
-	pubs     *Publishers
-	topics   []Topic
-	keys     []string
-	log      *slog.Logger
-	task     *lifecycle.Task
+	c    *Client
+	cfg  DispatcherConfig
+	reg  *registry
+	log  *slog.Logger
+	task *lifecycle.Task
+
 	metrics  *metrics
-	isWanted map[string]bool // notification payloads that concern us
+	hardStop atomic.Bool // publishes were cancelled by a stop
+
+	mu         sync.Mutex
+	pool       *workerPool // of the current run; nil when stopped
+	claimErr   error       // the last claim's error, nil after a success
+	claimErrAt time.Time
+	// onMaintenance, if set, is called after each maintenance pass with
+	// the roles held (tests).
+	onMaintenance func(held []string)
 }
 
-// NewDispatcher builds a Dispatcher for the registered publishers. It does
-// no I/O; Start (or Run) does.
-func NewDispatcher(pool *pgxpool.Pool, pubs *Publishers, cfg DispatcherConfig) (*Dispatcher, error) {
-	cfg = cfg.WithDefaults()
+// NewDispatcher builds a Dispatcher for pubs, one Publisher per topic. It
+// does no I/O; Start (or the fx Module) runs it. Several dispatchers may
+// serve one database, in one process or many; each claims only its own
+// topics.
+func (c *Client) NewDispatcher(cfg DispatcherConfig, pubs ...Publisher) (*Dispatcher, error) {
+	cfg = cfg.withDefaults(c.cfg.Logger)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if pubs == nil || len(pubs.byTopic) == 0 {
-		return nil, errors.New("outbox: NewDispatcher needs at least one registered publisher")
+	if len(pubs) == 0 {
+		return nil, configError("NewDispatcher needs at least one Publisher (a service that only enqueues needs no dispatcher)")
 	}
-	store, err := NewStore(pool, cfg.Store)
+	reg, err := newRegistry(pubs)
 	if err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{cfg: cfg, pool: pool, store: store, pubs: pubs, topics: pubs.Topics(), isWanted: map[string]bool{}}
-	d.keys = topicKeys(d.topics)
-	for _, k := range d.keys {
-		d.isWanted[k] = true
+	for _, p := range reg.byKey {
+		if p.Concurrency > cfg.Concurrency {
+			return nil, configError("publisher %s for %s: Concurrency %d is above the dispatcher's Concurrency %d",
+				p.name(), p.Topic, p.Concurrency, cfg.Concurrency)
+		}
 	}
-	d.log = cfg.Logger.With("component", "outbox-dispatcher", "worker_id", store.WorkerID().String())
+	d := &Dispatcher{c: c, cfg: cfg, reg: reg}
+	d.log = cfg.Logger.With("component", "outbox-dispatcher", "worker_id", cfg.WorkerID.String())
 	if d.metrics, err = newMetrics(d); err != nil {
 		return nil, err
 	}
 	d.task, err = lifecycle.New(lifecycle.Config{
 		Name: "outbox-dispatcher", AwaitReady: true, StopTimeout: cfg.StopTimeout, Logger: cfg.Logger,
-	}, d.Run)
+	}, d.run)
 	if err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// Store returns the dispatcher's Store (for admin calls).
-func (d *Dispatcher) Store() *Store { return d.store }
+// laneLimit is a topic's concurrency limit.
+func (d *Dispatcher) laneLimit(p *Publisher) int {
+	if p.Concurrency > 0 {
+		return p.Concurrency
+	}
+	if len(d.reg.topics) == 1 {
+		return d.cfg.Concurrency
+	}
+	return max(1, d.cfg.Concurrency/2)
+}
+
+// retention is a topic's retention.
+func (d *Dispatcher) retention(p *Publisher) time.Duration {
+	return cmp.Or(p.Retention, d.cfg.Retention)
+}
+
+// abandonGrace is how long after its deadline a publish is abandoned: time
+// for a publisher that honours its context to return, while leaving most
+// of the headroom to give the event back under its lease.
+func (d *Dispatcher) abandonGrace() time.Duration {
+	return min(d.cfg.LeaseHeadroom/4, time.Second)
+}
 
 // Config returns the configuration in force, defaults filled in.
 func (d *Dispatcher) Config() DispatcherConfig { return d.cfg }
 
-// Task is the lifecycle task that runs the dispatcher.
+// Task is the lifecycle task that runs the dispatcher, for wiring into a
+// lifecycle of your own (the fx Module does it for you).
 func (d *Dispatcher) Task() *lifecycle.Task { return d.task }
 
 // Start runs the dispatcher in the background and returns once it is ready
 // (its first claim succeeded), or with the error that stopped it first.
+// Starting a running dispatcher is an error; a stopped one can be started
+// again.
 func (d *Dispatcher) Start(ctx context.Context) error { return d.task.Start(ctx) }
 
-// Stop stops claiming, lets in-flight publishes finish (see
-// DispatcherConfig.StopTimeout), gives unstarted events back and records
-// every outcome before returning.
+// Stop stops claiming, gives queued events back, lets in-flight publishes
+// finish (see DispatcherConfig.StopTimeout) and records every outcome
+// before returning. Stopping a stopped dispatcher does nothing.
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	_, err := d.task.Stop(ctx)
 	return err
 }
 
-// claimed is one event on its way through the dispatcher.
-type claimed struct {
-	msg      ClaimedMessage
-	deadline time.Time // publish deadline by the local clock (lease end minus headroom)
-}
-
-type outcome struct {
-	res      Result
-	deadline time.Time
-	started  time.Time
-	elapsed  time.Duration
-}
-
-// Run is the dispatcher's body, as a lifecycle.RunFunc: it calls ready
+// run is the dispatcher's body, as a lifecycle.RunFunc: it calls ready
 // after its first successful claim and returns when ctx is cancelled and
-// everything in flight is settled. It returns an error only if the outbox
-// table cannot be used at all (for example migrations were not run).
-func (d *Dispatcher) Run(ctx context.Context, ready func()) error {
-	// The claim loop may also end on its own (a fatal error): cancelling
-	// ctx then shuts the other goroutines down the same way a stop does.
+// everything in flight is settled or abandoned. It returns an error only if
+// the outbox table cannot be used at all (for example the migrations were
+// not run).
+func (d *Dispatcher) run(ctx context.Context, ready func()) error {
+	// The stop's clock starts when Stop cancels ctx, not when the claimer
+	// notices: a claim in flight may take up to LeaseHeadroom to return.
+	var stopAt atomic.Pointer[time.Time]
+	stopNow := func() { now := time.Now(); stopAt.CompareAndSwap(nil, &now) }
+	defer context.AfterFunc(ctx, stopNow)()
 	ctx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
-	queue := make(chan claimed, d.cfg.BatchSize)
-	results := make(chan outcome, d.cfg.Concurrency+d.cfg.BatchSize)
-	roomFreed := make(chan struct{}, 1)
+	d.hardStop.Store(false)
+	results := make(chan result, d.cfg.Concurrency+2*d.cfg.BatchSize)
 	wake := make(chan struct{}, 1)
 
 	// Publishes run on a context of their own: a stop lets them finish
-	// until 80% of the stop timeout, then cancels them; recording the last
-	// outcomes may go on until 90%.
+	// until 80% of the stop timeout, then cancels them; at 85% those still
+	// running are abandoned; recording the last outcomes may go on until
+	// 95%.
 	pubCtx, cancelPublishes := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelPublishes()
 	flushCtx, cancelFlush := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFlush()
-	stopHard := context.AfterFunc(ctx, func() {
-		t1 := time.AfterFunc(d.cfg.StopTimeout*4/5, cancelPublishes)
-		t2 := time.AfterFunc(d.cfg.StopTimeout*9/10, cancelFlush)
-		context.AfterFunc(flushCtx, func() { t1.Stop(); t2.Stop() })
-	})
-	defer stopHard()
 
-	var workers, helpers sync.WaitGroup
+	defer d.metrics.register()()
+	pool := newWorkerPool(d, pubCtx, results)
+	d.mu.Lock()
+	d.pool, d.claimErr = pool, nil
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.pool = nil
+		d.mu.Unlock()
+	}()
+
 	completerDone := make(chan struct{})
 	go func() { defer close(completerDone); d.completer(flushCtx, results) }()
-	for range d.cfg.Concurrency {
-		workers.Add(1)
-		go func() { defer workers.Done(); d.worker(ctx, pubCtx, queue, results, roomFreed) }()
-	}
+	var helpers sync.WaitGroup
 	if !d.cfg.PollOnly {
 		helpers.Add(1)
-		go func() { defer helpers.Done(); d.listen(ctx, wake) }()
+		go func() { defer helpers.Done(); d.notifier(ctx, wake) }()
 	}
 	helpers.Add(1)
-	go func() { defer helpers.Done(); d.maintain(ctx) }()
+	go func() { defer helpers.Done(); d.maintenance(ctx) }()
 
-	err := d.claimLoop(ctx, ready, queue, roomFreed, wake)
+	err := d.claimer(ctx, ready, pool, wake)
 	cancelRun()
+	stopNow() // the claimer may also have ended on its own
+	stopStarted := *stopAt.Load()
 
 	// Shut down. What is still queued was never started: it goes back at
 	// once, so another replica can take it while the publishes in flight
 	// finish.
-	close(queue)
-	for c := range queue {
-		results <- outcome{res: Result{Message: c.msg, Release: true}, deadline: c.deadline}
+	pool.stop()
+	at := func(fraction int) time.Time {
+		return stopStarted.Add(d.cfg.StopTimeout * time.Duration(fraction) / 100)
 	}
-	workers.Wait()
+	if !waitUntil(pool, at(80)) {
+		d.hardStop.Store(true)
+		cancelPublishes()
+		if !waitUntil(pool, at(85)) {
+			d.log.Error("publishes still running at 85% of the stop timeout; abandoning them and giving their events back")
+			pool.abandonAll()
+		}
+	}
+	pool.close()
 	close(results)
+	flushTimer := time.AfterFunc(time.Until(at(95)), cancelFlush)
+	defer flushTimer.Stop()
 	<-completerDone
 	helpers.Wait()
 	return err
 }
 
-// claim runs one claim on a context that a stop does not cut short: a claim
-// cancelled mid-flight may have committed, stranding its events until their
-// lease expires, whereas a finished one can be released at once.
-func (d *Dispatcher) claim(ctx context.Context, cfg ClaimConfig) ([]ClaimedMessage, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+func waitUntil(pool *workerPool, deadline time.Time) bool {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	return d.store.claim(cctx, cfg, d.keys)
+	return pool.wait(ctx)
 }
 
-// claimLoop claims while it knows of due work and the queue has room, then
-// waits for room, a wake-up, a re-check or the poll timer. A wake-up opens a
-// wake window (WakeWindow) in which it re-checks at short, growing
-// intervals; each claim that finds events extends the window.
-func (d *Dispatcher) claimLoop(ctx context.Context, ready func(), queue chan claimed, roomFreed, wake <-chan struct{}) error {
-	cfg := ClaimConfig{BatchSize: d.cfg.BatchSize, LeaseDuration: d.cfg.LeaseDuration, MaxAttempts: d.cfg.MaxAttempts}
-	threshold := max(1, cap(queue)/2)
-	poll := time.NewTimer(d.cfg.PollInterval)
-	defer poll.Stop()
-	recheck := time.NewTimer(time.Hour)
-	recheck.Stop()
-	defer recheck.Stop()
-	var hotUntil time.Time // end of the wake window
-	recheckIn := d.cfg.WakeRecheck
-	isReady, wantClaim, errDelay := false, true, time.Duration(0)
-	for {
-		if room := cap(queue) - len(queue); wantClaim && room >= threshold {
-			cfg.BatchSize = room
-			claimStart := time.Now()
-			got, err := d.claim(ctx, cfg)
-			switch {
-			case ctx.Err() != nil:
-				if len(got) > 0 {
-					_ = d.store.Release(context.WithoutCancel(ctx), got)
-				}
-				return nil
-			case err != nil:
-				if !isReady && isFatal(err) {
-					return fmt.Errorf("outbox dispatcher cannot claim: %w (did the migrations run? see modkit/db.Migrator)", err)
-				}
-				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
-				d.log.Warn("claim failed; retrying", "error", err, "retry_in", errDelay)
-				d.metrics.claimErrors.Add(ctx, 1)
-				if !sleepCtx(ctx, errDelay) {
-					return nil
-				}
-				continue
-			}
-			errDelay = 0
-			if !isReady {
-				isReady = true
-				ready()
-				d.log.Info("dispatcher ready", "topics", d.keys, "batch_size", d.cfg.BatchSize,
-					"lease", d.cfg.LeaseDuration, "poll_interval", d.cfg.PollInterval, "poll_only", d.cfg.PollOnly)
-			}
-			deadline := claimStart.Add(d.cfg.LeaseDuration - d.cfg.LeaseHeadroom)
-			for _, m := range got {
-				queue <- claimed{msg: m, deadline: deadline} // room was checked; only this loop sends
-			}
-			now := time.Now()
-			if len(got) > 0 {
-				hotUntil, recheckIn = now.Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
-			} else {
-				recheckIn = min(2*recheckIn, 8*d.cfg.WakeRecheck)
-			}
-			// A full batch suggests more is due: claim again once there is
-			// room. Otherwise wait for news, re-checking inside the window.
-			if wantClaim = len(got) == cfg.BatchSize; !wantClaim {
-				resetTimer(poll, d.cfg.PollInterval)
-				if now.Before(hotUntil) {
-					resetTimer(recheck, recheckIn)
-				}
-			}
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-roomFreed: // matters when waiting for room
-		case <-wake:
-			wantClaim = true
-			hotUntil, recheckIn = time.Now().Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
-		case <-recheck.C:
-			wantClaim = true
-		case <-poll.C:
-			wantClaim = true
-		}
-	}
+// Health is a dispatcher's state as an operator or a readiness probe sees
+// it.
+type Health struct {
+	// Running: the dispatcher is started and claiming.
+	Running bool
+	// Degraded: running, but something keeps events from flowing normally;
+	// Problems says what.
+	Degraded bool
+	// Problems are human sentences, one per problem, naming the topic or
+	// the failing operation.
+	Problems []string
+	// Abandoned counts publish calls abandoned past their deadline that
+	// have not returned yet (their goroutines are still running).
+	Abandoned int
 }
 
-func (d *Dispatcher) worker(ctx, pubCtx context.Context, queue <-chan claimed, results chan<- outcome, roomFreed chan<- struct{}) {
-	for {
-		// A stopping dispatcher starts no new publishes.
-		if ctx.Err() != nil {
-			return
-		}
-		var c claimed
-		var ok bool
-		select {
-		case c, ok = <-queue:
-			if !ok {
-				return
-			}
-		case <-ctx.Done():
-			return
-		}
-		select {
-		case roomFreed <- struct{}{}:
-		default:
-		}
-		if ctx.Err() != nil || time.Until(c.deadline) <= 0 {
-			// Stopping, or the lease is nearly over: give it back unpublished.
-			results <- outcome{res: Result{Message: c.msg, Release: true}, deadline: c.deadline}
-			continue
-		}
-		results <- d.publish(pubCtx, c)
+// Health reports whether the dispatcher is running and whether it is
+// degraded: a topic has publishes that outlived their deadline (the
+// publisher ignores its context), or claims are failing.
+func (d *Dispatcher) Health() Health {
+	d.mu.Lock()
+	pool, claimErr, claimErrAt := d.pool, d.claimErr, d.claimErrAt
+	d.mu.Unlock()
+	h := Health{Running: pool != nil && d.task.Status() == lifecycle.Running}
+	if pool == nil {
+		return h
 	}
+	lanes, abandoned := pool.state()
+	h.Abandoned = abandoned
+	for _, l := range lanes {
+		switch {
+		case l.paused:
+			h.Problems = append(h.Problems, fmt.Sprintf("topic %s paused: %d publishes outlived their deadline and have not returned "+
+				"(the publisher ignores its context); its events wait in the database", l.topic, l.abandoned))
+		case l.abandoned > 0:
+			h.Problems = append(h.Problems, fmt.Sprintf("topic %s: %d publishes outlived their deadline and have not returned "+
+				"(the publisher ignores its context)", l.topic, l.abandoned))
+		}
+	}
+	if claimErr != nil {
+		h.Problems = append(h.Problems, fmt.Sprintf("claims failing since %s: %v", claimErrAt.Format(time.RFC3339), claimErr))
+	}
+	h.Degraded = len(h.Problems) > 0
+	return h
 }
 
-// publish runs one publisher call, isolating panics.
-func (d *Dispatcher) publish(pubCtx context.Context, c claimed) outcome {
-	m := c.msg
-	out := outcome{res: Result{Message: m}, deadline: c.deadline, started: time.Now()}
-	p, ok := d.pubs.lookup(Topic{m.Namespace, m.Topic})
-	if !ok { // cannot happen: only registered topics are claimed
-		out.res.Release = true
-		return out
-	}
-	ctx, cancel := context.WithDeadline(pubCtx, c.deadline)
-	defer cancel()
-	if p.HandleTx != nil {
-		out.res.Err = d.callSafely(p, m, func() error { return d.handleTx(ctx, p, m) })
-	} else {
-		out.res.Err = d.callSafely(p, m, func() error { return p.Publish(ctx, m) })
-	}
-	out.elapsed = time.Since(out.started)
-	if out.res.Err != nil && !errors.Is(out.res.Err, errAckedInTx) && pubCtx.Err() != nil {
-		// Cut short by a hard stop: the outcome is unknown, so the event
-		// goes back without using up an attempt.
-		out.res.Release = true
-	}
-	return out
-}
-
-func (d *Dispatcher) callSafely(p Publisher, m ClaimedMessage, call func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("publisher %s panicked: %v", p.name(), r)
-			d.log.Error("publisher panicked; the event will be retried", "publisher", p.name(),
-				"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempts,
-				"panic", SanitizeError(err, d.cfg.Store.ErrorMaxLen), "stack", string(debug.Stack()))
-		}
-	}()
-	return call()
-}
-
-// errAckedInTx marks a transactional handler's success: the event is
-// already delivered and needs no batched ack.
-var errAckedInTx = errors.New("acked in the handler's transaction")
-
-// handleTx runs a transactional handler and the fenced ack in one
-// transaction. A lost lease rolls the handler's writes back.
-func (d *Dispatcher) handleTx(ctx context.Context, p Publisher, m ClaimedMessage) error {
-	err := db.InTx(ctx, d.pool, func(ctx context.Context, tx pgx.Tx) error {
-		if err := p.HandleTx(ctx, tx, m); err != nil {
-			return err
-		}
-		return d.store.AckTx(ctx, tx, m)
-	})
-	if err == nil {
-		return errAckedInTx
-	}
-	return err
-}
-
-// completer records outcomes in batches: it waits for one, takes whatever
-// else is ready, and settles them all in one statement.
-func (d *Dispatcher) completer(ctx context.Context, results <-chan outcome) {
-	const maxBatch = 1000
-	batch := make([]outcome, 0, maxBatch)
-	for first := range results {
-		batch = append(batch[:0], first)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case o, ok := <-results:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, o)
-			default:
-				break drain
-			}
-		}
-		d.settle(ctx, batch)
-	}
-}
-
-func (d *Dispatcher) settle(ctx context.Context, batch []outcome) {
-	results := make([]Result, 0, len(batch))
-	kept := batch[:0:0]
-	for _, o := range batch {
-		if errors.Is(o.res.Err, errAckedInTx) {
-			d.record(o, Settlement{ID: o.res.Message.ID, Status: StatusDelivered})
-			continue
-		}
-		if errors.Is(o.res.Err, ErrLeaseLost) { // a transactional handler lost its lease
-			d.record(o, Settlement{ID: o.res.Message.ID, LeaseLost: true})
-			continue
-		}
-		results = append(results, o.res)
-		kept = append(kept, o)
-	}
-	if len(results) == 0 {
+// abandonedPublish reports a publish given up on at its deadline.
+func (d *Dispatcher) abandonedPublish(c claimed, p *Publisher, paused bool) {
+	d.metrics.abandoned.Add(context.Background(), 1, d.metrics.topicAttrs(c.d.Namespace, c.d.Topic))
+	attrs := []any{"publisher", p.name(), "namespace", c.d.Namespace, "topic", c.d.Topic, "event_id", c.d.ID, "attempt", c.d.Attempt}
+	if paused {
+		d.log.Error("topic paused: its publisher ignores its context and every slot of the topic is held by an abandoned publish; "+
+			"other topics go on, this one resumes when they return", attrs...)
 		return
 	}
-	// Keep trying while the leases can still be honoured; after that the
-	// events will simply be reclaimed and delivered again.
-	latest := slices.MaxFunc(kept, func(a, b outcome) int { return a.deadline.Compare(b.deadline) }).deadline
-	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
-	defer cancel()
-	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		settled, err := d.store.Complete(ctx, results)
-		if err == nil {
-			for i, st := range settled {
-				d.record(kept[i], st)
-			}
-			return
-		}
-		if ctx.Err() != nil {
-			d.log.Warn("could not record outcomes before the leases ended; the events will be delivered again",
-				"count", len(results), "error", err)
-			return
-		}
-		d.log.Warn("recording outcomes failed; retrying", "count", len(results), "error", err, "retry_in", delay)
-		if !sleepCtx(ctx, delay) {
-			return
-		}
-	}
+	d.log.Warn("publish outlived its deadline and was abandoned; the event goes back without using an attempt", attrs...)
 }
 
-func (d *Dispatcher) record(o outcome, st Settlement) {
-	d.metrics.observe(o, st)
-	if d.cfg.OnSettled != nil {
-		defer d.cfg.OnSettled(o.res.Message, st)
-	}
-	quiet := !st.LeaseLost && (o.res.Release || st.Status == StatusDelivered)
-	if quiet && !d.log.Enabled(context.Background(), slog.LevelDebug) {
-		return // the hot path: nothing to log, no attributes to build
-	}
-	m := o.res.Message
-	attrs := []any{"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempts}
-	switch {
-	case st.LeaseLost:
-		d.log.Warn("lease lost before the outcome was recorded (it expired, and the event may already be reclaimed); outcome dropped, not nacked",
-			append(attrs, "publish_error", SanitizeError(o.res.Err, d.cfg.Store.ErrorMaxLen))...)
-	case o.res.Release:
-		d.log.Debug("event released", attrs...)
-	case st.Status == StatusDelivered:
-		d.log.Debug("event delivered", attrs...)
-	case st.Status == StatusDead:
-		d.log.Error("event dead-lettered", append(attrs, "error", st.LastError)...)
-	default:
-		d.log.Warn("publish failed; will retry", append(attrs, "error", st.LastError, "retry_in", st.RetryIn)...)
-	}
+// abandonedReturned reports an abandoned publish that finally returned.
+func (d *Dispatcher) abandonedReturned(c claimed, r result) {
+	d.log.Warn("an abandoned publish returned; its result is ignored (the event was given back and is delivered again)",
+		"namespace", c.d.Namespace, "topic", c.d.Topic, "event_id", c.d.ID, "elapsed", r.elapsed,
+		"publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
 }
 
-// maintain runs the periodic sweeps and refreshes the gauges.
-func (d *Dispatcher) maintain(ctx context.Context) {
-	t := time.NewTicker(d.cfg.SweepInterval)
-	defer t.Stop()
-	for {
-		d.sweep(ctx) // at once too: a previous process may have left exhausted rows
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (d *Dispatcher) setClaimErr(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil || d.claimErr == nil {
+		d.claimErrAt = time.Now()
 	}
-}
-
-func (d *Dispatcher) sweep(ctx context.Context) {
-	if ids, err := d.store.SweepExhausted(ctx, d.cfg.MaxAttempts, d.topics); err != nil {
-		if ctx.Err() == nil {
-			d.log.Warn("sweep of exhausted events failed", "error", err)
-		}
-	} else if len(ids) > 0 {
-		d.metrics.dead.Add(ctx, int64(len(ids)))
-		d.log.Error("dead-lettered events whose attempts were used up (crashed or overran on the last attempt)",
-			"count", len(ids), "event_ids", ids)
-	}
-	if d.cfg.Retention >= 0 {
-		if n, err := d.store.PurgeDelivered(ctx, d.cfg.Retention, 0); err != nil {
-			if ctx.Err() == nil {
-				d.log.Warn("purge of delivered events failed", "error", err)
-			}
-		} else if n > 0 {
-			d.log.Info("purged delivered events", "count", n, "retention", d.cfg.Retention)
-		}
-	}
-	d.metrics.refreshDepth(ctx)
-}
-
-// listen wakes the claim loop on NOTIFY. A lost connection is re-opened
-// with backoff; the first wake after a reconnect covers what was missed.
-// Polling goes on meanwhile, so a dead listener only costs latency.
-func (d *Dispatcher) listen(ctx context.Context, wake chan<- struct{}) {
-	signal := func() {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	}
-	for delay := time.Duration(0); ; {
-		if delay > 0 && !sleepCtx(ctx, delay) {
-			return
-		}
-		err := d.listenOnce(ctx, signal)
-		if ctx.Err() != nil {
-			return
-		}
-		delay = min(max(2*delay, 100*time.Millisecond), 5*time.Second)
-		d.metrics.listenerReconnects.Add(ctx, 1)
-		d.log.Warn("notification listener lost; polling continues, reconnecting", "error", err, "retry_in", delay)
-	}
-}
-
-func (d *Dispatcher) listenOnce(ctx context.Context, signal func()) error {
-	conn, err := pgx.ConnectConfig(ctx, d.pool.Config().ConnConfig.Copy())
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
-		return err
-	}
-	signal() // anything enqueued while we were not listening
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if d.isWanted[n.Payload] {
-			signal()
-		}
-	}
-}
-
-// isFatal tells errors that retrying will not fix (missing table, bad SQL,
-// permissions) from transient ones (connection lost, server restarting).
-func isFatal(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code[:2] {
-	case "42": // syntax error or access rule violation (undefined table, insufficient privilege)
-		return true
-	}
-	return false
+	d.claimErr = err
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

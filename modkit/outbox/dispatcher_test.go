@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -14,120 +13,41 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
-// guard bounds every wait on a signal: reaching it fails the test. It is a
-// hang detector, not a performance assertion.
-const guard = 2 * time.Minute
-
-// settledLog collects OnSettled callbacks and lets a test wait for a
-// condition on them.
-type settledLog struct {
-	mu      sync.Mutex
-	byID    map[uuid.UUID][]outbox.Settlement
-	changed chan struct{}
-}
-
-func newSettledLog() *settledLog {
-	return &settledLog{byID: map[uuid.UUID][]outbox.Settlement{}, changed: make(chan struct{}, 1)}
-}
-
-func (l *settledLog) hook(m outbox.ClaimedMessage, st outbox.Settlement) {
-	l.mu.Lock()
-	l.byID[m.ID] = append(l.byID[m.ID], st)
-	l.mu.Unlock()
-	select {
-	case l.changed <- struct{}{}:
-	default:
-	}
-}
-
-// waitFor blocks until cond (called under the lock) holds.
-func (l *settledLog) waitFor(t *testing.T, what string, cond func(map[uuid.UUID][]outbox.Settlement) bool) {
-	t.Helper()
-	timeout := time.After(guard)
-	for {
-		l.mu.Lock()
-		ok := cond(l.byID)
-		l.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-l.changed:
-		case <-timeout:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
-
-func finalCount(status outbox.Status, n int) func(map[uuid.UUID][]outbox.Settlement) bool {
-	return func(m map[uuid.UUID][]outbox.Settlement) bool {
-		c := 0
-		for _, sts := range m {
-			if last := sts[len(sts)-1]; !last.LeaseLost && last.Status == status {
-				c++
-			}
-		}
-		return c >= n
-	}
-}
-
-func testConfig(log *settledLog) outbox.DispatcherConfig {
-	return outbox.DispatcherConfig{
-		LeaseDuration: 30 * time.Second,
-		PollInterval:  50 * time.Millisecond,
-		Store:         outbox.Config{Retry: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 4 * time.Millisecond}},
-		MaxAttempts:   3,
-		StopTimeout:   30 * time.Second,
-		Logger:        quietLog,
-		OnSettled:     log.hook,
-	}
-}
-
-func startDispatcher(t *testing.T, pool *pgxpool.Pool, cfg outbox.DispatcherConfig, pubs ...outbox.Publisher) *outbox.Dispatcher {
-	t.Helper()
-	var reg outbox.Publishers
-	for _, p := range pubs {
-		if err := reg.Register(p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d, err := outbox.NewDispatcher(pool, &reg, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := d.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
-	return d
-}
-
 func TestDispatcherDelivers(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	ids := enqueueN(t, pool, 300)
-	log := newSettledLog()
+	ids := enqueueN(t, client, pool, 300)
+	log := newOutcomeLog()
 	var published sync.Map
 	var deadlineOK atomic.Bool
 	deadlineOK.Store(true)
-	startDispatcher(t, pool, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, m outbox.ClaimedMessage) error {
-		// The publish context ends before the lease does.
-		if dl, ok := ctx.Deadline(); !ok || !dl.Before(m.LeaseExpiresAt) {
+	var leaseErr atomic.Pointer[error]
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		// The publish context ends before the lease does: the event is
+		// processing under this claim while the publisher runs, so its
+		// row holds the lease's end.
+		var leaseEnd time.Time
+		if err := pool.QueryRow(ctx, "SELECT locked_until FROM modkit_outbox_events WHERE id = $1 AND status = 'processing' AND attempts = $2",
+			d.ID, d.Attempt).Scan(&leaseEnd); err != nil {
+			err = fmt.Errorf("read the lease of %s: %w", d.ID, err)
+			leaseErr.CompareAndSwap(nil, &err)
+			return err
+		}
+		if dl, ok := ctx.Deadline(); !ok || !dl.Before(leaseEnd) {
 			deadlineOK.Store(false)
 		}
-		published.Store(m.ID, m.Attempts)
+		published.Store(d.ID, d.Attempt)
 		return nil
 	}})
 	log.waitFor(t, "300 deliveries", finalCount(outbox.StatusDelivered, 300))
+	if err := leaseErr.Load(); err != nil {
+		t.Fatal(*err)
+	}
 	for _, id := range ids {
 		if _, ok := published.Load(id); !ok {
 			t.Fatalf("event %s not published", id)
@@ -142,62 +62,65 @@ func TestDispatcherDelivers(t *testing.T) {
 }
 
 func TestDispatcherRetriesThenDeadLetters(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	flaky := enqueueN(t, pool, 1)[0]
-	poison, _ := outbox.Enqueue(ctx, pool, outbox.Message{Namespace: "test", Topic: "poison", Payload: []byte(`{}`)})
-	log := newSettledLog()
+	flaky := enqueueN(t, client, pool, 1)[0]
+	poison, err := client.Enqueue(ctx, pool, outbox.Message{Namespace: "test", Topic: "poison", Payload: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := newOutcomeLog()
 	var calls sync.Map
 	count := func(id uuid.UUID) int {
 		v, _ := calls.LoadOrStore(id, new(atomic.Int32))
 		return int(v.(*atomic.Int32).Add(1))
 	}
-	startDispatcher(t, pool, testConfig(log),
-		outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, m outbox.ClaimedMessage) error {
-			if count(m.ID) < 3 {
-				return fmt.Errorf("transient %d", m.Attempts)
+	startDispatcher(t, client, testConfig(log),
+		outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+			if count(d.ID) < 3 {
+				return fmt.Errorf("transient %d", d.Attempt)
 			}
 			return nil
 		}},
-		outbox.Publisher{Topic: outbox.Topic{Namespace: "test", Topic: "poison"}, Publish: func(ctx context.Context, m outbox.ClaimedMessage) error {
-			count(m.ID)
+		outbox.Publisher{Topic: outbox.Topic{Namespace: "test", Topic: "poison"}, Publish: func(ctx context.Context, d outbox.Delivery) error {
+			count(d.ID)
 			return errors.New("always broken")
 		}},
 	)
-	log.waitFor(t, "flaky delivered and poison dead", func(m map[uuid.UUID][]outbox.Settlement) bool {
+	log.waitFor(t, "flaky delivered and poison dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
 		f, p := m[flaky], m[poison.ID]
 		return len(f) > 0 && f[len(f)-1].Status == outbox.StatusDelivered && len(p) > 0 && p[len(p)-1].Status == outbox.StatusDead
 	})
 	log.mu.Lock()
 	f, p := log.byID[flaky], log.byID[poison.ID]
 	log.mu.Unlock()
-	if len(f) != 3 || f[0].Status != outbox.StatusPending || f[1].Status != outbox.StatusPending || f[0].RetryIn <= 0 {
-		t.Fatalf("flaky settlements: %+v", f)
+	if len(f) != 3 || f[0].Status != outbox.StatusPending || f[1].Status != outbox.StatusPending || f[0].RetryIn <= 0 ||
+		f[0].Released || f[1].Released {
+		t.Fatalf("flaky outcomes: %+v", f)
 	}
 	if len(p) != 3 { // max attempts 3: two retries, then dead
 		t.Fatalf("poison settled %d times, want 3: %+v", len(p), p)
 	}
-	s := nil2store(t, pool)
-	e := get(t, s, poison.ID)
+	e := get(t, client, poison.ID)
 	if e.Status != outbox.StatusDead || e.Attempts != 3 || !strings.Contains(*e.LastError, "always broken") {
 		t.Fatalf("poison row: %+v", e)
 	}
 }
 
 func TestDispatcherIsolatesPanics(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	ids := enqueueN(t, pool, 20)
-	log := newSettledLog()
+	ids := enqueueN(t, client, pool, 20)
+	log := newOutcomeLog()
 	var panicked atomic.Bool
-	startDispatcher(t, pool, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, m outbox.ClaimedMessage) error {
-		if m.ID == ids[7] && panicked.CompareAndSwap(false, true) {
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		if d.ID == ids[7] && panicked.CompareAndSwap(false, true) {
 			panic("publisher bug")
 		}
 		return nil
 	}})
 	log.waitFor(t, "20 deliveries", finalCount(outbox.StatusDelivered, 20))
-	e := get(t, nil2store(t, pool), ids[7])
+	e := get(t, client, ids[7])
 	if e.Attempts != 2 || !strings.Contains(*e.LastError, "panicked: publisher bug") {
 		t.Fatalf("panicking event: %+v", e)
 	}
@@ -206,30 +129,30 @@ func TestDispatcherIsolatesPanics(t *testing.T) {
 // Two dispatchers on separate pools, like two replicas, share the work and
 // never publish one event twice under valid leases at once.
 func TestTwoDispatchersShareWork(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
-	ids := enqueueN(t, tdb.Provider.Pool, 2000)
-	log := newSettledLog()
+	client, tdb := newClient(t, outbox.Config{})
+	ids := enqueueN(t, client, tdb.Provider.Pool, 2000)
+	log := newOutcomeLog()
 	var mu sync.Mutex
 	inFlight := map[uuid.UUID]bool{}
 	published := map[uuid.UUID]int{}
 	var overlap atomic.Bool
-	pub := func(ctx context.Context, m outbox.ClaimedMessage) error {
+	pub := func(ctx context.Context, d outbox.Delivery) error {
 		mu.Lock()
-		if inFlight[m.ID] {
+		if inFlight[d.ID] {
 			overlap.Store(true)
 		}
-		inFlight[m.ID] = true
-		published[m.ID]++
+		inFlight[d.ID] = true
+		published[d.ID]++
 		mu.Unlock()
 		mu.Lock()
-		delete(inFlight, m.ID)
+		delete(inFlight, d.ID)
 		mu.Unlock()
 		return nil
 	}
 	cfg := testConfig(log)
 	cfg.BatchSize = 50
 	for range 2 {
-		startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic, Publish: pub})
+		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pub})
 	}
 	log.waitFor(t, "2000 deliveries", finalCount(outbox.StatusDelivered, 2000))
 	if overlap.Load() {
@@ -245,15 +168,15 @@ func TestTwoDispatchersShareWork(t *testing.T) {
 }
 
 func TestDispatcherWakesOnNotifyAndSurvivesListenerKill(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	log := newSettledLog()
+	log := newOutcomeLog()
 	cfg := testConfig(log)
 	// Polling alone would take ten minutes, far past the wait guard.
 	cfg.LeaseDuration, cfg.PollInterval = time.Hour, 10*time.Minute
 	delivered := make(chan uuid.UUID, 10)
-	startDispatcher(t, pool, cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, m outbox.ClaimedMessage) error {
-		delivered <- m.ID
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		delivered <- d.ID
 		return nil
 	}})
 	expect := func(id uuid.UUID) {
@@ -274,7 +197,7 @@ func TestDispatcherWakesOnNotifyAndSurvivesListenerKill(t *testing.T) {
 		}
 		return pid
 	}
-	first := enqueueN(t, pool, 1)[0]
+	first := enqueueN(t, client, pool, 1)[0]
 	expect(first)
 	pid := listenerPID()
 	if pid == 0 {
@@ -283,21 +206,23 @@ func TestDispatcherWakesOnNotifyAndSurvivesListenerKill(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
 	}
-	second := enqueueN(t, pool, 1)[0]
+	second := enqueueN(t, client, pool, 1)[0]
 	expect(second)
 }
 
 func TestDispatcherPollOnly(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{DisableNotify: true})
+	client, tdb := newClient(t, outbox.Config{DisableNotify: true})
 	pool := tdb.Provider.Pool
-	log := newSettledLog()
+	log := newOutcomeLog()
 	cfg := testConfig(log)
 	cfg.PollOnly = true
-	startDispatcher(t, pool, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.ClaimedMessage) error { return nil }})
-	enqueueN(t, pool, 5)
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	enqueueN(t, client, pool, 5)
 	log.waitFor(t, "5 deliveries by polling", finalCount(outbox.StatusDelivered, 5))
 	var listeners int
-	pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' AND datname = current_database()`).Scan(&listeners)
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' AND datname = current_database()`).Scan(&listeners); err != nil {
+		t.Fatal(err)
+	}
 	if listeners != 0 {
 		t.Fatal("poll-only dispatcher opened a LISTEN connection")
 	}
@@ -306,20 +231,18 @@ func TestDispatcherPollOnly(t *testing.T) {
 // Stop gives claimed-but-unstarted events back at once, lets the publish in
 // flight finish, and records its outcome.
 func TestStopReleasesUnstartedEvents(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	ids := enqueueN(t, pool, 10)
-	log := newSettledLog()
+	ids := enqueueN(t, client, pool, 10)
+	log := newOutcomeLog()
 	cfg := testConfig(log)
 	cfg.Concurrency, cfg.BatchSize = 1, 10
 	entered, release := make(chan uuid.UUID, 1), make(chan struct{})
-	var reg outbox.Publishers
-	reg.Register(outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, m outbox.ClaimedMessage) error {
-		entered <- m.ID
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		entered <- d.ID
 		<-release
 		return nil
 	}})
-	d, err := outbox.NewDispatcher(pool, &reg, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,12 +257,19 @@ func TestStopReleasesUnstartedEvents(t *testing.T) {
 	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- d.Stop(ctx) }()
-	log.waitFor(t, "9 releases", func(m map[uuid.UUID][]outbox.Settlement) bool { return len(m) >= 9 })
+	log.waitFor(t, "9 releases", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m) >= 9 })
+	log.mu.Lock()
+	for id, outs := range log.byID {
+		if id == inFlight || len(outs) != 1 || !outs[0].Released || outs[0].Abandoned || outs[0].LeaseLost || outs[0].Status != outbox.StatusPending {
+			t.Errorf("event %s: outcomes %+v while the publish is in flight, want one release", id, outs)
+		}
+	}
+	log.mu.Unlock()
 	for _, id := range ids {
 		if id == inFlight {
 			continue
 		}
-		if e := get(t, nil2store(t, pool), id); e.Status != outbox.StatusPending || e.Attempts != 0 || e.LockedBy != nil {
+		if e := get(t, client, id); e.Status != outbox.StatusPending || e.Attempts != 0 || e.LockedBy != nil {
 			t.Fatalf("unstarted event not released while the publish is in flight: %+v", e)
 		}
 	}
@@ -347,31 +277,70 @@ func TestStopReleasesUnstartedEvents(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
-	if e := get(t, nil2store(t, pool), inFlight); e.Status != outbox.StatusDelivered {
+	if e := get(t, client, inFlight); e.Status != outbox.StatusDelivered {
 		t.Fatalf("in-flight publish not recorded on stop: %+v", e)
 	}
 }
 
+// Stop records the outcome of a publish that was in flight when it began
+// and returned long before the stop timeout. Repeated, because the outcome
+// and the end of the stop race each other.
+func TestStopRecordsInFlightOutcome(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	for round := range 40 {
+		id := enqueueN(t, client, pool, 1)[0]
+		log := newOutcomeLog()
+		entered, release := make(chan struct{}), make(chan struct{})
+		d, err := client.NewDispatcher(testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
+			close(entered)
+			<-release
+			return nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		recv(t, "the publish", entered)
+		stopped := make(chan error, 1)
+		go func() { stopped <- d.Stop(ctx) }()
+		eventually(t, "the dispatcher stopping", func() bool { return !d.Health().Running })
+		close(release)
+		if err := recv(t, "the stop", stopped); err != nil {
+			t.Fatal(err)
+		}
+		log.mu.Lock()
+		outs := log.byID[id]
+		log.mu.Unlock()
+		if e := get(t, client, id); e.Status != outbox.StatusDelivered || len(outs) != 1 {
+			t.Fatalf("round %d: after Stop the in-flight publish's event is %s with outcomes %+v; want delivered and reported", round, e.Status, outs)
+		}
+	}
+}
+
 func TestTransactionalHandler(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	if _, err := pool.Exec(ctx, "CREATE TABLE consumed (event_id uuid NOT NULL, attempt int NOT NULL)"); err != nil {
 		t.Fatal(err)
 	}
-	ids := enqueueN(t, pool, 3)
-	log := newSettledLog()
-	startDispatcher(t, pool, testConfig(log), outbox.Publisher{Topic: testTopic,
-		HandleTx: func(ctx context.Context, tx pgx.Tx, m outbox.ClaimedMessage) error {
-			if _, err := tx.Exec(ctx, "INSERT INTO consumed VALUES ($1, $2)", m.ID, m.Attempts); err != nil {
+	ids := enqueueN(t, client, pool, 3)
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic,
+		HandleTx: func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO consumed VALUES ($1, $2)", d.ID, d.Attempt); err != nil {
 				return err
 			}
 			switch {
-			case m.ID == ids[1] && m.Attempts == 1:
+			case d.ID == ids[1] && d.Attempt == 1:
 				return errors.New("handler failed") // its insert must roll back
-			case m.ID == ids[2] && m.Attempts == 1:
-				// The lease ends before the handler commits: the ack in
-				// the same transaction fails and the insert rolls back.
-				if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = $1", m.ID); err != nil {
+			case d.ID == ids[2] && d.Attempt == 1:
+				// The lease ends before the handler commits: the delivered
+				// mark in the same transaction is refused and the insert
+				// rolls back.
+				if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = $1", d.ID); err != nil {
 					return err
 				}
 			}
@@ -379,14 +348,14 @@ func TestTransactionalHandler(t *testing.T) {
 		}})
 	// The expired attempt's lease-lost report and the reclaimed attempt's
 	// delivery race each other, so wait for both in either order.
-	log.waitFor(t, "3 deliveries and one lost lease", func(m map[uuid.UUID][]outbox.Settlement) bool {
+	log.waitFor(t, "3 deliveries and one lost lease", func(m map[uuid.UUID][]outbox.Outcome) bool {
 		delivered := 0
-		for _, sts := range m {
-			if slices.ContainsFunc(sts, func(st outbox.Settlement) bool { return !st.LeaseLost && st.Status == outbox.StatusDelivered }) {
+		for _, outs := range m {
+			if slices.ContainsFunc(outs, func(o outbox.Outcome) bool { return !o.LeaseLost && o.Status == outbox.StatusDelivered }) {
 				delivered++
 			}
 		}
-		return delivered == 3 && slices.ContainsFunc(m[ids[2]], func(st outbox.Settlement) bool { return st.LeaseLost })
+		return delivered == 3 && slices.ContainsFunc(m[ids[2]], func(o outbox.Outcome) bool { return o.LeaseLost })
 	})
 	for _, id := range ids {
 		var n, attempt int
@@ -400,52 +369,67 @@ func TestTransactionalHandler(t *testing.T) {
 }
 
 func TestDispatcherConfigValidation(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
-	var reg outbox.Publishers
-	noop := func(context.Context, outbox.ClaimedMessage) error { return nil }
-	if err := reg.Register(outbox.Publisher{Topic: testTopic, Publish: noop, Name: "chat"}); err != nil {
-		t.Fatal(err)
-	}
-	err := reg.Register(outbox.Publisher{Topic: testTopic, Publish: noop, Name: "billing"})
-	if !errors.Is(err, outbox.ErrDuplicatePublisher) || !strings.Contains(err.Error(), "chat") || !strings.Contains(err.Error(), "billing") {
+	client, tdb := newClient(t, outbox.Config{})
+	noop := func(context.Context, outbox.Delivery) error { return nil }
+	chat := outbox.Publisher{Topic: testTopic, Publish: noop, Name: "chat"}
+	_, err := client.NewDispatcher(outbox.DispatcherConfig{}, chat, outbox.Publisher{Topic: testTopic, Publish: noop, Name: "billing"})
+	if !errors.Is(err, outbox.ErrDuplicatePublisher) || !errors.Is(err, outbox.ErrInvalidConfig) ||
+		!strings.Contains(err.Error(), "chat") || !strings.Contains(err.Error(), "billing") {
 		t.Fatalf("duplicate publisher: %v", err)
 	}
-	if err := reg.Register(outbox.Publisher{Topic: outbox.Topic{Namespace: "x", Topic: "y"}}); err == nil {
-		t.Fatal("publisher without a function accepted")
+	badPubs := map[string]outbox.Publisher{
+		"without a function": {Topic: outbox.Topic{Namespace: "x", Topic: "y"}},
+		"with both functions": {Topic: outbox.Topic{Namespace: "x", Topic: "y"}, Publish: noop,
+			HandleTx: func(context.Context, pgx.Tx, outbox.Delivery) error { return nil }},
+		"with an invalid topic":          {Topic: outbox.Topic{Namespace: "X Y", Topic: "y"}, Publish: noop},
+		"with a negative concurrency":    {Topic: outbox.Topic{Namespace: "x", Topic: "y"}, Publish: noop, Concurrency: -1},
+		"above the dispatcher's workers": {Topic: outbox.Topic{Namespace: "x", Topic: "y"}, Publish: noop, Concurrency: 33},
+	}
+	for what, p := range badPubs {
+		if _, err := client.NewDispatcher(outbox.DispatcherConfig{}, chat, p); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("publisher %s: %v, want ErrInvalidConfig", what, err)
+		}
 	}
 	bad := []outbox.DispatcherConfig{
 		{LeaseDuration: 3 * time.Second, PollInterval: 2 * time.Second}, // poll > lease/3
 		{BatchSize: -1},
 		{LeaseDuration: 10 * time.Second, LeaseHeadroom: 10 * time.Second},
 		{Concurrency: -2},
-		{Store: outbox.Config{Schema: "bad schema"}},
+		{MaxAttempts: -1},
+		{Retry: outbox.RetryPolicy{BaseDelay: time.Minute, MaxDelay: time.Second}},
 	}
 	for _, cfg := range bad {
-		if _, err := outbox.NewDispatcher(tdb.Provider.Pool, &reg, cfg); err == nil {
-			t.Errorf("config %+v accepted", cfg)
+		if _, err := client.NewDispatcher(cfg, chat); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("config %+v: %v, want ErrInvalidConfig", cfg, err)
 		}
 	}
-	if _, err := outbox.NewDispatcher(tdb.Provider.Pool, &outbox.Publishers{}, outbox.DispatcherConfig{}); err == nil {
+	if _, err := outbox.New(nil, outbox.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("client without a driver: %v", err)
+	}
+	if _, err := outbox.New(outboxpg.New(tdb.Provider.Pool), outbox.Config{Schema: "bad schema"}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("client with a bad schema: %v", err)
+	}
+	if _, err := client.NewDispatcher(outbox.DispatcherConfig{}); err == nil {
 		t.Error("dispatcher without publishers accepted")
 	}
-	d, err := outbox.NewDispatcher(tdb.Provider.Pool, &reg, outbox.DispatcherConfig{})
+	d, err := client.NewDispatcher(outbox.DispatcherConfig{}, chat)
 	if err != nil {
 		t.Fatalf("zero config: %v", err)
 	}
-	if c := d.Config(); c.PollInterval > c.LeaseDuration/3 || c.BatchSize == 0 {
+	if c := d.Config(); c.PollInterval > c.LeaseDuration/3 || c.BatchSize == 0 || c.MaxAttempts != 10 ||
+		c.LeaseDuration != 30*time.Second || c.WorkerID == uuid.Nil || c.LeaseHeadroom <= 0 || c.LeaseHeadroom >= c.LeaseDuration {
 		t.Fatalf("defaults: %+v", c)
 	}
 }
 
 func TestDispatcherFailsFastWithoutTable(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	if _, err := pool.Exec(ctx, "DROP TABLE modkit_outbox_events"); err != nil {
 		t.Fatal(err)
 	}
-	var reg outbox.Publishers
-	reg.Register(outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.ClaimedMessage) error { return nil }})
-	d, err := outbox.NewDispatcher(pool, &reg, outbox.DispatcherConfig{Logger: quietLog})
+	d, err := client.NewDispatcher(outbox.DispatcherConfig{Logger: quietLog},
+		outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +437,5 @@ func TestDispatcherFailsFastWithoutTable(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "migrations") {
 		t.Fatalf("start without the table: %v", err)
 	}
-	d.Stop(ctx)
+	_ = d.Stop(ctx)
 }
-
-var _ = slog.Default

@@ -7,27 +7,29 @@
 // in batches under a lease, hands each to the Publisher that the owning
 // module registered for its (namespace, topic), and records the outcome:
 // delivered; retried with exponential backoff and equal jitter; or
-// dead-lettered after MaxAttempts.
+// dead-lettered after DispatcherConfig.MaxAttempts.
 //
 // # Example
 //
+//	client, err := outbox.New(outboxpg.New(pool), outbox.Config{}) // once per process
+//	err = client.Migrate(ctx)                                       // or run migrations/ with your own tool
+//
 //	// In the domain transaction:
-//	err := db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+//	err = db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, "UPDATE turns SET state = 'completed' WHERE id = $1", turnID); err != nil {
 //			return err
 //		}
-//		_, err := outbox.Enqueue(ctx, tx, outbox.Message{
+//		_, err := client.Enqueue(ctx, tx, outbox.Message{
 //			Namespace: "mini-chat", Topic: "usage_snapshot",
-//			TenantID: &tenantID, DedupeKey: outbox.Key(tenantID.String() + "/" + turnID.String() + "/" + requestID),
+//			TenantID: &tenantID, DedupeKey: outbox.Key(tenantID.String() + "/" + turnID.String()),
 //			Payload: payload,
 //		})
 //		return err
 //	})
 //
 //	// At start-up:
-//	var pubs outbox.Publishers
-//	pubs.Register(outbox.Publisher{Topic: outbox.Topic{Namespace: "mini-chat", Topic: "usage_snapshot"}, Publish: sendToBilling})
-//	d, err := outbox.NewDispatcher(pool, &pubs, outbox.DispatcherConfig{})
+//	d, err := client.NewDispatcher(outbox.DispatcherConfig{}, outbox.Publisher{
+//		Topic: outbox.Topic{Namespace: "mini-chat", Topic: "usage_snapshot"}, Publish: sendToBilling})
 //	err = d.Start(ctx) // … d.Stop(ctx) at shutdown
 //
 // # Guarantees
@@ -38,38 +40,51 @@
 //     dedupe_key) exists, enqueueing again inserts nothing and reports
 //     Enqueued.AlreadyEnqueued with the existing id, also under races. The
 //     dedupe window is the row's lifetime: delivered rows are purged after
-//     DispatcherConfig.Retention, after which the key can be used again.
+//     their topic's retention, after which the key can be used again.
 //   - At-least-once delivery: an event is published until a publisher
 //     returns nil and the outcome is recorded, or until it is dead. A crash
 //     at any point leads to redelivery after the lease expires, with the
 //     same ID and DedupeKey: consumers must be idempotent on them (or use
-//     HandleTx, below).
+//     Publisher.HandleTx, below).
 //   - Fencing: every claim issues a fresh lease token, and an outcome is
-//     recorded only if it carries the current token of an unexpired lease.
-//     A worker that stalled past its lease (GC pause, network partition)
-//     gets ErrLeaseLost and changes nothing; it never nacks an event that
-//     another worker now owns.
+//     recorded only with the current token of an unexpired lease. A worker
+//     that stalled past its lease (GC pause, network partition) changes
+//     nothing; it never settles an event that another worker now owns.
 //   - No double publishing under valid leases: claims use FOR UPDATE SKIP
 //     LOCKED, so replicas never hold the same event at once; publish
 //     contexts end LeaseHeadroom before the lease.
+//   - Topic isolation: each topic has its own limit of publishes in flight
+//     (Publisher.Concurrency). A publish that outlives its deadline is
+//     abandoned: its slot is freed and its event goes back without using
+//     an attempt; a topic whose every slot is held by abandoned publishes is
+//     paused until they return, and Dispatcher.Health reports it. Other
+//     topics are not affected.
 //   - Exhausted events end dead, never stuck: a worker that dies on the last
 //     allowed attempt leaves the row processing with attempts =
-//     max_attempts, which no claim picks up; the dispatcher's sweep moves it
-//     to dead with a last_error saying so.
+//     max_attempts, which no claim picks up; the topic's maintenance moves
+//     it to dead with a last_error saying so.
+//   - Maintenance (that sweep, the purge of delivered events after each
+//     topic's retention, the depth gauges) runs for each topic on one
+//     dispatcher at a time, elected through a lease row in the database.
 //   - Exactly-once effects for consumers in the same database: a Publisher
-//     with HandleTx gets a transaction in which its writes and the ack
-//     commit together.
-//   - All times (next_attempt_at, leases) come from the database clock.
+//     with HandleTx gets a transaction in which its writes and the
+//     delivered mark commit together.
+//   - All times (next_attempt_at, leases, retention) come from the database
+//     clock (Config.Now replaces it in tests).
 //
 // # Failure modes
 //
 //   - Database unavailable: claims and outcome writes are retried with
-//     capped backoff; events whose outcomes could not be recorded before
-//     their lease ended are delivered again.
+//     capped backoff, and Health reports failing claims; events whose
+//     outcomes could not be recorded before their lease ended are delivered
+//     again.
 //   - Lost notifications: LISTEN is only a wake-up. Polling every
 //     PollInterval always runs, and a lost LISTEN connection is re-opened.
 //   - Publisher panics are recovered, logged with a stack, and count as a
 //     failed attempt.
+//   - A publisher that ignores its context: see topic isolation above. Its
+//     goroutines are left running (at most twice its Concurrency) and
+//     counted in Health.Abandoned and the outbox.publish.abandoned metric.
 //   - Errors stored in last_error and logged are stripped of credentials
 //     (Authorization headers, bearer tokens, passwords in URLs) and
 //     truncated (Config.ErrorMaxLen).
@@ -82,7 +97,25 @@
 //
 // # Operations
 //
-// Store has Stats, ListDead, ReplayDead, PurgeDelivered and SweepExhausted.
-// The dispatcher exports OpenTelemetry metrics through the global
-// MeterProvider (see MeterName).
+// Client.Admin has Stats, List (pending, dead, … with filters and paging),
+// Get, ReplayDead (by id or filter) and Purge. Dispatcher.Health says
+// whether a dispatcher is degraded and why.
+//
+// The dispatcher reports OpenTelemetry metrics through the global
+// MeterProvider, scope "github.com/modkit-go/modkit/modkit/outbox":
+//
+//	outbox.events.delivered, .retried, .dead, .released, .lease_lost   counters, by namespace and topic
+//	outbox.publish.abandoned                                          counter, by namespace and topic
+//	outbox.publish.duration, outbox.delivery.lag                      histograms, seconds
+//	outbox.claim.errors, outbox.listener.reconnects                   counters
+//	outbox.pending.depth, outbox.processing.depth, outbox.dead.count,
+//	outbox.pending.oldest_age                                         gauges by namespace and topic, from the
+//	                                                                  dispatcher maintaining the topic, every SweepInterval
+//	outbox.dispatcher.degraded                                        gauge, 1 while Health is degraded
+//
+// # Engines
+//
+// The client talks to its database through a driver (package
+// modkit/outbox/driver); outboxpg is the PostgreSQL one. Enqueues run
+// through the caller's own transaction whatever library opened it.
 package outbox

@@ -14,16 +14,16 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 func TestEnqueueThroughEveryRunner(t *testing.T) {
-	s, tdb := newStore(t, outbox.Config{})
+	c, tdb := newClient(t, outbox.Config{})
 	p := tdb.Provider
 	type txKind struct {
 		name  string
@@ -67,7 +67,7 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 				r, commit, rollback := k.begin()
 				m := keyed(1, tenant.String()+"/"+k.name+"/"+finish)
 				m.TenantID = &tenant
-				res, err := s.Enqueue(ctx, r, m)
+				res, err := c.Enqueue(ctx, r, m)
 				if err != nil || res.AlreadyEnqueued || res.ID == uuid.Nil {
 					t.Fatalf("enqueue: %+v %v", res, err)
 				}
@@ -86,7 +86,7 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 				if err := commit(); err != nil {
 					t.Fatal(err)
 				}
-				e := get(t, s, res.ID)
+				e := get(t, c, res.ID)
 				// Seed 004 §3: the row's initial state.
 				if e.Status != outbox.StatusPending || e.Attempts != 0 || e.LockedBy != nil || e.LockedUntil != nil ||
 					e.LastError != nil || !e.NextAttemptAt.Equal(e.CreatedAt) || *e.TenantID != tenant ||
@@ -98,7 +98,7 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 	}
 	// Connections (autocommit) work too.
 	for name, r := range map[string]db.Runner{"pool": p.Pool, "*sql.DB": p.SQL, "*bun.DB": p.Bun} {
-		res, err := outbox.Enqueue(ctx, r, msg(2))
+		res, err := c.Enqueue(ctx, r, msg(2))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -106,32 +106,35 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 			t.Fatalf("%s: row not visible", name)
 		}
 	}
-	if _, err := outbox.Enqueue(ctx, "not a runner", msg(3)); !errors.Is(err, db.ErrUnsupportedRunner) {
+	if _, err := c.Enqueue(ctx, "not a runner", msg(3)); !errors.Is(err, db.ErrUnsupportedRunner) {
 		t.Fatalf("unsupported runner: %v", err)
 	}
 }
 
 func TestEnqueueDedupe(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	first, err := outbox.Enqueue(ctx, pool, keyed(1, "k1"))
+	first, err := c.Enqueue(ctx, pool, keyed(1, "k1"))
 	if err != nil || first.AlreadyEnqueued {
 		t.Fatalf("first: %+v %v", first, err)
 	}
-	second, err := outbox.Enqueue(ctx, pool, keyed(2, "k1"))
+	second, err := c.Enqueue(ctx, pool, keyed(2, "k1"))
 	if err != nil || !second.AlreadyEnqueued || second.ID != first.ID {
 		t.Fatalf("second: %+v %v, want AlreadyEnqueued with id %s", second, err, first.ID)
 	}
 	// The key is scoped by namespace and topic.
 	other := keyed(3, "k1")
 	other.Topic = "other"
-	third, err := outbox.Enqueue(ctx, pool, other)
+	third, err := c.Enqueue(ctx, pool, other)
 	if err != nil || third.AlreadyEnqueued {
 		t.Fatalf("other topic: %+v %v", third, err)
 	}
 	// Without a key, nothing is deduplicated.
-	outbox.Enqueue(ctx, pool, msg(4))
-	outbox.Enqueue(ctx, pool, msg(4))
+	for range 2 {
+		if res, err := c.Enqueue(ctx, pool, msg(4)); err != nil || res.AlreadyEnqueued {
+			t.Fatalf("unkeyed: %+v %v", res, err)
+		}
+	}
 	if n := countRows(t, pool, "true"); n != 4 {
 		t.Fatalf("%d rows, want 4", n)
 	}
@@ -140,7 +143,7 @@ func TestEnqueueDedupe(t *testing.T) {
 // Seed 004 §6: a producer that loses an idempotency race observes "already
 // enqueued" and no duplicate row is inserted.
 func TestEnqueueDedupeRace(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	const n = 50
 	var wg sync.WaitGroup
@@ -154,7 +157,7 @@ func TestEnqueueDedupeRace(t *testing.T) {
 			<-start
 			errs[i] = db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
 				var err error
-				results[i], err = outbox.Enqueue(ctx, tx, keyed(i, "race"))
+				results[i], err = c.Enqueue(ctx, tx, keyed(i, "race"))
 				return err
 			})
 		}()
@@ -182,7 +185,7 @@ func TestEnqueueDedupeRace(t *testing.T) {
 }
 
 func TestEnqueueValidation(t *testing.T) {
-	s, tdb := newStore(t, outbox.Config{MaxPayloadBytes: 100})
+	client, tdb := newClient(t, outbox.Config{MaxPayloadBytes: 100})
 	pool := tdb.Provider.Pool
 	tenant := uuid.MustParse("0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65")
 	with := func(f func(*outbox.Message)) outbox.Message {
@@ -229,14 +232,14 @@ func TestEnqueueValidation(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := s.Enqueue(ctx, pool, c.msg)
+			_, err := client.Enqueue(ctx, pool, c.msg)
 			var ve *outbox.ValidationError
 			if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.Is(err, c.kind) || !errors.As(err, &ve) || ve.Field != c.field {
 				t.Fatalf("want %v on %s, got %v", c.kind, c.field, err)
 			}
 			// The batch path rejects it too, naming its index, and writes
 			// none of the batch.
-			_, err = s.EnqueueBatch(ctx, pool, []outbox.Message{msg(0), c.msg})
+			_, err = client.EnqueueBatch(ctx, pool, []outbox.Message{msg(0), c.msg})
 			if !errors.As(err, &ve) || ve.Index != 1 || !errors.Is(err, c.kind) {
 				t.Fatalf("batch: want %v at index 1, got %v", c.kind, err)
 			}
@@ -254,16 +257,16 @@ func TestEnqueueValidation(t *testing.T) {
 	} {
 		m := keyed(i, key)
 		m.TenantID = &tenant
-		if _, err := s.Enqueue(ctx, pool, m); err != nil {
+		if _, err := client.Enqueue(ctx, pool, m); err != nil {
 			t.Errorf("key %q: %v", key, err)
 		}
 	}
 }
 
 func TestEnqueueBatch(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	existing, err := outbox.Enqueue(ctx, pool, keyed(0, "k-0"))
+	existing, err := c.Enqueue(ctx, pool, keyed(0, "k-0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +275,7 @@ func TestEnqueueBatch(t *testing.T) {
 	msgs[4].TenantID = &tenant
 	var res []outbox.Enqueued
 	err = db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
-		res, err = outbox.EnqueueBatch(ctx, tx, msgs)
+		res, err = c.EnqueueBatch(ctx, tx, msgs)
 		return err
 	})
 	if err != nil {
@@ -293,12 +296,12 @@ func TestEnqueueBatch(t *testing.T) {
 	if n := countRows(t, pool, "true"); n != 4 {
 		t.Fatalf("%d rows, want 4", n)
 	}
-	if e := get(t, nil2store(t, pool), res[4].ID); e.TenantID == nil || *e.TenantID != tenant {
+	if e := get(t, c, res[4].ID); e.TenantID == nil || *e.TenantID != tenant {
 		t.Fatalf("tenant not stored: %+v", e)
 	}
 	// Rolled back batches leave nothing.
 	_ = db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := outbox.EnqueueBatch(ctx, tx, []outbox.Message{msg(6), msg(7)}); err != nil {
+		if _, err := c.EnqueueBatch(ctx, tx, []outbox.Message{msg(6), msg(7)}); err != nil {
 			return err
 		}
 		return sql.ErrTxDone
@@ -308,78 +311,226 @@ func TestEnqueueBatch(t *testing.T) {
 	}
 }
 
-func nil2store(t *testing.T, pool *pgxpool.Pool) *outbox.Store {
-	t.Helper()
-	s, err := outbox.NewStore(pool, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// Enqueue announces new events on NotifyChannel; DisableNotify stays quiet.
-// Notifications arrive in commit order, so the quiet enqueue, committed
-// first, would have been seen first.
+// Enqueue announces new events on outboxpg.NotifyChannel; DisableNotify
+// stays quiet, and a client sends at most one NOTIFY per topic per
+// NotifyInterval. Notifications arrive in commit order, so an enqueue that
+// wrongly notified would be seen before the ones after it.
 func TestEnqueueNotifies(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
 	conn, err := pgx.Connect(ctx, tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LISTEN "+outbox.NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
 		t.Fatal(err)
 	}
-	quiet, err := outbox.NewProducer(outbox.Config{DisableNotify: true})
-	if err != nil {
+	quiet := clientOn(t, pool, outbox.Config{DisableNotify: true})
+	if _, err := quiet.Enqueue(ctx, pool, msg(1)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := quiet.Enqueue(ctx, tdb.Provider.Pool, msg(1)); err != nil {
+	if _, err := quiet.EnqueueBatch(ctx, pool, []outbox.Message{msg(2), msg(3)}); err != nil {
 		t.Fatal(err)
 	}
-	loud := outbox.Message{Namespace: "loud", Topic: "t", Payload: json.RawMessage(`1`)}
-	if _, err := outbox.Enqueue(ctx, tdb.Provider.Pool, loud); err != nil {
+	// An interval no test outlasts: the gate, not the clock, decides.
+	loud := clientOn(t, pool, outbox.Config{NotifyInterval: time.Hour})
+	topic := func(name string) outbox.Message {
+		return outbox.Message{Namespace: "loud", Topic: name, Payload: json.RawMessage(`1`)}
+	}
+	for _, m := range []outbox.Message{topic("t"), topic("t"), topic("u")} {
+		if _, err := loud.Enqueue(ctx, pool, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A batch announces each of its topics once; topics already announced
+	// within the interval stay quiet.
+	if _, err := loud.EnqueueBatch(ctx, pool, []outbox.Message{topic("v"), topic("t"), topic("v"), topic("w")}); err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	// A marker from a client of its own closes the sequence.
+	if _, err := clientOn(t, pool, outbox.Config{}).Enqueue(ctx, pool, topic("end")); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, guard)
 	defer cancel()
-	n, err := conn.WaitForNotification(wctx)
-	if err != nil {
-		t.Fatal(err)
+	var got []string
+	for len(got) == 0 || got[len(got)-1] != "loud:end" {
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		if n.Channel != outboxpg.NotifyChannel {
+			t.Fatalf("notification on %q", n.Channel)
+		}
+		got = append(got, n.Payload)
 	}
-	if n.Channel != outbox.NotifyChannel || n.Payload != "loud:t" {
-		t.Fatalf("notification %q on %q, want \"loud:t\" (the quiet enqueue must not notify)", n.Payload, n.Channel)
+	want := []string{"loud:t", "loud:u", "loud:v", "loud:w", "loud:end"}
+	if len(got) == len(want) {
+		slices.Sort(got[2:4]) // one statement announces v and w, in no set order
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("notifications %q, want %q (the quiet client and repeats within the interval must not notify)", got, want)
 	}
 }
 
+// A client works in the schema of its Config: Client.Migrate creates the
+// tables there, enqueues, dispatchers (claims, outcomes, maintenance
+// leases) and Admin use them, and nothing touches public. A client without
+// a Schema uses public whatever the connection's search_path.
 func TestStoreInSchema(t *testing.T) {
 	tdb := pgtest.NewDB(t)
 	pool := tdb.Provider.Pool
-	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "tenant_outbox", Logger: quietLog})
+	c := clientOn(t, pool, outbox.Config{Schema: "tenant_outbox", Logger: quietLog})
+	// Before Migrate, enqueues fail and say what to do.
+	if _, err := c.Enqueue(ctx, pool, msg(0)); err == nil ||
+		!strings.Contains(err.Error(), `"tenant_outbox"`) || !strings.Contains(err.Error(), "Client.Migrate") {
+		t.Fatalf("enqueue into an unmigrated schema: %v", err)
+	}
+	for range 2 { // migrating an up-to-date schema does nothing
+		if err := c.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	countIn := func(schema, table string) int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, table}.Sanitize()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	res, err := c.Enqueue(ctx, pool, msg(1))
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	s, err := outbox.NewStore(pool, outbox.Config{Schema: "tenant_outbox"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Enqueue(ctx, pool, msg(1)); err != nil {
 		t.Fatal(err)
 	}
 	if n := countRows(t, pool, "true"); n != 0 {
-		t.Fatal("schema store wrote into the search_path table")
+		t.Fatal("the schema client wrote into public")
 	}
-	got := mustClaim(t, s, claimCfg(10))
-	if len(got) != 1 || s.Ack(ctx, got[0]) != nil {
-		t.Fatalf("claim/ack in schema: %+v", got)
+	if n := countIn("tenant_outbox", outboxpg.TableName); n != 1 {
+		t.Fatalf("%d rows in the schema's table, want 1", n)
 	}
-	for _, bad := range []string{"x; DROP TABLE y", `a"b`, "9x"} {
-		if _, err := outbox.NewStore(pool, outbox.Config{Schema: bad}); !errors.Is(err, db.ErrInvalidSchema) {
+
+	log := newOutcomeLog()
+	d, err := c.NewDispatcher(testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	maintained := make(chan []string, 1)
+	outbox.OnMaintenance(d, func(held []string) {
+		select {
+		case maintained <- held:
+		default:
+		}
+	})
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	log.waitFor(t, "delivery in the schema", finalCount(outbox.StatusDelivered, 1))
+	if e := get(t, c, res.ID); e.Status != outbox.StatusDelivered {
+		t.Fatalf("event after delivery: %+v", e)
+	}
+	st, err := c.Admin().Stats(ctx)
+	if err != nil || st.Total.Delivered != 1 || len(st.Topics) != 1 {
+		t.Fatalf("stats in the schema: %+v %v", st, err)
+	}
+	select {
+	case held := <-maintained:
+		if !slices.Equal(held, []string{"maintenance:test:events"}) {
+			t.Fatalf("maintenance held %q", held)
+		}
+	case <-time.After(guard):
+		t.Fatal("no maintenance pass")
+	}
+	// The lease lives in the schema too (the dispatcher holds it until it
+	// stops).
+	if n := countIn("tenant_outbox", outboxpg.LeadersTableName); n != 1 {
+		t.Fatalf("%d maintenance leases in the schema, want 1", n)
+	}
+	if n := countIn("public", outboxpg.LeadersTableName); n != 0 {
+		t.Fatalf("%d maintenance leases in public, want 0", n)
+	}
+
+	// No search_path fallback: the default client writes public even when
+	// the caller's transaction looks elsewhere first.
+	err = db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO tenant_outbox"); err != nil {
+			return err
+		}
+		_, err := clientOn(t, pool, outbox.Config{}).Enqueue(ctx, tx, msg(2))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, pool, "true"); n != 1 {
+		t.Fatalf("%d rows in public, want 1", n)
+	}
+	if n := countIn("tenant_outbox", outboxpg.TableName); n != 1 {
+		t.Fatalf("%d rows in the schema's table, want still 1", n)
+	}
+
+	for _, bad := range []string{"x; DROP TABLE y", `a"b`, "9x", "pg_x"} {
+		if _, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: bad}); !errors.Is(err, db.ErrInvalidSchema) || !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Errorf("schema %q: %v", bad, err)
 		}
+	}
+}
+
+// New validates its arguments before doing anything; every refusal
+// matches ErrInvalidConfig.
+func TestNewClientConfigErrors(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	for name, try := range map[string]func() (*outbox.Client, error){
+		"nil driver": func() (*outbox.Client, error) { return outbox.New(nil, outbox.Config{}) },
+		"nil pool":   func() (*outbox.Client, error) { return outbox.New(outboxpg.New(nil), outbox.Config{}) },
+		"negative payload limit": func() (*outbox.Client, error) {
+			return outbox.New(outboxpg.New(pool), outbox.Config{MaxPayloadBytes: -1})
+		},
+		"short error limit": func() (*outbox.Client, error) { return outbox.New(outboxpg.New(pool), outbox.Config{ErrorMaxLen: 63}) },
+		"negative interval": func() (*outbox.Client, error) {
+			return outbox.New(outboxpg.New(pool), outbox.Config{NotifyInterval: -time.Millisecond})
+		},
+	} {
+		if c, err := try(); !errors.Is(err, outbox.ErrInvalidConfig) || c != nil {
+			t.Errorf("%s: %v, %v; want ErrInvalidConfig", name, c, err)
+		}
+	}
+	if _, err := outbox.New(outboxpg.New(pool), outbox.Config{ErrorMaxLen: 64}); err != nil {
+		t.Errorf("the smallest ErrorMaxLen: %v", err)
+	}
+}
+
+// The default payload limit is 1 MiB.
+func TestPayloadLimitDefault(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	body := func(size int) outbox.Message {
+		m := msg(0)
+		m.Payload = json.RawMessage(`"` + strings.Repeat("x", size-2) + `"`)
+		return m
+	}
+	res, err := c.Enqueue(ctx, pool, body(1<<20))
+	if err != nil {
+		t.Fatalf("1 MiB payload: %v", err)
+	}
+	if e := get(t, c, res.ID); len(e.Payload) != 1<<20 {
+		t.Fatalf("stored %d bytes, want %d", len(e.Payload), 1<<20)
+	}
+	if _, err := c.Enqueue(ctx, pool, body(1<<20+1)); !errors.Is(err, outbox.ErrPayloadTooLarge) {
+		t.Fatalf("1 MiB + 1 payload: %v, want ErrPayloadTooLarge", err)
+	}
+	if _, err := c.EnqueueBatch(ctx, pool, []outbox.Message{msg(1), body(1<<20 + 1)}); !errors.Is(err, outbox.ErrPayloadTooLarge) {
+		t.Fatalf("1 MiB + 1 payload in a batch: %v, want ErrPayloadTooLarge", err)
+	}
+	if n := countRows(t, pool, "true"); n != 1 {
+		t.Fatalf("%d rows, want 1", n)
 	}
 }
 
@@ -388,7 +539,7 @@ func TestStoreInSchema(t *testing.T) {
 // results are the same, duplicates name the original rows, a fallback inside
 // a transaction leaves it usable, and a rolled-back batch leaves nothing.
 func TestEnqueueBatchLarge(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	batch := func(prefix string, from, to int) []outbox.Message {
 		var msgs []outbox.Message
@@ -416,13 +567,13 @@ func TestEnqueueBatchLarge(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			first := batch(name, 0, 200)
 			var res1, res2 []outbox.Enqueued
-			if err := run(func(r db.Runner) (err error) { res1, err = outbox.EnqueueBatch(ctx, r, first); return }); err != nil {
+			if err := run(func(r db.Runner) (err error) { res1, err = c.EnqueueBatch(ctx, r, first); return }); err != nil {
 				t.Fatal(err)
 			}
 			// Half old keys, half new: the COPY must fail and the INSERT
 			// sort them out.
 			second := batch(name, 100, 300)
-			if err := run(func(r db.Runner) (err error) { res2, err = outbox.EnqueueBatch(ctx, r, second); return }); err != nil {
+			if err := run(func(r db.Runner) (err error) { res2, err = c.EnqueueBatch(ctx, r, second); return }); err != nil {
 				t.Fatal(err)
 			}
 			for i, r := range res1 {
@@ -449,7 +600,7 @@ func TestEnqueueBatchLarge(t *testing.T) {
 	}
 	// A rolled-back COPY leaves nothing.
 	err := db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := outbox.EnqueueBatch(ctx, tx, batch("rolled-back", 0, 100)); err != nil {
+		if _, err := c.EnqueueBatch(ctx, tx, batch("rolled-back", 0, 100)); err != nil {
 			return err
 		}
 		return sql.ErrTxDone

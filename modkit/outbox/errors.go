@@ -12,12 +12,21 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // The specific validation failures; each also matches ErrInvalidMessage.
 var (
+	// ErrInvalidNamespace: Namespace is empty, too long or has characters
+	// outside lower-case ASCII letters, digits, '.', '_' and '-'.
 	ErrInvalidNamespace = errors.New("outbox: invalid namespace")
-	ErrInvalidTopic     = errors.New("outbox: invalid topic")
-	ErrInvalidPayload   = errors.New("outbox: invalid payload")
-	ErrPayloadTooLarge  = errors.New("outbox: payload too large")
+	// ErrInvalidTopic: Topic breaks the same rule as a namespace.
+	ErrInvalidTopic = errors.New("outbox: invalid topic")
+	// ErrInvalidPayload: the payload is empty, not JSON, or JSON that
+	// PostgreSQL's jsonb refuses (\u0000, unpaired surrogates, numbers out
+	// of range).
+	ErrInvalidPayload = errors.New("outbox: invalid payload")
+	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
+	ErrPayloadTooLarge = errors.New("outbox: payload too large")
+	// ErrInvalidDedupeKey: the key is empty, blank, too long or not UTF-8.
 	ErrInvalidDedupeKey = errors.New("outbox: invalid dedupe key")
-	ErrInvalidTenant    = errors.New("outbox: invalid tenant id")
+	// ErrInvalidTenant: TenantID is the nil UUID.
+	ErrInvalidTenant = errors.New("outbox: invalid tenant id")
 	// ErrTenantMismatch: the message has both a tenant id and a dedupe key,
 	// and the key does not begin with that tenant id followed by "/".
 	ErrTenantMismatch = errors.New("outbox: dedupe key does not belong to the tenant")
@@ -43,17 +52,26 @@ func (e *ValidationError) Error() string {
 // Unwrap lets errors.Is match both ErrInvalidMessage and the specific kind.
 func (e *ValidationError) Unwrap() []error { return []error{ErrInvalidMessage, e.Kind} }
 
-// ErrLeaseLost is returned by Ack, Nack, Release and Complete when the caller
-// no longer holds the event's lease: the lease expired (and perhaps another
-// worker reclaimed the event), or the event was already completed. Nothing
-// was changed. The right reaction is to log it and move on: never nack an
-// event whose ack failed this way — whoever holds it now decides its fate.
-var ErrLeaseLost = errors.New("outbox: lease lost: the event is no longer leased to this worker (lease expired or event already completed); nothing was changed")
+// ErrInvalidConfig matches every error of New, NewDispatcher and the
+// Publisher checks caused by a bad setting; the message names the field and
+// what it must be. Nothing was started.
+var ErrInvalidConfig = errors.New("outbox: invalid configuration")
 
-// ErrNoTopics is returned by ClaimBatch when ClaimConfig.Topics is empty: a
-// claimer must say which (namespace, topic) pairs it can publish, so that it
-// never takes another service's events.
-var ErrNoTopics = errors.New("outbox: ClaimConfig.Topics is empty: list the (namespace, topic) pairs this worker publishes")
+// ErrDuplicatePublisher is returned when two publishers claim the same
+// (namespace, topic). It also matches ErrInvalidConfig.
+var ErrDuplicatePublisher = fmt.Errorf("%w: two publishers for one topic", ErrInvalidConfig)
+
+// ErrNotFound is returned by Admin.Get for an unknown event id.
+var ErrNotFound = errors.New("outbox: event not found")
+
+// ErrInvalidCursor is returned by Admin.List for an EventFilter.After it did
+// not produce.
+var ErrInvalidCursor = errors.New("outbox: invalid page cursor: pass EventPage.NextPage unchanged")
+
+// errLeaseLost: the worker no longer held the event's lease when its
+// outcome was recorded (it expired, and perhaps another worker reclaimed
+// the event). Nothing was changed.
+var errLeaseLost = errors.New("outbox: lease lost: the event is no longer leased to this worker; nothing was changed")
 
 // permanentError marks a publish failure that retrying cannot fix.
 type permanentError struct{ err error }

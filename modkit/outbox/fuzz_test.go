@@ -23,6 +23,8 @@ import (
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // fuzzPayloadLimit keeps fuzzed payloads small, and lets the corpus reach
@@ -39,7 +41,7 @@ const fuzzPayloadLimit = 4096
 func FuzzMessageValidation(f *testing.F) {
 	tdb := pgtest.NewDB(f)
 	pool := tdb.Provider.Pool
-	producer, err := outbox.NewProducer(outbox.Config{MaxPayloadBytes: fuzzPayloadLimit, DisableNotify: true})
+	client, err := outbox.New(outboxpg.New(pool), outbox.Config{MaxPayloadBytes: fuzzPayloadLimit, DisableNotify: true})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -97,7 +99,7 @@ func FuzzMessageValidation(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		res, err := producer.Enqueue(ctx, tx, m)
+		res, err := client.Enqueue(ctx, tx, m)
 		if err != nil {
 			var ve *outbox.ValidationError
 			if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &ve) || !errors.Is(err, ve.Kind) {
@@ -108,7 +110,7 @@ func FuzzMessageValidation(f *testing.F) {
 			if n := countIn(t, tx); n != 0 {
 				t.Fatalf("%d rows written by a rejected message", n)
 			}
-			_, berr := producer.EnqueueBatch(ctx, tx, []outbox.Message{msg(0), m})
+			_, berr := client.EnqueueBatch(ctx, tx, []outbox.Message{msg(0), m})
 			if !errors.As(berr, &ve) || ve.Index != 1 || !errors.Is(berr, outbox.ErrInvalidMessage) {
 				t.Fatalf("batch: %v, want a validation error at index 1", berr)
 			}
@@ -212,7 +214,7 @@ func equalJSON(a, b any) bool {
 // rejected with ErrInvalidPayload before any SQL runs, leaving the caller's
 // transaction usable; one it stores must be accepted.
 func TestPayloadValidationMatchesJSONB(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	zeros := strings.Repeat("0", 16383)
 	for _, payload := range []string{
@@ -231,7 +233,7 @@ func TestPayloadValidationMatchesJSONB(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = outbox.Enqueue(ctx, tx, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(payload)})
+		_, err = c.Enqueue(ctx, tx, outbox.Message{Namespace: "n", Topic: "t", Payload: json.RawMessage(payload)})
 		switch {
 		case serverErr == nil && err != nil:
 			t.Errorf("%.60q: jsonb stores it but Enqueue refused it: %v", payload, err)
@@ -257,10 +259,11 @@ var safeIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // FuzzSchemaName checks the configurable identifiers: a schema (or
 // migrations table) name is accepted or refused consistently by
-// db.ValidateSchema, outbox.Config and db.MigratorConfig; refusals are
-// ErrInvalidSchema; accepted names are plain identifiers, and migrating
-// and using an outbox in such a schema touches exactly that schema, as
-// named (quoted, so case-sensitive), never another one.
+// db.ValidateSchema, outbox.New (Config.Schema) and db.MigratorConfig;
+// refusals are ErrInvalidSchema (and, from outbox.New, ErrInvalidConfig);
+// accepted names are plain identifiers, and migrating and using an outbox
+// in such a schema touches exactly that schema, as named (quoted, so
+// case-sensitive), never another one.
 func FuzzSchemaName(f *testing.F) {
 	tdb := pgtest.NewDB(f)
 	pool := tdb.Provider.Pool
@@ -273,10 +276,10 @@ func FuzzSchemaName(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, name string) {
 		verr := db.ValidateSchema(name)
-		_, perr := outbox.NewProducer(outbox.Config{Schema: name})
+		_, perr := outbox.New(outboxpg.New(pool), outbox.Config{Schema: name})
 		_, merr := db.NewMigrator(pool, db.MigratorConfig{Schema: name})
 		_, terr := db.NewMigrator(pool, db.MigratorConfig{Table: name})
-		if name == "" { // the defaults: search_path, public, the standard table
+		if name == "" { // the defaults: public, the standard table
 			if perr != nil || merr != nil || terr != nil {
 				t.Fatalf("empty name: %v / %v / %v", perr, merr, terr)
 			}
@@ -288,6 +291,9 @@ func FuzzSchemaName(f *testing.F) {
 				if !errors.Is(err, db.ErrInvalidSchema) {
 					t.Fatalf("%q refused by ValidateSchema but %s gives %v", name, what, err)
 				}
+			}
+			if !errors.Is(perr, outbox.ErrInvalidConfig) {
+				t.Fatalf("%q: outbox.New gives %v, want ErrInvalidConfig", name, perr)
 			}
 			return
 		}
@@ -304,9 +310,11 @@ func FuzzSchemaName(f *testing.F) {
 	})
 }
 
-// useSchema migrates a new schema called name, enqueues, claims and acks an
-// event through a Store configured with it, checks that the event lives in
-// that schema's table and nowhere else, and drops the schema. Schemas that
+// useSchema migrates a new schema called name with Client.Migrate,
+// enqueues an event through a Client configured with it, claims and
+// delivers it through the driver in that schema, checks through the
+// client's Admin that it is delivered, and that the event lives in that
+// schema's table and nowhere else; then drops the schema. Schemas that
 // already exist (public, the catalogs) are left alone.
 func useSchema(t *testing.T, pool *pgxpool.Pool, name string) {
 	t.Helper()
@@ -322,27 +330,22 @@ func useSchema(t *testing.T, pool *pgxpool.Pool, name string) {
 			t.Errorf("drop schema %q: %v", name, err)
 		}
 	})
-	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: name, Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
+	c := clientOn(t, pool, outbox.Config{Schema: name, DisableNotify: true})
+	if err := c.Migrate(ctx); err != nil {
 		t.Fatalf("migrate schema %q: %v", name, err)
 	}
-	s, err := outbox.NewStore(pool, outbox.Config{Schema: name, DisableNotify: true})
+	res, err := c.Enqueue(ctx, pool, keyed(1, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Enqueue(ctx, pool, keyed(1, name))
-	if err != nil {
-		t.Fatal(err)
+	st := admStore(t, pool, name, nil)
+	got := admClaim(t, st, 10)
+	if len(got) != 1 || got[0].ID != res.ID {
+		t.Fatalf("claim in schema %q: %+v", name, got)
 	}
-	got, err := s.ClaimBatch(ctx, claimCfg(10))
-	if err != nil || len(got) != 1 || got[0].ID != res.ID {
-		t.Fatalf("claim in schema %q: %+v %v", name, got, err)
-	}
-	if err := s.Ack(ctx, got[0]); err != nil {
-		t.Fatal(err)
+	admSettle(t, st, driver.Delivered, "", got...)
+	if e := get(t, c, res.ID); e.Status != outbox.StatusDelivered {
+		t.Fatalf("event in schema %q: %+v", name, e)
 	}
 	// Find the event in every outbox table of the database.
 	rows, err := pool.Query(ctx, `SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

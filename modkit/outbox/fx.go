@@ -7,14 +7,17 @@ import (
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/lifecycle"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
-// Module runs a Dispatcher in an fx app. It takes the *db.Provider (from
-// db.Module), every Publisher in the PublisherGroup value group, and an
-// optional DispatcherConfig and *slog.Logger from the graph. The dispatcher
-// starts with the app (the start waits until it is ready) and stops with it;
-// if it fails on its own, it asks the app to shut down. It provides the
-// *Dispatcher, whose Store serves admin calls.
+// Module wires the outbox into an fx app. It takes the *db.Provider (from
+// db.Module), every Publisher provided with AsPublisher, and optionally a
+// Config, a DispatcherConfig and a *slog.Logger from the graph. It provides
+// the *Client (for enqueues and Admin) and a *Dispatcher for the
+// publishers, which starts with the app (the start waits until it is ready)
+// and stops with it; if it fails on its own, it asks the app to shut down.
+// With no publisher registered the *Dispatcher is nil and nothing runs: a
+// service that only enqueues includes Module all the same.
 //
 // A module contributes a publisher like this:
 //
@@ -22,37 +25,47 @@ import (
 //		return outbox.Publisher{Topic: outbox.Topic{Namespace: "mini-chat", Topic: "usage_snapshot"}, Publish: deps.Send}
 //	}))
 var Module = fx.Module("modkit-outbox",
-	fx.Provide(newFxDispatcher),
+	fx.Provide(newFxClient, newFxDispatcher),
 	fx.Invoke(func(lc fx.Lifecycle, sd fx.Shutdowner, d *Dispatcher) {
-		lifecycle.HookWithShutdown(lc, sd, d.Task())
+		if d != nil {
+			lifecycle.HookWithShutdown(lc, sd, d.Task())
+		}
 	}),
 )
 
-// AsPublisher annotates a constructor returning a Publisher so that fx adds
-// its result to the PublisherGroup.
+const publisherGroup = "outbox_publishers"
+
+// AsPublisher annotates a constructor returning a Publisher so that Module
+// collects it.
 func AsPublisher(constructor any) any {
-	return fx.Annotate(constructor, fx.ResultTags(`group:"`+PublisherGroup+`"`))
+	return fx.Annotate(constructor, fx.ResultTags(`group:"`+publisherGroup+`"`))
 }
 
-// FxParams is what Module takes from the graph.
-type FxParams struct {
+type fxClientParams struct {
 	fx.In
-	DB         *db.Provider
-	Publishers []Publisher      `group:"outbox_publishers"`
-	Config     DispatcherConfig `optional:"true"`
-	Logger     *slog.Logger     `optional:"true"`
+	DB     *db.Provider
+	Config Config       `optional:"true"`
+	Logger *slog.Logger `optional:"true"`
 }
 
-func newFxDispatcher(p FxParams) (*Dispatcher, error) {
-	var reg Publishers
-	for _, pub := range p.Publishers {
-		if err := reg.Register(pub); err != nil {
-			return nil, err
-		}
-	}
+func newFxClient(p fxClientParams) (*Client, error) {
 	cfg := p.Config
 	if cfg.Logger == nil {
 		cfg.Logger = p.Logger
 	}
-	return NewDispatcher(p.DB.Pool, &reg, cfg)
+	return New(outboxpg.New(p.DB.Pool), cfg)
+}
+
+type fxDispatcherParams struct {
+	fx.In
+	Client     *Client
+	Publishers []Publisher      `group:"outbox_publishers"`
+	Config     DispatcherConfig `optional:"true"`
+}
+
+func newFxDispatcher(p fxDispatcherParams) (*Dispatcher, error) {
+	if len(p.Publishers) == 0 {
+		return nil, nil
+	}
+	return p.Client.NewDispatcher(p.Config, p.Publishers...)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -23,14 +24,22 @@ var ctx = context.Background()
 // testTopic is the pair most tests publish.
 var testTopic = outbox.Topic{Namespace: "test", Topic: "events"}
 
-func newStore(t *testing.T, cfg outbox.Config) (*outbox.Store, *pgtest.DB) {
+// newClient gives the test a database of its own (migrated into public)
+// and a Client on its pool.
+func newClient(t *testing.T, cfg outbox.Config) (*outbox.Client, *pgtest.DB) {
 	t.Helper()
 	tdb := pgtest.NewDB(t)
-	s, err := outbox.NewStore(tdb.Provider.Pool, cfg)
+	return clientOn(t, tdb.Provider.Pool, cfg), tdb
+}
+
+// clientOn builds a Client on pool.
+func clientOn(t *testing.T, pool *pgxpool.Pool, cfg outbox.Config) *outbox.Client {
+	t.Helper()
+	c, err := outbox.New(outboxpg.New(pool), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, tdb
+	return c
 }
 
 func msg(i int) outbox.Message {
@@ -43,13 +52,14 @@ func keyed(i int, key string) outbox.Message {
 	return m
 }
 
-func enqueueN(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
+// enqueueN enqueues n test events through the pool and returns their ids.
+func enqueueN(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, n int) []uuid.UUID {
 	t.Helper()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
 		msgs[i] = msg(i)
 	}
-	res, err := outbox.EnqueueBatch(ctx, pool, msgs)
+	res, err := c.EnqueueBatch(ctx, pool, msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,43 +79,28 @@ func countRows(t *testing.T, pool *pgxpool.Pool, where string, args ...any) int 
 	return n
 }
 
-func claimCfg(batch int) outbox.ClaimConfig {
-	return outbox.ClaimConfig{BatchSize: batch, LeaseDuration: 30 * time.Second, MaxAttempts: 3, Topics: []outbox.Topic{testTopic}}
-}
-
-func mustClaim(t *testing.T, s *outbox.Store, cfg outbox.ClaimConfig) []outbox.ClaimedMessage {
+func get(t *testing.T, c *outbox.Client, id uuid.UUID) outbox.Event {
 	t.Helper()
-	got, err := s.ClaimBatch(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
-}
-
-// expireLease moves an event's lease into the past, as if its lease duration
-// had elapsed, without waiting.
-func expireLease(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) {
-	t.Helper()
-	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = $1 AND status = 'processing'", id); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// makeDue makes a retried event due now.
-func makeDue(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) {
-	t.Helper()
-	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET next_attempt_at = now() WHERE id = $1", id); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func get(t *testing.T, s *outbox.Store, id uuid.UUID) outbox.Event {
-	t.Helper()
-	e, err := s.Get(ctx, id)
+	e, err := c.Admin().Get(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return e
 }
+
+// testClock is a movable clock for Config.Now: it only moves when told. It
+// starts an hour ahead of the real time, because enqueued events take the
+// database's time as their next_attempt_at, and must be due by the test
+// clock for as long as a test runs.
+type testClock struct{ at outbox.AtomicTime }
+
+func newTestClock() *testClock {
+	c := &testClock{}
+	c.at.Store(time.Now().Add(time.Hour))
+	return c
+}
+
+func (c *testClock) Now() time.Time          { return c.at.Load() }
+func (c *testClock) Advance(d time.Duration) { c.at.Store(c.at.Load().Add(d)) }
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

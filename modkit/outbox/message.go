@@ -11,21 +11,25 @@ import (
 
 // Message is one event to enqueue.
 type Message struct {
-	// Namespace names the producing module, e.g. "mini-chat". See NamePattern.
+	// Namespace names the producing module, e.g. "mini-chat": 1 to 128
+	// lower-case ASCII letters, digits, '.', '_' and '-', starting with a
+	// letter or digit.
 	Namespace string
 	// Topic names the kind of event within the namespace, e.g.
-	// "usage_snapshot". See NamePattern.
+	// "usage_snapshot"; the same form as Namespace.
 	Topic string
 	// TenantID routes and partitions the event; nil for system events.
 	TenantID *uuid.UUID
 	// DedupeKey makes Enqueue idempotent: while a row with the same
 	// (Namespace, Topic, DedupeKey) exists, enqueueing again inserts nothing
 	// and returns that row's id. nil for no deduplication; an empty key is an
-	// error. When TenantID is also set, the key must begin with the tenant
-	// id followed by "/" (see Enqueue).
+	// error; at most 512 bytes of UTF-8. When TenantID is also set, the key
+	// must begin with the tenant id (hyphenated or 32 hex digits, any case)
+	// followed by "/", so that one tenant's keys never collide with
+	// another's.
 	DedupeKey *string
 	// Payload is the event body: valid JSON, at most the configured size
-	// (PayloadLimitDefault unless Config.MaxPayloadBytes says otherwise).
+	// (1 MiB unless Config.MaxPayloadBytes says otherwise).
 	// The dispatcher hands it to the publisher unchanged (as jsonb
 	// normalises it: key order and whitespace may differ).
 	Payload json.RawMessage
@@ -46,19 +50,11 @@ type Enqueued struct {
 	AlreadyEnqueued bool
 }
 
-// NamePattern is the form of namespaces and topics: 1 to 128 characters, lower-case
+// namePattern is the form of namespaces and topics: 1 to 128 characters, lower-case
 // ASCII letters, digits, '.', '_' and '-', starting with a letter or digit.
-const NamePattern = `^[a-z0-9][a-z0-9._-]{0,127}$`
+const namePattern = `^[a-z0-9][a-z0-9._-]{0,127}$`
 
-// Limits on message fields.
-const (
-	// PayloadLimitDefault is the default maximum payload size in bytes.
-	PayloadLimitDefault = 1 << 20
-	// DedupeKeyMaxLen is the maximum dedupe key length in bytes.
-	DedupeKeyMaxLen = 512
-)
-
-// validName reports whether s matches NamePattern (without a regular
+// validName reports whether s matches namePattern (without a regular
 // expression: it runs for every message enqueued).
 func validName(s string) bool {
 	if len(s) == 0 || len(s) > 128 {
@@ -80,10 +76,10 @@ func validate(i int, m *Message, maxPayload int) error {
 		return &ValidationError{Index: i, Field: field, Kind: kind, Reason: fmt.Sprintf(format, args...)}
 	}
 	if !validName(m.Namespace) {
-		return bad("Namespace", ErrInvalidNamespace, "%q does not match %s", m.Namespace, NamePattern)
+		return bad("Namespace", ErrInvalidNamespace, "%q does not match %s", m.Namespace, namePattern)
 	}
 	if !validName(m.Topic) {
-		return bad("Topic", ErrInvalidTopic, "%q does not match %s", m.Topic, NamePattern)
+		return bad("Topic", ErrInvalidTopic, "%q does not match %s", m.Topic, namePattern)
 	}
 	if len(m.Payload) == 0 {
 		return bad("Payload", ErrInvalidPayload, "empty; use a JSON value such as {} or null")
@@ -104,8 +100,8 @@ func validate(i int, m *Message, maxPayload int) error {
 		switch {
 		case *k == "" || strings.TrimSpace(*k) == "":
 			return bad("DedupeKey", ErrInvalidDedupeKey, "empty or blank; leave DedupeKey nil for no deduplication")
-		case len(*k) > DedupeKeyMaxLen:
-			return bad("DedupeKey", ErrInvalidDedupeKey, "%d bytes, the limit is %d", len(*k), DedupeKeyMaxLen)
+		case len(*k) > dedupeKeyMaxLen:
+			return bad("DedupeKey", ErrInvalidDedupeKey, "%d bytes, the limit is %d", len(*k), dedupeKeyMaxLen)
 		case !utf8.ValidString(*k) || strings.ContainsRune(*k, 0):
 			return bad("DedupeKey", ErrInvalidDedupeKey, "must be valid UTF-8 without NUL bytes")
 		}
@@ -117,7 +113,7 @@ func validate(i int, m *Message, maxPayload int) error {
 	return nil
 }
 
-// keyBelongsToTenant implements seed 004's rule: the key begins with the
+// keyBelongsToTenant: the key begins with the
 // tenant id's hex form and "/". Both the 32-digit form and the hyphenated
 // form are accepted, in any letter case.
 func keyBelongsToTenant(key string, tenant uuid.UUID) bool {

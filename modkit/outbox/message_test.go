@@ -18,7 +18,7 @@ func BenchmarkValidate(b *testing.B) {
 		Payload:   json.RawMessage(`{"turn":"0190b6c5-3f1e-7c9d-8a4b-2e1f0d9c8b7a","tokens":{"in":1234,"out":567},"credits":12.5,"note":"` + strings.Repeat("x", 20) + `"}`)}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := validate(0, &m, PayloadLimitDefault); err != nil {
+		if err := validate(0, &m, payloadLimitDefault); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -3,39 +3,76 @@ package outbox
 import (
 	"context"
 	"errors"
-	"sync/atomic"
+	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
-// MeterName is the OpenTelemetry instrumentation scope of the outbox
-// metrics, taken from the global MeterProvider.
-const MeterName = "github.com/modkit-go/modkit/modkit/outbox"
+// meterName is the OpenTelemetry instrumentation scope of the outbox
+// metrics, taken from the global MeterProvider (see the package doc for the
+// instruments).
+const meterName = "github.com/modkit-go/modkit/modkit/outbox"
 
-// metrics are the dispatcher's OpenTelemetry instruments:
-//
-//	outbox.events.delivered / retried / dead / released / lease_lost  (counters, by namespace and topic)
-//	outbox.publish.duration        (histogram, seconds)
-//	outbox.delivery.lag            (histogram, seconds from enqueue to publish success)
-//	outbox.claim.errors, outbox.listener.reconnects (counters)
-//	outbox.pending.depth, outbox.processing.depth, outbox.dead.count,
-//	outbox.pending.oldest_age      (gauges, refreshed every SweepInterval)
+// metrics are the dispatcher's OpenTelemetry instruments; the package
+// documentation lists them.
 type metrics struct {
-	delivered, retried, dead, released, leaseLost metric.Int64Counter
-	claimErrors, listenerReconnects               metric.Int64Counter
-	publishDuration, lag                          metric.Float64Histogram
+	delivered, retried, dead, released, leaseLost, abandoned metric.Int64Counter
+	claimErrors, listenerReconnects                          metric.Int64Counter
+	publishDuration, lag                                     metric.Float64Histogram
 
-	d                              *Dispatcher
-	pending, processing, deadCount atomic.Int64
-	oldestAge                      atomic.Int64 // nanoseconds
+	pendingDepth, processingDepth, deadCount, oldestAge metric.Float64ObservableGauge
+	degraded                                            metric.Int64ObservableGauge
+
+	meter metric.Meter
+	d     *Dispatcher
+	mu    sync.Mutex
+	depth []driver.DepthRow // of the topics this dispatcher maintains
+}
+
+// register registers the gauges' callback for one run of the dispatcher:
+// only a running dispatcher reports them. (Each dispatcher registers its
+// own callback: an observable instrument keeps only the callbacks given
+// when it was first created.) Call the returned function when the run
+// ends.
+func (m *metrics) register() func() {
+	m.setDepth(nil)
+	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		m.mu.Lock()
+		for _, r := range m.depth {
+			ns, topic, _ := strings.Cut(r.Topic, ":")
+			attrs := m.topicAttrs(ns, topic)
+			o.ObserveFloat64(m.pendingDepth, float64(r.Pending), attrs)
+			o.ObserveFloat64(m.processingDepth, float64(r.Processing), attrs)
+			o.ObserveFloat64(m.deadCount, float64(r.Dead), attrs)
+			o.ObserveFloat64(m.oldestAge, r.OldestDueAge.Seconds(), attrs)
+		}
+		m.mu.Unlock()
+		v := int64(0)
+		if m.d.Health().Degraded {
+			v = 1
+		}
+		o.ObserveInt64(m.degraded, v, metric.WithAttributes(attribute.String("worker_id", m.d.cfg.WorkerID.String())))
+		return nil
+	}, m.pendingDepth, m.processingDepth, m.deadCount, m.oldestAge, m.degraded)
+	if err != nil {
+		m.d.log.Warn("could not register the outbox gauges", "error", err)
+		return func() {}
+	}
+	return func() {
+		_ = reg.Unregister()
+		m.setDepth(nil)
+	}
 }
 
 func newMetrics(d *Dispatcher) (*metrics, error) {
-	meter := otel.Meter(MeterName)
-	m := &metrics{d: d}
+	meter := otel.Meter(meterName)
+	m := &metrics{}
 	var errs []error
 	counter := func(name, desc string) metric.Int64Counter {
 		c, err := meter.Int64Counter(name, metric.WithDescription(desc))
@@ -45,8 +82,9 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.delivered = counter("outbox.events.delivered", "Events published and acknowledged.")
 	m.retried = counter("outbox.events.retried", "Publish failures rescheduled with backoff.")
 	m.dead = counter("outbox.events.dead", "Events dead-lettered.")
-	m.released = counter("outbox.events.released", "Claimed events given back unpublished (stop, lease nearly over).")
+	m.released = counter("outbox.events.released", "Claimed events given back unpublished (stop, deadline passed while queued, publish abandoned).")
 	m.leaseLost = counter("outbox.events.lease_lost", "Outcomes refused because the lease was lost.")
+	m.abandoned = counter("outbox.publish.abandoned", "Publish calls abandoned because they outlived their deadline.")
 	m.claimErrors = counter("outbox.claim.errors", "Failed claim queries.")
 	m.listenerReconnects = counter("outbox.listener.reconnects", "LISTEN connections lost and re-opened.")
 	var err error
@@ -56,53 +94,72 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.lag, err = meter.Float64Histogram("outbox.delivery.lag", metric.WithUnit("s"),
 		metric.WithDescription("Time from enqueue (transaction start) to successful publish."))
 	errs = append(errs, err)
-	gauge := func(name, desc string, v *atomic.Int64, scale float64) {
-		_, err := meter.Float64ObservableGauge(name, metric.WithDescription(desc),
-			metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
-				o.Observe(float64(v.Load()) * scale)
-				return nil
-			}))
+	float := func(name, desc string) metric.Float64ObservableGauge {
+		g, err := meter.Float64ObservableGauge(name, metric.WithDescription(desc))
 		errs = append(errs, err)
+		return g
 	}
-	gauge("outbox.pending.depth", "Pending events of the dispatcher's topics.", &m.pending, 1)
-	gauge("outbox.processing.depth", "Leased events of the dispatcher's topics.", &m.processing, 1)
-	gauge("outbox.dead.count", "Dead events of the dispatcher's topics.", &m.deadCount, 1)
-	gauge("outbox.pending.oldest_age", "Seconds the oldest due pending event has waited.", &m.oldestAge, 1e-9)
+	m.pendingDepth = float("outbox.pending.depth", "Pending events per topic.")
+	m.processingDepth = float("outbox.processing.depth", "Leased events per topic.")
+	m.deadCount = float("outbox.dead.count", "Dead events per topic.")
+	m.oldestAge = float("outbox.pending.oldest_age", "Seconds the oldest due pending event of a topic has waited.")
+	m.degraded, err = meter.Int64ObservableGauge("outbox.dispatcher.degraded",
+		metric.WithDescription("1 while the dispatcher reports itself degraded (see Dispatcher.Health), else 0."))
+	errs = append(errs, err)
+	m.meter, m.d = meter, d
 	return m, errors.Join(errs...)
 }
 
-func (m *metrics) observe(o outcome, st Settlement) {
+func (m *metrics) topicAttrs(namespace, topic string) metric.MeasurementOption {
+	return metric.WithAttributes(attribute.String("namespace", namespace), attribute.String("topic", topic))
+}
+
+func (m *metrics) observe(r result, o Outcome) {
 	ctx := context.Background()
-	msg := o.res.Message
-	attrs := metric.WithAttributes(attribute.String("namespace", msg.Namespace), attribute.String("topic", msg.Topic))
-	if !o.started.IsZero() {
-		m.publishDuration.Record(ctx, o.elapsed.Seconds(), attrs)
+	msg := r.c.d
+	attrs := m.topicAttrs(msg.Namespace, msg.Topic)
+	if !r.started.IsZero() && r.kind != abandoned {
+		m.publishDuration.Record(ctx, r.elapsed.Seconds(), attrs)
 	}
 	switch {
-	case st.LeaseLost:
+	case o.LeaseLost:
 		m.leaseLost.Add(ctx, 1, attrs)
-	case o.res.Release:
+	case o.Released:
 		m.released.Add(ctx, 1, attrs)
-	case st.Status == StatusDelivered:
+	case o.Status == StatusDelivered:
 		m.delivered.Add(ctx, 1, attrs)
 		m.lag.Record(ctx, time.Since(msg.CreatedAt).Seconds(), attrs)
-	case st.Status == StatusDead:
+	case o.Status == StatusDead:
 		m.dead.Add(ctx, 1, attrs)
 	default:
 		m.retried.Add(ctx, 1, attrs)
 	}
 }
 
-// refreshDepth reads the gauges' values; failures keep the old values.
-func (m *metrics) refreshDepth(ctx context.Context) {
-	var pending, processing, dead int64
-	var oldest float64
-	err := m.d.pool.QueryRow(ctx, m.d.store.sql.depth, m.d.keys).Scan(&pending, &processing, &dead, &oldest)
+// refreshDepth reads the gauges of topics; a failure keeps the old values.
+func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, topics []string) {
+	rows, err := store.Depth(ctx, topics)
 	if err != nil {
+		if ctx.Err() == nil {
+			m.d.log.Warn("reading the depth gauges failed; they keep their last values", "error", err)
+		}
 		return
 	}
-	m.pending.Store(pending)
-	m.processing.Store(processing)
-	m.deadCount.Store(dead)
-	m.oldestAge.Store(int64(oldest * 1e9))
+	// Topics with no live rows read zero rather than vanish.
+	have := map[string]bool{}
+	for _, r := range rows {
+		have[r.Topic] = true
+	}
+	for _, t := range topics {
+		if !have[t] {
+			rows = append(rows, driver.DepthRow{Topic: t})
+		}
+	}
+	m.setDepth(rows)
+}
+
+func (m *metrics) setDepth(rows []driver.DepthRow) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.depth = rows
 }

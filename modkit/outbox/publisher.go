@@ -2,54 +2,89 @@ package outbox
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
-// PublishFunc delivers one event to its consumer (seed 004's publish
-// callback). Return nil when the consumer has it; an error to retry with
-// backoff; an error wrapped with Permanent to dead-letter at once. ctx ends
-// before the event's lease does (see DispatcherConfig.LeaseHeadroom): a
-// publisher that respects it never outlives its lease. The dispatcher never
-// looks inside the payload. Delivery is at least once: the same event (same
-// ID and DedupeKey) can arrive again after a crash or a lost ack, so the
-// consumer must be idempotent.
-type PublishFunc func(ctx context.Context, m ClaimedMessage) error
+// Topic names a (namespace, topic) pair.
+type Topic struct {
+	Namespace string
+	Topic     string
+}
 
-// TxHandlerFunc handles one event inside a transaction of the outbox's own
-// database, for consumers whose effects are rows in that database. The
-// dispatcher marks the event delivered in the same transaction and commits:
-// the handler's writes and the ack happen together or not at all, so the
-// effect is exactly once even though delivery is at least once. Return an
-// error (or Permanent) as for PublishFunc; the transaction is then rolled
-// back. Do not commit or roll back tx yourself.
-type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, m ClaimedMessage) error
+func (t Topic) String() string { return t.Namespace + "/" + t.Topic }
+
+// key is the topic as the driver and notifications spell it.
+func (t Topic) key() string { return t.Namespace + ":" + t.Topic }
+
+// Delivery is one event handed to a publisher.
+type Delivery struct {
+	// ID is the event's stable id: the same on every redelivery.
+	ID        uuid.UUID
+	Namespace string
+	Topic     string
+	TenantID  *uuid.UUID
+	DedupeKey *string
+	// Payload as enqueued (as jsonb normalises it: key order and
+	// whitespace may differ).
+	Payload json.RawMessage
+	// Attempt counts delivery attempts including this one (1 on the first).
+	Attempt int
+	// MaxAttempts is the budget of the dispatcher delivering it.
+	MaxAttempts int
+	// CreatedAt is when the event was enqueued (its transaction's start).
+	CreatedAt time.Time
+
+	leaseToken uuid.UUID
+}
 
 // Publisher registers the consumer of one (namespace, topic). Exactly one of
 // Publish and HandleTx must be set.
 type Publisher struct {
 	Topic Topic
-	// Publish hands events to an external consumer (a broker, a webhook,
-	// an in-process call).
-	Publish PublishFunc
-	// HandleTx consumes events in a transaction of the outbox database
-	// (transactional handler mode).
-	HandleTx TxHandlerFunc
-	// Name says who registered it, for error messages and logs. Default:
-	// the function's name.
+	// Publish delivers one event to an external consumer (a broker, a
+	// webhook, an in-process call). Return nil when the consumer has it; an
+	// error to retry with backoff; an error wrapped with Permanent to
+	// dead-letter at once. ctx ends at the publish deadline, before the
+	// event's lease does: a publisher that respects it never outlives its
+	// lease. One that ignores it is abandoned at the deadline (see
+	// DispatcherConfig). Delivery is at least once: the same event (same ID
+	// and DedupeKey) can arrive again after a crash or a lost outcome, so
+	// the consumer must be idempotent.
+	Publish func(ctx context.Context, d Delivery) error
+	// HandleTx consumes one event inside a transaction of the outbox's own
+	// PostgreSQL database, for consumers whose effects are rows there. The
+	// dispatcher marks the event delivered in the same transaction and
+	// commits: the handler's writes and the outcome happen together or not
+	// at all, so the effect is exactly once even though delivery is at
+	// least once. Return errors as for Publish; the transaction is then
+	// rolled back. Do not commit or roll back tx yourself. Each call holds
+	// one pool connection for its whole transaction: size the pool to the
+	// dispatcher's Concurrency plus three.
+	HandleTx func(ctx context.Context, tx pgx.Tx, d Delivery) error
+	// Name says who registered it, for errors and logs. Default: the
+	// function's name.
 	Name string
+	// Concurrency bounds this topic's publishes in flight, so that one slow
+	// or hung topic cannot take every worker of its dispatcher. Default:
+	// the dispatcher's Concurrency when it serves one topic, half of it
+	// (at least 1) when it serves several. At most the dispatcher's
+	// Concurrency.
+	Concurrency int
+	// Retention keeps this topic's delivered events this long before the
+	// dispatcher's maintenance purges them (and with them their dedupe
+	// keys). Zero takes DispatcherConfig.Retention; negative keeps them
+	// forever.
+	Retention time.Duration
 }
-
-// PublisherGroup is the fx value group that collects Publishers: provide
-// them with fx.ResultTags(`group:"outbox_publishers"`), or with
-// AsPublisher.
-const PublisherGroup = "outbox_publishers"
 
 func (p Publisher) name() string {
 	if p.Name != "" {
@@ -59,53 +94,50 @@ func (p Publisher) name() string {
 	if p.Publish == nil {
 		fn = p.HandleTx
 	}
+	if fn == nil || reflect.ValueOf(fn).IsNil() {
+		return "unnamed publisher"
+	}
 	if f := runtime.FuncForPC(reflect.ValueOf(fn).Pointer()); f != nil {
 		return f.Name()
 	}
 	return "unnamed publisher"
 }
 
-// ErrDuplicatePublisher is returned when two publishers claim the same
-// (namespace, topic).
-var ErrDuplicatePublisher = errors.New("outbox: two publishers for one topic")
-
-// Publishers is the registry of who publishes what. The zero value is
-// ready to use; it is not safe for concurrent Register calls (register
-// everything before starting the dispatcher).
-type Publishers struct {
-	byTopic map[Topic]Publisher
-}
-
-// Register adds p. It fails if p is incomplete or its topic already has a
-// publisher; the error names both.
-func (r *Publishers) Register(p Publisher) error {
-	if err := validateTopics([]Topic{p.Topic}); err != nil {
-		return fmt.Errorf("outbox: publisher %s: %w", p.name(), err)
+func validateTopic(t Topic) error {
+	if !validName(t.Namespace) || !validName(t.Topic) {
+		return configError("topic %q/%q: namespace and topic must match %s", t.Namespace, t.Topic, namePattern)
 	}
-	if (p.Publish == nil) == (p.HandleTx == nil) {
-		return fmt.Errorf("outbox: publisher for %s: set exactly one of Publish and HandleTx", p.Topic)
-	}
-	if r.byTopic == nil {
-		r.byTopic = map[Topic]Publisher{}
-	}
-	if prev, ok := r.byTopic[p.Topic]; ok {
-		return fmt.Errorf("%w: %s is registered by both %q and %q", ErrDuplicatePublisher, p.Topic, prev.name(), p.name())
-	}
-	r.byTopic[p.Topic] = p
 	return nil
 }
 
-// Topics lists the registered topics, sorted.
-func (r *Publishers) Topics() []Topic {
-	out := make([]Topic, 0, len(r.byTopic))
-	for t := range r.byTopic {
-		out = append(out, t)
-	}
-	slices.SortFunc(out, func(a, b Topic) int { return strings.Compare(a.String(), b.String()) })
-	return out
+// registry is who publishes what, with each topic's settings resolved.
+type registry struct {
+	byKey  map[string]*Publisher
+	topics []Topic // sorted
+	keys   []string
 }
 
-func (r *Publishers) lookup(t Topic) (Publisher, bool) {
-	p, ok := r.byTopic[t]
-	return p, ok
+func newRegistry(pubs []Publisher) (*registry, error) {
+	r := &registry{byKey: map[string]*Publisher{}}
+	for _, p := range pubs {
+		if err := validateTopic(p.Topic); err != nil {
+			return nil, fmt.Errorf("publisher %s: %w", p.name(), err)
+		}
+		if (p.Publish == nil) == (p.HandleTx == nil) {
+			return nil, configError("publisher %s for %s: set exactly one of Publish and HandleTx", p.name(), p.Topic)
+		}
+		if p.Concurrency < 0 {
+			return nil, configError("publisher %s for %s: Concurrency is %d; it must not be negative", p.name(), p.Topic, p.Concurrency)
+		}
+		if prev, ok := r.byKey[p.Topic.key()]; ok {
+			return nil, fmt.Errorf("%w: %s is registered by both %q and %q", ErrDuplicatePublisher, p.Topic, prev.name(), p.name())
+		}
+		r.byKey[p.Topic.key()] = &p
+		r.topics = append(r.topics, p.Topic)
+	}
+	slices.SortFunc(r.topics, func(a, b Topic) int { return strings.Compare(a.key(), b.key()) })
+	for _, t := range r.topics {
+		r.keys = append(r.keys, t.key())
+	}
+	return r, nil
 }

@@ -17,13 +17,16 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // The child process is configured through the environment.
@@ -38,7 +41,9 @@ const (
 	// records the delivery in published_log, says "end" and returns nil.
 	childCrash = "crash"
 	// childLastAttempt fails every first attempt and, on the last one,
-	// says "start" and hangs until it is killed.
+	// says "start" and freezes (SIGSTOP to itself) until it is killed: a
+	// publish that merely hung would be abandoned at its deadline and its
+	// event given back, so the process must die inside the publish.
 	childLastAttempt = "last-attempt"
 )
 
@@ -46,9 +51,14 @@ const (
 // over its events this long after the kill.
 const childLease = time.Second
 
+// childSweepInterval is the child's maintenance interval: a dead child's
+// maintenance lease (three intervals) passes to the survivor this long
+// after the kill.
+const childSweepInterval = 100 * time.Millisecond
+
 const publishedLogDDL = `CREATE TABLE published_log (
 	event_id    uuid        NOT NULL,
-	lease_token uuid        NOT NULL,
+	lease_token uuid,       -- NULL: published without the lease of its attempt
 	attempt     int         NOT NULL,
 	pid         int         NOT NULL,
 	dedupe_key  text,
@@ -57,13 +67,23 @@ const publishedLogDDL = `CREATE TABLE published_log (
 )`
 
 // recordDelivery is a publisher whose downstream is published_log: the
-// delivery is durable once the insert commits.
-func recordDelivery(pool *pgxpool.Pool) outbox.PublishFunc {
-	return func(ctx context.Context, m outbox.ClaimedMessage) error {
-		_, err := pool.Exec(ctx, `INSERT INTO published_log (event_id, lease_token, attempt, pid, dedupe_key, payload)
-			VALUES ($1, $2, $3, $4, $5, $6)`, m.ID, m.LeaseToken, m.Attempts, os.Getpid(), m.DedupeKey, string(m.Payload))
+// delivery is durable once the insert commits. Publishers do not see their
+// lease, so the insert reads it from the event's row, which is processing
+// under the publish's claim while the publisher runs; a publish that finds
+// its row not leased for its attempt is recorded without a token and
+// fails.
+func recordDelivery(pool *pgxpool.Pool) func(context.Context, outbox.Delivery) error {
+	return func(ctx context.Context, d outbox.Delivery) error {
+		var token *uuid.UUID
+		err := pool.QueryRow(ctx, `INSERT INTO published_log (event_id, lease_token, attempt, pid, dedupe_key, payload)
+			SELECT $1, (SELECT lease_token FROM modkit_outbox_events
+				WHERE id = $1 AND status = 'processing' AND attempts = $2 AND locked_until > clock_timestamp()), $2, $3, $4, $5
+			RETURNING lease_token`, d.ID, d.Attempt, os.Getpid(), d.DedupeKey, string(d.Payload)).Scan(&token)
 		if err != nil {
 			return fmt.Errorf("record delivery: %w", err)
+		}
+		if token == nil {
+			return fmt.Errorf("test: event %s published without the lease of attempt %d", d.ID, d.Attempt)
 		}
 		return nil
 	}
@@ -83,12 +103,11 @@ func TestHelperDispatcherProcess(t *testing.T) {
 	}
 	defer pool.Close()
 	var outMu sync.Mutex
-	say := func(what string, m outbox.ClaimedMessage) {
+	say := func(what string, d outbox.Delivery) {
 		outMu.Lock()
 		defer outMu.Unlock()
-		fmt.Fprintf(os.Stdout, "%s %s %s %d\n", what, m.ID, m.LeaseToken, m.Attempts)
+		fmt.Fprintf(os.Stdout, "%s %s %d\n", what, d.ID, d.Attempt)
 	}
-	hang := make(chan struct{}) // closed when the parent goes away
 	record := recordDelivery(pool)
 	cfg := outbox.DispatcherConfig{
 		LeaseDuration: childLease,
@@ -96,40 +115,45 @@ func TestHelperDispatcherProcess(t *testing.T) {
 		BatchSize:     20,
 		Concurrency:   8,
 		MaxAttempts:   10,
-		Store:         outbox.Config{Retry: outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 4 * time.Millisecond}},
+		Retry:         outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 4 * time.Millisecond},
+		SweepInterval: childSweepInterval,
 		StopTimeout:   5 * time.Second,
 		Logger:        quietLog,
 	}
-	var publish outbox.PublishFunc
+	var publish func(context.Context, outbox.Delivery) error
 	switch mode {
 	case childCrash:
-		publish = func(ctx context.Context, m outbox.ClaimedMessage) error {
-			say("start", m)
+		publish = func(ctx context.Context, d outbox.Delivery) error {
+			say("start", d)
 			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // the work of a publish
-			if err := record(ctx, m); err != nil {
+			if err := record(ctx, d); err != nil {
 				return err
 			}
-			say("end", m)
+			say("end", d)
 			return nil
 		}
 	case childLastAttempt:
 		cfg.MaxAttempts = 2
-		publish = func(ctx context.Context, m outbox.ClaimedMessage) error {
-			if m.Attempts < m.MaxAttempts {
+		publish = func(ctx context.Context, d outbox.Delivery) error {
+			if d.Attempt < d.MaxAttempts {
 				return errors.New("downstream unavailable")
 			}
-			say("start", m)
-			<-hang // crash here
-			return errors.New("parent gone")
+			say("start", d)
+			// Crash here: the whole process stops at once, its timers
+			// with it, until the parent kills it.
+			if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
+				return err
+			}
+			return errors.New("continued after SIGSTOP")
 		}
 	default:
 		t.Fatalf("unknown child mode %q", mode)
 	}
-	var pubs outbox.Publishers
-	if err := pubs.Register(outbox.Publisher{Topic: testTopic, Publish: publish}); err != nil {
+	client, err := outbox.New(outboxpg.New(pool), outbox.Config{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := outbox.NewDispatcher(pool, &pubs, cfg)
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: publish})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +161,6 @@ func TestHelperDispatcherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
-	close(hang)
 	_ = d.Stop(ctx)
 }
 
@@ -156,6 +179,9 @@ func startChild(t *testing.T, dsn, mode string) *childProc {
 	// TEST_DATABASE_URL makes the child's pgtest.Main use our server
 	// instead of starting a cluster of its own.
 	cmd.Env = append(os.Environ(), childModeEnv+"="+mode, childDSNEnv+"="+dsn, "TEST_DATABASE_URL="+dsn)
+	// A child frozen by SIGSTOP never sees its stdin close: it dies with
+	// this process instead.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	c := &childProc{cmd: cmd, lines: make(chan string, 4096), stderr: new(bytes.Buffer)}
 	cmd.Stderr = c.stderr
 	stdout, err := cmd.StdoutPipe()
@@ -193,7 +219,6 @@ func startChild(t *testing.T, dsn, mode string) *childProc {
 type childLine struct {
 	what    string
 	id      uuid.UUID
-	token   uuid.UUID
 	attempt int
 }
 
@@ -210,12 +235,12 @@ func (c *childProc) next(t *testing.T) childLine {
 				t.Fatalf("the dispatcher process exited early:\n%s", c.stderr)
 			}
 			var l childLine
-			var id, token string
-			if _, err := fmt.Sscanf(line, "%s %s %s %d", &l.what, &id, &token, &l.attempt); err != nil ||
+			var id string
+			if _, err := fmt.Sscanf(line, "%s %s %d", &l.what, &id, &l.attempt); err != nil ||
 				(l.what != "start" && l.what != "end") {
 				continue // the test framework's own output
 			}
-			l.id, l.token = uuid.MustParse(id), uuid.MustParse(token)
+			l.id = uuid.MustParse(id)
 			return l
 		case <-timeout:
 			t.Fatal("timed out waiting for the dispatcher process")
@@ -251,7 +276,7 @@ func TestReliabilityProcessCrash(t *testing.T) {
 
 func crashAndRecover(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0x0b0c))
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	installAudit(t, pool)
 	if _, err := pool.Exec(ctx, publishedLogDDL); err != nil {
@@ -262,7 +287,7 @@ func crashAndRecover(t *testing.T, seed uint64) {
 	for i := range msgs {
 		msgs[i] = keyed(i, fmt.Sprintf("crash/%d/%d", seed, i))
 	}
-	res, err := outbox.EnqueueBatch(ctx, pool, msgs)
+	res, err := client.EnqueueBatch(ctx, pool, msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,15 +310,12 @@ func crashAndRecover(t *testing.T, seed uint64) {
 		}
 	}
 	child.kill(t)
-	var byChild int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM published_log").Scan(&byChild); err != nil {
-		t.Fatal(err)
-	}
+	byChild := countWhere(t, pool, "published_log", "true")
 	leased := countRows(t, pool, "status = 'processing'")
 
 	// The survivor.
-	settled := newSettledLog()
-	startDispatcher(t, tdb.NewPool(t), testConfig(settled), outbox.Publisher{Topic: testTopic, Publish: recordDelivery(pool)})
+	startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), testConfig(newOutcomeLog()),
+		outbox.Publisher{Topic: testTopic, Publish: recordDelivery(pool)})
 	eventually(t, "every event delivered", func() bool { return countRows(t, pool, "status = 'delivered'") == n })
 
 	// Nothing lost: every event reached the downstream.
@@ -319,10 +341,15 @@ func crashAndRecover(t *testing.T, seed uint64) {
 	if mismatched != 0 || keysWithTwoIDs != 0 {
 		t.Fatalf("redeliveries differ from the event: %d mismatched deliveries, %d dedupe keys with several ids", mismatched, keysWithTwoIDs)
 	}
+	// Every publish, the dead process's and the survivor's, ran under the
+	// lease of its attempt.
+	if unleased := countWhere(t, pool, "published_log", "lease_token IS NULL"); unleased != 0 {
+		t.Fatalf("%d publishes ran without the lease of their attempt", unleased)
+	}
 	// Every delivered mark was made under a valid lease whose publish
 	// reached the downstream.
 	ok := map[uuid.UUID]map[uuid.UUID]bool{}
-	rows, err := pool.Query(ctx, "SELECT event_id, lease_token FROM published_log")
+	rows, err := pool.Query(ctx, "SELECT event_id, lease_token FROM published_log WHERE lease_token IS NOT NULL")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,15 +376,14 @@ func crashAndRecover(t *testing.T, seed uint64) {
 
 // A dispatcher process dies on an event's last allowed attempt, leaving it
 // processing with attempts = max_attempts, which no claim picks up. A second
-// dispatcher's sweep dead-letters it, saying why, and never publishes it;
-// healthy events flow meanwhile.
-//
-// The store-level version is TestCrashOnLastAttemptIsSwept.
+// dispatcher's maintenance, once the dead one's maintenance lease has
+// expired, dead-letters it, saying why, and never publishes it; healthy
+// events flow meanwhile.
 func TestReliabilityCrashOnLastAttempt(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	installAudit(t, pool)
-	victim := enqueueN(t, pool, 1)[0]
+	victim := enqueueN(t, client, pool, 1)[0]
 	child := startChild(t, tdb.DSN, childLastAttempt)
 	for {
 		l := child.next(t)
@@ -366,19 +392,19 @@ func TestReliabilityCrashOnLastAttempt(t *testing.T) {
 		}
 	}
 	child.kill(t)
-	if e := get(t, nil2store(t, pool), victim); e.Status != outbox.StatusProcessing || e.Attempts != 2 {
+	if e := get(t, client, victim); e.Status != outbox.StatusProcessing || e.Attempts != 2 {
 		t.Fatalf("after the crash: %+v, want processing on attempt 2 of 2", e)
 	}
 
-	healthy := enqueueN(t, pool, 20)
-	settled, logs, pubs := newSettledLog(), newLogCapture(slog.LevelInfo), newPublishLog()
+	healthy := enqueueN(t, client, pool, 20)
+	settled, logs, pubs := newOutcomeLog(), newLogCapture(slog.LevelInfo), newPublishLog(pool)
 	cfg := testConfig(settled)
 	cfg.MaxAttempts, cfg.SweepInterval, cfg.Logger = 2, 100*time.Millisecond, logs.logger()
-	startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("survivor", noopPublish)})
+	startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("survivor", noopPublish)})
 	logs.waitForMsg(t, "dead-lettered events whose attempts were used up (crashed or overran on the last attempt)", 1)
 	settled.waitFor(t, "the healthy events", finalCount(outbox.StatusDelivered, len(healthy)))
 
-	e := get(t, nil2store(t, pool), victim)
+	e := get(t, client, victim)
 	if e.Status != outbox.StatusDead || e.Attempts != 2 || e.LockedBy != nil || e.LastError == nil ||
 		!strings.Contains(*e.LastError, "expired on the final attempt (2 of 2)") ||
 		!strings.Contains(*e.LastError, "last publish error: attempt 1 of 2 failed: downstream unavailable") {
@@ -389,6 +415,17 @@ func TestReliabilityCrashOnLastAttempt(t *testing.T) {
 	}
 	want := allStatus(healthy, outbox.StatusDelivered)
 	want[victim] = outbox.StatusDead
+	pubs.checkNoOverlap(t)
 	checkLeaseFencing(t, pool, pubs.okTokens())
 	checkFinalState(t, pool, want)
+}
+
+// countWhere counts the rows of table matching where.
+func countWhere(t *testing.T, pool *pgxpool.Pool, table, where string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()+" WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -54,7 +54,7 @@ func restartWhileFlowing(t *testing.T, durable bool) {
 		goleak.IgnoreAnyFunction("github.com/modkit-go/modkit/internal/pgserver.(*Cluster).start.func1")}
 	t.Cleanup(func() { goleak.VerifyNone(t, leakOpts...) })
 
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	installAudit(t, pool)
 
@@ -73,13 +73,13 @@ func restartWhileFlowing(t *testing.T, durable bool) {
 	}
 	t.Cleanup(dpool.Close)
 
-	logs, pubs := newLogCapture(slog.LevelWarn), newPublishLog()
-	cfg := testConfig(newSettledLog())
+	logs, pubs := newLogCapture(slog.LevelWarn), newPublishLog(pool)
+	cfg := testConfig(newOutcomeLog())
 	cfg.LeaseDuration, cfg.PollInterval, cfg.Logger = 2*time.Second, 100*time.Millisecond, logs.logger()
-	cfg.Store.SynchronousCommit = durable
-	d := startDispatcher(t, dpool, cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
+	d := startDispatcher(t, clientOn(t, dpool, outbox.Config{SynchronousCommit: durable}), cfg,
+		outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
 
-	prod := startProducer(t, pool, fmt.Sprintf("restart/%v", durable))
+	prod := startProducer(t, client, pool, fmt.Sprintf("restart/%v", durable))
 	eventually(t, "events flowing", func() bool { return prod.count() >= 300 && pubs.total.Load() >= 100 })
 	if err := pgtest.Cluster().Restart(ctx); err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func restartWhileFlowing(t *testing.T, durable bool) {
 	checkLeaseFencing(t, pool, pubs.okTokens())
 	checkFinalState(t, pool, allStatus(ids, outbox.StatusDelivered))
 	pubs.mu.Lock()
-	overlaps, twice := len(pubs.overlaps), 0
+	overlaps, unleased, twice := len(pubs.overlaps), len(pubs.unleased), 0
 	for _, calls := range pubs.calls {
 		if len(calls) > 1 {
 			twice++
@@ -112,6 +112,8 @@ func restartWhileFlowing(t *testing.T, durable bool) {
 	}
 	pubs.mu.Unlock()
 	if durable {
+		// No claim can be rolled back: no publish may run without its
+		// lease, nor overlap another.
 		pubs.checkNoOverlap(t)
 	}
 
@@ -136,8 +138,8 @@ func restartWhileFlowing(t *testing.T, durable bool) {
 	if kinds["claim failed; retrying"] == 0 {
 		t.Error("no claim failed: the restart did not hit the dispatcher, so the test shows nothing")
 	}
-	t.Logf("%d events (%d enqueued before the restart); %d published more than once, %d overlapping publishes; warnings: %v",
-		len(ids), restartedAt, twice, overlaps, kinds)
+	t.Logf("%d events (%d enqueued before the restart); %d published more than once, %d overlapping publishes, "+
+		"%d publishes refused for a claim rolled back; warnings: %v", len(ids), restartedAt, twice, overlaps, unleased, kinds)
 }
 
 // producer enqueues events continuously, ten per transaction every few
@@ -155,11 +157,11 @@ type producer struct {
 	done   chan struct{}
 }
 
-func startProducer(t *testing.T, pool *pgxpool.Pool, prefix string) *producer {
+func startProducer(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, prefix string) *producer {
 	t.Helper()
 	pctx, cancel := context.WithCancel(ctx)
 	p := &producer{halt: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
-	go func() { defer close(p.done); p.run(pctx, pool, prefix) }()
+	go func() { defer close(p.done); p.run(pctx, c, pool, prefix) }()
 	t.Cleanup(func() { cancel(); <-p.done })
 	return p
 }
@@ -176,7 +178,7 @@ func (p *producer) stop() []uuid.UUID {
 	return p.ids
 }
 
-func (p *producer) run(ctx context.Context, pool *pgxpool.Pool, prefix string) {
+func (p *producer) run(ctx context.Context, c *outbox.Client, pool *pgxpool.Pool, prefix string) {
 	tick := time.NewTicker(5 * time.Millisecond) // pacing, so events flow across the restart
 	defer tick.Stop()
 	for batch := 0; ; batch++ {
@@ -198,7 +200,7 @@ func (p *producer) run(ctx context.Context, pool *pgxpool.Pool, prefix string) {
 					return err
 				}
 				var err error
-				res, err = outbox.EnqueueBatch(ctx, tx, msgs)
+				res, err = c.EnqueueBatch(ctx, tx, msgs)
 				return err
 			})
 			if err == nil {

@@ -7,15 +7,16 @@ package outbox_test
 //     nil and the row ended delivered);
 //   - no event is settled by a worker without a valid lease: an audit trigger
 //     records every transition out of processing with the lease it ended, and
-//     checkLeaseFencing checks each one;
+//     checkLeaseFencing checks each one; a delivered mark must carry the
+//     lease of a publish that succeeded (publishers do not see their lease:
+//     publishLog reads it from the event's row as each publish starts);
 //   - the final table state is consistent: no row left processing, every row
 //     in the status the test expects.
 //
 // The process-crash tests are in reliability_crash_test.go, the server
 // restart in reliability_restart_test.go, the fuzz targets in fuzz_test.go.
 // Items of the issue already covered elsewhere: the dedupe race by
-// TestEnqueueDedupeRace, the store-level stale worker by
-// TestFencingStaleWorker, validation writing nothing by TestEnqueueValidation.
+// TestEnqueueDedupeRace, validation writing nothing by TestEnqueueValidation.
 
 import (
 	"context"
@@ -37,6 +38,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // ---- Helpers shared by the reliability tests ----
@@ -171,10 +174,10 @@ func flatten(into map[string]string, prefix string, a slog.Attr) {
 // when, and how it ended.
 type publishCall struct {
 	Worker   string
-	Token    uuid.UUID
+	Token    uuid.UUID // the lease token of the claim the publish ran under
 	Attempt  int
-	LeaseEnd time.Time // locked_until of the claim, by the database clock
-	Start    time.Time
+	LeaseEnd time.Time // locked_until of that claim, by the outbox's clock
+	Start    time.Time // by the outbox's clock
 	End      time.Time // zero while in flight
 	Err      error
 }
@@ -183,50 +186,99 @@ type publishCall struct {
 // begin that no two holders of a valid lease publish one event at once: a
 // second publish of an event may only start once every other publish of it
 // in flight runs under an expired lease (a stalled worker).
+//
+// Publishers do not see their lease, so a call starts by reading it from
+// the event's row, which is processing under the call's claim while the
+// publisher runs. A call that finds its row not leased for its attempt
+// (another status or attempt, or an expired lease) started without its
+// lease: it is recorded as such, refused (it returns an error without
+// calling the publisher) and reported by checkNoOverlap. A call whose read
+// fails returns that error without calling the publisher: a failed attempt
+// that published nothing.
 type publishLog struct {
+	pool *pgxpool.Pool    // reads the leases
+	now  func() time.Time // the outbox's clock (Config.Now), time.Now by default
+
 	mu       sync.Mutex
 	calls    map[uuid.UUID][]*publishCall
 	inFlight map[uuid.UUID][]*publishCall
 	overlaps []string
+	unleased []string
 	total    atomic.Int64
 }
 
-func newPublishLog() *publishLog {
-	return &publishLog{calls: map[uuid.UUID][]*publishCall{}, inFlight: map[uuid.UUID][]*publishCall{}}
+// newPublishLog returns a publishLog that reads leases through pool.
+func newPublishLog(pool *pgxpool.Pool) *publishLog {
+	return &publishLog{pool: pool, now: time.Now, calls: map[uuid.UUID][]*publishCall{}, inFlight: map[uuid.UUID][]*publishCall{}}
 }
 
-// wrap returns a PublishFunc that records each call of fn as done by worker.
-func (l *publishLog) wrap(worker string, fn outbox.PublishFunc) outbox.PublishFunc {
-	return func(ctx context.Context, m outbox.ClaimedMessage) error {
-		end := l.begin(worker, m)
-		err := fn(ctx, m)
+// wrap returns a Publish function that records each call of fn as done by
+// worker.
+func (l *publishLog) wrap(worker string, fn func(context.Context, outbox.Delivery) error) func(context.Context, outbox.Delivery) error {
+	return func(ctx context.Context, d outbox.Delivery) error {
+		end, err := l.begin(ctx, worker, d)
+		if err != nil {
+			return err
+		}
+		err = fn(ctx, d)
 		end(err)
 		return err
 	}
 }
 
-// begin records the start of a publish; call the function it returns with
-// the publish's result.
-func (l *publishLog) begin(worker string, m outbox.ClaimedMessage) func(error) {
-	c := &publishCall{Worker: worker, Token: m.LeaseToken, Attempt: m.Attempts, LeaseEnd: m.LeaseExpiresAt, Start: time.Now()}
+// begin reads the lease of d's attempt and records the start of a publish
+// under it; call the function it returns with the publish's result. When
+// it returns an error, nothing may be published.
+func (l *publishLog) begin(ctx context.Context, worker string, d outbox.Delivery) (func(error), error) {
+	start := l.now()
+	var status string
+	var attempts int
+	var token *uuid.UUID
+	var leaseEnd *time.Time
+	if err := l.pool.QueryRow(ctx, `SELECT status, attempts, lease_token, locked_until FROM modkit_outbox_events WHERE id = $1`, d.ID).
+		Scan(&status, &attempts, &token, &leaseEnd); err != nil {
+		return nil, fmt.Errorf("test: read the lease of event %s: %w", d.ID, err)
+	}
+	if status != string(outbox.StatusProcessing) || attempts != d.Attempt || token == nil || !leaseEnd.After(start) {
+		l.mu.Lock()
+		l.unleased = append(l.unleased, fmt.Sprintf("event %s: %s started attempt %d at %s without its lease: the row is %s, attempts %d, lease until %v",
+			d.ID, worker, d.Attempt, start.Format(time.RFC3339Nano), status, attempts, leaseEnd))
+		l.mu.Unlock()
+		return nil, fmt.Errorf("test: event %s is not leased for attempt %d", d.ID, d.Attempt)
+	}
+	c := &publishCall{Worker: worker, Token: *token, Attempt: d.Attempt, LeaseEnd: *leaseEnd, Start: start}
 	l.mu.Lock()
-	for _, other := range l.inFlight[m.ID] {
+	for _, other := range l.inFlight[d.ID] {
 		if other.Token != c.Token && other.LeaseEnd.After(c.Start) {
 			l.overlaps = append(l.overlaps, fmt.Sprintf("event %s: %s (attempt %d) started while %s (attempt %d) held a valid lease until %s",
-				m.ID, worker, m.Attempts, other.Worker, other.Attempt, other.LeaseEnd.Format(time.RFC3339Nano)))
+				d.ID, worker, d.Attempt, other.Worker, other.Attempt, other.LeaseEnd.Format(time.RFC3339Nano)))
 		}
 	}
-	l.inFlight[m.ID] = append(l.inFlight[m.ID], c)
-	l.calls[m.ID] = append(l.calls[m.ID], c)
+	l.inFlight[d.ID] = append(l.inFlight[d.ID], c)
+	l.calls[d.ID] = append(l.calls[d.ID], c)
 	l.mu.Unlock()
 	l.total.Add(1)
 	return func(err error) {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		c.End, c.Err = time.Now(), err
-		l.inFlight[m.ID] = slices.DeleteFunc(l.inFlight[m.ID], func(x *publishCall) bool { return x == c })
-		if len(l.inFlight[m.ID]) == 0 {
-			delete(l.inFlight, m.ID)
+		c.End, c.Err = l.now(), err
+		l.inFlight[d.ID] = slices.DeleteFunc(l.inFlight[d.ID], func(x *publishCall) bool { return x == c })
+		if len(l.inFlight[d.ID]) == 0 {
+			delete(l.inFlight, d.ID)
+		}
+	}, nil
+}
+
+// givenBack records that the lease token of event id was given back (the
+// dispatcher released the event) by now: publishes of id under it that are
+// still running no longer hold a valid lease.
+func (l *publishLog) givenBack(id, token uuid.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	for _, c := range l.calls[id] {
+		if c.Token == token && c.LeaseEnd.After(now) {
+			c.LeaseEnd = now
 		}
 	}
 }
@@ -262,13 +314,26 @@ func (l *publishLog) okTokens() map[uuid.UUID]map[uuid.UUID]bool {
 }
 
 // checkNoOverlap fails the test if two valid lease holders ever published
-// the same event at once.
+// the same event at once, or if a publish started without the lease of its
+// attempt.
 func (l *publishLog) checkNoOverlap(t *testing.T) {
 	t.Helper()
+	l.checkLeased(t)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, o := range l.overlaps {
 		t.Error("double publish under valid leases: " + o)
+	}
+}
+
+// checkLeased fails the test if a publish started without the lease of its
+// attempt.
+func (l *publishLog) checkLeased(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, u := range l.unleased {
+		t.Error("publish without a lease: " + u)
 	}
 }
 
@@ -286,8 +351,11 @@ func (l *publishLog) checkDelivered(t *testing.T, ids []uuid.UUID) {
 
 // auditDDL installs the audit trail of lease transitions: every update of a
 // row that was processing records the lease it had (token, end), the new
-// status and token, and the statement's transaction time, which is the
-// "now()" the library's lease checks compare against.
+// status and token, and the time of the transition by the outbox's clock:
+// the updated_at the statement wrote, which is the very time its lease
+// check compared against (the database clock, or Config.Now). The
+// transaction's and the statement's start by the database clock are kept
+// too, to check that updated_at is that time when no test clock is used.
 const auditDDL = `
 CREATE TABLE reliability_audit (
 	seq              bigserial PRIMARY KEY,
@@ -298,12 +366,15 @@ CREATE TABLE reliability_audit (
 	new_token        uuid,
 	old_locked_until timestamptz,
 	new_last_error   text,
-	at               timestamptz NOT NULL
+	at               timestamptz NOT NULL,
+	xact_at          timestamptz NOT NULL,
+	stmt_at          timestamptz NOT NULL
 );
 CREATE FUNCTION reliability_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO reliability_audit (event_id, old_status, new_status, old_token, new_token, old_locked_until, new_last_error, at)
-	VALUES (OLD.id, OLD.status, NEW.status, OLD.lease_token, NEW.lease_token, OLD.locked_until, NEW.last_error, now());
+	INSERT INTO reliability_audit (event_id, old_status, new_status, old_token, new_token, old_locked_until, new_last_error, at, xact_at, stmt_at)
+	VALUES (OLD.id, OLD.status, NEW.status, OLD.lease_token, NEW.lease_token, OLD.locked_until, NEW.last_error, NEW.updated_at,
+		now(), statement_timestamp());
 	RETURN NULL;
 END $$;
 CREATE TRIGGER reliability_audit AFTER UPDATE ON modkit_outbox_events
@@ -319,19 +390,32 @@ func installAudit(t *testing.T, pool *pgxpool.Pool) {
 // checkLeaseFencing reads the audit trail and fails the test on any
 // transition out of processing that the lease did not allow:
 //
-//   - delivered, pending (retry or release) and dead by nack need a lease
-//     unexpired at the statement's time;
+//   - delivered, pending (retry or release) and dead by a publish outcome
+//     need a lease unexpired at the statement's time;
 //   - delivered must also present the token of a publish that returned nil
 //     (okTokens; nil skips this check);
 //   - a reclaim (processing with a new token) needs the old lease expired;
 //   - dead with an expired lease is only allowed to the sweep of exhausted
 //     events, which says so in last_error.
 //
-// It returns the number of audited transitions.
+// The outbox runs on the database clock: each transition's time must be
+// its statement's. It returns the number of audited transitions.
 func checkLeaseFencing(t *testing.T, pool *pgxpool.Pool, okTokens map[uuid.UUID]map[uuid.UUID]bool) int {
 	t.Helper()
+	return auditLeases(t, pool, okTokens, false)
+}
+
+// checkLeaseFencingOnTestClock is checkLeaseFencing for an outbox on a test
+// clock (Config.Now), whose times are not the database's.
+func checkLeaseFencingOnTestClock(t *testing.T, pool *pgxpool.Pool, okTokens map[uuid.UUID]map[uuid.UUID]bool) int {
+	t.Helper()
+	return auditLeases(t, pool, okTokens, true)
+}
+
+func auditLeases(t *testing.T, pool *pgxpool.Pool, okTokens map[uuid.UUID]map[uuid.UUID]bool, testClock bool) int {
+	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT event_id, new_status, old_token, new_token, old_locked_until > at,
-		coalesce(new_last_error, '') FROM reliability_audit ORDER BY seq`)
+		coalesce(new_last_error, ''), at BETWEEN xact_at AND stmt_at FROM reliability_audit ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,14 +424,18 @@ func checkLeaseFencing(t *testing.T, pool *pgxpool.Pool, okTokens map[uuid.UUID]
 		var id, oldToken uuid.UUID
 		var newToken *uuid.UUID
 		var status, lastErr string
-		var valid bool
-		if err := rows.Scan(&id, &status, &oldToken, &newToken, &valid, &lastErr); err != nil {
+		var valid, dbTime bool
+		if err := rows.Scan(&id, &status, &oldToken, &newToken, &valid, &lastErr, &dbTime); err != nil {
 			t.Fatal(err)
 		}
 		n++
+		moved := status == string(outbox.StatusProcessing) && newToken != nil && *newToken == oldToken
+		if !moved && !testClock && !dbTime {
+			t.Errorf("event %s moved to %s at a time other than its statement's by the database clock", id, status)
+		}
 		switch {
-		case status == string(outbox.StatusProcessing) && newToken != nil && *newToken == oldToken:
-			// A test moved the lease (expireLease); not a settlement.
+		case moved:
+			// A test moved the lease; not a settlement.
 		case status == string(outbox.StatusProcessing):
 			if valid {
 				t.Errorf("event %s reclaimed while its lease %s was still valid", id, oldToken)
@@ -456,6 +544,22 @@ func namedPool(t *testing.T, dsn, app string) *pgxpool.Pool {
 	return pool
 }
 
+// sizedPool opens a pool of at most maxConns connections on dsn.
+func sizedPool(t *testing.T, dsn string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // backends counts the other sessions on the test's database matching where
 // (a condition on pg_stat_activity).
 func backends(t *testing.T, pool *pgxpool.Pool, where string, args ...any) int {
@@ -496,8 +600,8 @@ func newDeliveredCounter(want int) *deliveredCounter {
 	return c
 }
 
-func (c *deliveredCounter) hook(_ outbox.ClaimedMessage, st outbox.Settlement) {
-	if !st.LeaseLost && st.Status == outbox.StatusDelivered && c.n.Add(1) >= c.want.Load() {
+func (c *deliveredCounter) hook(_ outbox.Delivery, o outbox.Outcome) {
+	if !o.LeaseLost && !o.Released && o.Status == outbox.StatusDelivered && c.n.Add(1) >= c.want.Load() {
 		c.once.Do(func() { close(c.done) })
 	}
 }
@@ -506,12 +610,16 @@ func (c *deliveredCounter) hook(_ outbox.ClaimedMessage, st outbox.Settlement) {
 
 // A dispatcher whose publisher stalls past its lease (a GC pause, a network
 // partition) is overtaken: a second dispatcher reclaims the event and
-// delivers it; the stale one's ack and nack are refused and change nothing,
-// and its dispatcher records nothing when the stalled publish finally
-// returns, whether with success or with an error.
+// delivers it; the stale lease's outcomes (delivered, retry, dead, release)
+// are refused and change nothing, and its dispatcher records nothing when
+// the stalled publish finally returns, whether with success or with an
+// error.
 //
-// The store-level race (claim, expire, reclaim, stale ack) is
-// TestFencingStaleWorker; this is the same race through two dispatchers.
+// A publisher that ignores its context is abandoned at its deadline, before
+// its lease ends (TestReliabilityAbandonedPublish), so the lease is made to
+// expire while the publish runs the way a paused process sees it: the
+// outbox's clock (Config.Now) jumps past the lease while the dispatcher's
+// own timers, on the real clock, are far from their deadline.
 func TestReliabilityStaleWorker(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -521,74 +629,124 @@ func TestReliabilityStaleWorker(t *testing.T) {
 		{"nack", errors.New("stalled worker's late failure")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, tdb := newStore(t, outbox.Config{})
+			client, tdb := newClient(t, outbox.Config{})
 			pool := tdb.Provider.Pool
 			installAudit(t, pool)
-			ids := enqueueN(t, pool, 2)
+			ids := enqueueN(t, client, pool, 2)
 			x, y := ids[0], ids[1]
-			pubs := newPublishLog()
+			// Started after the enqueue, so the events are due by it.
+			clock := newTestClock()
+			clocked := func() *outbox.Client { return clientOn(t, tdb.NewPool(t), outbox.Config{Now: clock.Now}) }
+			pubs := newPublishLog(pool)
+			pubs.now = clock.Now
 
 			// A: one worker, a queue of one. Its worker stalls on x; the claim
-			// loop then claims y into the queue and, the queue being full,
-			// claims nothing more, so only B can rescue x.
-			entered := make(chan outbox.ClaimedMessage, 1)
+			// loop then claims y into the queue and, the lane being full,
+			// claims nothing more, so only B can rescue x. Its real-time
+			// deadlines are far beyond the test's guard.
+			entered := make(chan outbox.Delivery, 1)
 			unstall := make(chan struct{})
-			settledA, logA := newSettledLog(), newLogCapture(slog.LevelWarn)
-			cfgA := testConfig(settledA)
-			cfgA.LeaseDuration, cfgA.PollInterval = time.Second, 100*time.Millisecond
+			outcomesA, logA := newOutcomeLog(), newLogCapture(slog.LevelWarn)
+			cfgA := testConfig(outcomesA)
+			cfgA.LeaseDuration = 10 * time.Minute
 			cfgA.Concurrency, cfgA.BatchSize = 1, 1
+			cfgA.WorkerID = uuid.New()
 			cfgA.Logger = logA.logger()
-			a := startDispatcher(t, tdb.NewPool(t), cfgA, outbox.Publisher{Topic: testTopic,
-				Publish: pubs.wrap("A", func(ctx context.Context, m outbox.ClaimedMessage) error {
+			a := startDispatcher(t, clocked(), cfgA, outbox.Publisher{Topic: testTopic,
+				Publish: pubs.wrap("A", func(ctx context.Context, d outbox.Delivery) error {
 					select {
-					case entered <- m:
+					case entered <- d:
 					default:
 					}
 					<-unstall // deliberately deaf to ctx: a stalled worker
 					return tc.result
 				})})
-			mA := recv(t, "A's publish of x", entered)
-			if mA.ID != x {
-				t.Fatalf("A published %s first, want %s", mA.ID, x)
+			if dA := recv(t, "A's publish of x", entered); dA.ID != x {
+				t.Fatalf("A published %s first, want %s", dA.ID, x)
 			}
 			eventually(t, "y queued by A", func() bool {
-				return countRows(t, pool, "id = $1 AND locked_by = $2", y, a.Store().WorkerID()) == 1
+				return countRows(t, pool, "id = $1 AND locked_by = $2", y, cfgA.WorkerID) == 1
 			})
-
-			settledB := newSettledLog()
-			cfgB := testConfig(settledB)
-			b := startDispatcher(t, tdb.NewPool(t), cfgB, outbox.Publisher{Topic: testTopic,
-				Publish: pubs.wrap("B", func(context.Context, outbox.ClaimedMessage) error { return nil })})
-			settledB.waitFor(t, "B delivering x and y", finalCount(outbox.StatusDelivered, 2))
-
-			// A's own store refuses its stale ack and nack.
-			s := a.Store()
-			before := get(t, s, x)
-			if err := s.Ack(ctx, mA); !errors.Is(err, outbox.ErrLeaseLost) {
-				t.Fatalf("stale ack: %v, want ErrLeaseLost", err)
+			callsA := pubs.callsOf(x)
+			if len(callsA) != 1 {
+				t.Fatalf("%d publishes of x, want A's", len(callsA))
 			}
-			if _, err := s.Nack(ctx, mA, errors.New("stale nack")); !errors.Is(err, outbox.ErrLeaseLost) {
-				t.Fatalf("stale nack: %v, want ErrLeaseLost", err)
-			}
-			// The stalled publish returns; A must record nothing.
-			close(unstall)
-			if err := a.Stop(ctx); err != nil {
+			tokenA := callsA[0].Token
+
+			// A's leases end while its publish of x is stalled.
+			clock.Advance(cfgA.LeaseDuration + time.Second)
+
+			// B takes x and y over. Its publish of x waits, so that A's
+			// stale outcomes meet x leased to B.
+			outcomesB := newOutcomeLog()
+			cfgB := testConfig(outcomesB)
+			cfgB.LeaseDuration = 10 * time.Minute
+			enteredB, releaseB := make(chan struct{}), make(chan struct{})
+			b := startDispatcher(t, clocked(), cfgB, outbox.Publisher{Topic: testTopic,
+				Publish: pubs.wrap("B", func(_ context.Context, d outbox.Delivery) error {
+					if d.ID == x {
+						close(enteredB)
+						<-releaseB
+					}
+					return nil
+				})})
+			recv(t, "B's publish of x", enteredB)
+
+			// A's lease fences nothing any more: every outcome it could
+			// record is refused and leaves x as B holds it.
+			st, err := outboxpg.New(pool).Open(driver.Options{Schema: "public", Now: clock.Now})
+			if err != nil {
 				t.Fatal(err)
 			}
-			after := get(t, s, x)
+			held := get(t, client, x)
+			for _, o := range []driver.Outcome{
+				{Kind: driver.Delivered},
+				{Kind: driver.Retry, Error: "stale nack", Delay: time.Millisecond},
+				{Kind: driver.Dead, Error: "stale dead-letter"},
+				{Kind: driver.Release},
+			} {
+				o.ID, o.LeaseToken = x, tokenA
+				settled, err := st.Complete(ctx, nil, []driver.Outcome{o})
+				if err != nil || len(settled) != 1 || settled[0] {
+					t.Fatalf("stale outcome %+v: settled %v, %v; want refused", o, settled, err)
+				}
+			}
+			if now := get(t, client, x); now.Status != outbox.StatusProcessing || now.LockedBy == nil || *now.LockedBy == cfgA.WorkerID ||
+				!now.UpdatedAt.Equal(held.UpdatedAt) || now.Attempts != held.Attempts || now.LastError != nil {
+				t.Fatalf("the stale outcomes changed x:\nbefore %+v\nafter  %+v", held, now)
+			}
+			close(releaseB)
+			outcomesB.waitFor(t, "B delivering x and y", finalCount(outbox.StatusDelivered, 2))
+			before := get(t, client, x)
+
+			// A stops: its queued y goes back, refused. Then the stalled
+			// publish returns; A must record nothing.
+			stopped := make(chan error, 1)
+			go func() { stopped <- a.Stop(ctx) }()
+			outcomesA.waitFor(t, "A giving y back", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m[y]) > 0 })
+			close(unstall)
+			if err := recv(t, "A's stop", stopped); err != nil {
+				t.Fatal(err)
+			}
+			after := get(t, client, x)
 			if after.Status != outbox.StatusDelivered || !after.UpdatedAt.Equal(before.UpdatedAt) ||
 				after.Attempts != before.Attempts || after.LastError != nil {
 				t.Fatalf("the stale worker changed x:\nbefore %+v\nafter  %+v", before, after)
 			}
-			settledA.mu.Lock()
-			for id, sts := range settledA.byID {
-				for _, st := range sts {
-					if !st.LeaseLost {
-						t.Errorf("A recorded %+v for %s after losing the lease", st, id)
+			outcomesA.mu.Lock()
+			for id, outs := range outcomesA.byID {
+				for _, o := range outs {
+					if !o.LeaseLost {
+						t.Errorf("A recorded %+v for %s after losing the lease", o, id)
 					}
 				}
 			}
-			settledA.mu.Unlock()
+			// y's release was refused; x's late result at most once (that
+			// Stop reports it at all is TestStopRecordsInFlightOutcome's).
+			if len(outcomesA.byID[x]) > 1 || len(outcomesA.byID[y]) != 1 {
+				t.Errorf("A's outcomes: %v, want one refused outcome for y and at most one for x", outcomesA.byID)
+			}
+			outcomesA.mu.Unlock()
 
 			// Fencing: x was delivered under B's lease, the one whose publish
 			// succeeded after the reclaim.
@@ -603,18 +761,14 @@ func TestReliabilityStaleWorker(t *testing.T) {
 				Scan(&deliveredBy); err != nil {
 				t.Fatal(err)
 			}
-			if deliveredBy != bToken || bToken == mA.LeaseToken {
-				t.Fatalf("x delivered under lease %s; B's is %s, A's %s", deliveredBy, bToken, mA.LeaseToken)
+			if deliveredBy != bToken || bToken == tokenA {
+				t.Fatalf("x delivered under lease %s; B's is %s, A's %s", deliveredBy, bToken, tokenA)
 			}
 			okB := pubs.okTokens()
 			for id := range okB {
-				for tok := range okB[id] {
-					if tok == mA.LeaseToken {
-						delete(okB[id], tok) // A's late success must not count
-					}
-				}
+				delete(okB[id], tokenA) // A's late success must not count
 			}
-			checkLeaseFencing(t, pool, okB)
+			checkLeaseFencingOnTestClock(t, pool, okB)
 			pubs.checkNoOverlap(t)
 			pubs.checkDelivered(t, ids)
 			if err := b.Stop(ctx); err != nil {
@@ -626,6 +780,115 @@ func TestReliabilityStaleWorker(t *testing.T) {
 	}
 }
 
+// A publisher that ignores its context is abandoned a little after its
+// deadline, while its lease still holds: its event goes back at once,
+// without using up an attempt, and is delivered by another dispatcher; the
+// topic pauses (its one slot is held by the abandoned call) and Health says
+// so; when the abandoned call finally returns, whatever it returns, nothing
+// is recorded for it.
+func TestReliabilityAbandonedPublish(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		result error // what the abandoned publish finally returns
+	}{
+		{"ack", nil},
+		{"nack", errors.New("abandoned worker's late failure")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client, tdb := newClient(t, outbox.Config{})
+			pool := tdb.Provider.Pool
+			installAudit(t, pool)
+			ids := enqueueN(t, client, pool, 2)
+			x, y := ids[0], ids[1]
+			pubs := newPublishLog(pool)
+
+			entered := make(chan outbox.Delivery, 1)
+			unstall := make(chan struct{})
+			outcomesA, logA := newOutcomeLog(), newLogCapture(slog.LevelWarn)
+			cfgA := testConfig(outcomesA)
+			cfgA.LeaseDuration, cfgA.PollInterval = time.Second, 100*time.Millisecond
+			cfgA.Concurrency, cfgA.BatchSize = 1, 1
+			cfgA.Logger = logA.logger()
+			a := startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfgA, outbox.Publisher{Topic: testTopic,
+				Publish: pubs.wrap("A", func(ctx context.Context, d outbox.Delivery) error {
+					select {
+					case entered <- d:
+					default:
+					}
+					<-unstall // deliberately deaf to ctx
+					return tc.result
+				})})
+			if dA := recv(t, "A's publish of x", entered); dA.ID != x {
+				t.Fatalf("A published %s first, want %s", dA.ID, x)
+			}
+			outcomesA.waitFor(t, "A abandoning x", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m[x]) > 0 })
+			outcomesA.mu.Lock()
+			ox := outcomesA.byID[x][0]
+			outcomesA.mu.Unlock()
+			if !ox.Abandoned || !ox.Released || ox.LeaseLost || ox.Status != outbox.StatusPending {
+				t.Fatalf("x's outcome at A: %+v, want abandoned and given back under its lease", ox)
+			}
+			// The release ended A's lease; its call runs on without one.
+			callsA := pubs.callsOf(x)
+			if len(callsA) != 1 {
+				t.Fatalf("%d publishes of x, want A's", len(callsA))
+			}
+			pubs.givenBack(x, callsA[0].Token)
+			if h := a.Health(); !h.Running || !h.Degraded || h.Abandoned != 1 || len(h.Problems) == 0 {
+				t.Fatalf("A's health with an abandoned publish: %+v", h)
+			}
+			// Its one slot held by the abandoned call, the topic pauses.
+			logA.waitForMsg(t, "topic paused: its publisher ignores its context and every slot of the topic is held by an abandoned publish; "+
+				"other topics go on, this one resumes when they return", 1)
+
+			outcomesB := newOutcomeLog()
+			b := startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), testConfig(outcomesB),
+				outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("B", noopPublish)})
+			outcomesB.waitFor(t, "B delivering x and y", finalCount(outbox.StatusDelivered, 2))
+			before := get(t, client, x)
+			if before.Attempts != 1 {
+				t.Fatalf("x after B's delivery: %+v, want attempt 1: the abandoned attempt is not counted", before)
+			}
+
+			close(unstall)
+			logA.waitForMsg(t, "an abandoned publish returned; its result is ignored (the event was given back and is delivered again)", 1)
+			if err := a.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if after := get(t, client, x); after.Status != outbox.StatusDelivered || !after.UpdatedAt.Equal(before.UpdatedAt) ||
+				after.Attempts != before.Attempts || after.LastError != nil {
+				t.Fatalf("the abandoned publish changed x:\nbefore %+v\nafter  %+v", before, after)
+			}
+			outcomesA.mu.Lock()
+			if outs := outcomesA.byID[x]; len(outs) != 1 {
+				t.Errorf("A recorded %+v for x, want only its abandonment", outs)
+			}
+			for _, o := range outcomesA.byID[y] {
+				if !o.Released || o.Abandoned || o.Status != outbox.StatusPending {
+					t.Errorf("A recorded %+v for y, which it never started", o)
+				}
+			}
+			outcomesA.mu.Unlock()
+
+			// x was delivered under B's lease, the only one whose publish
+			// counts: the abandoned one's late result is not an outcome.
+			okB := pubs.okTokens()
+			for _, c := range pubs.callsOf(x) {
+				if c.Worker == "A" {
+					delete(okB[x], c.Token)
+				}
+			}
+			checkLeaseFencing(t, pool, okB)
+			pubs.checkNoOverlap(t)
+			pubs.checkDelivered(t, ids)
+			if err := b.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			checkFinalState(t, pool, allStatus(ids, outbox.StatusDelivered))
+		})
+	}
+}
+
 // ---- 4. Backend killed ----
 
 // The dispatcher's database sessions are killed with pg_terminate_backend
@@ -633,10 +896,12 @@ func TestReliabilityStaleWorker(t *testing.T) {
 func TestReliabilityBackendKilled(t *testing.T) {
 	const app = "reliability-dispatcher"
 	type fixture struct {
+		client   *outbox.Client // on pool
+		dclient  *outbox.Client // the dispatcher's, on dpool
 		pool     *pgxpool.Pool
 		dpool    *pgxpool.Pool
 		ids      []uuid.UUID
-		settled  *settledLog
+		settled  *outcomeLog
 		logs     *logCapture
 		pubs     *publishLog
 		cfg      outbox.DispatcherConfig
@@ -644,12 +909,14 @@ func TestReliabilityBackendKilled(t *testing.T) {
 		dispatch func(t *testing.T, p outbox.Publisher)
 	}
 	setup := func(t *testing.T, n int) *fixture {
-		_, tdb := newStore(t, outbox.Config{})
-		f := &fixture{pool: tdb.Provider.Pool, dsn: tdb.DSN, settled: newSettledLog(), logs: newLogCapture(slog.LevelWarn), pubs: newPublishLog()}
+		client, tdb := newClient(t, outbox.Config{})
+		f := &fixture{client: client, pool: tdb.Provider.Pool, dsn: tdb.DSN, settled: newOutcomeLog(), logs: newLogCapture(slog.LevelWarn)}
+		f.pubs = newPublishLog(f.pool)
 		installAudit(t, f.pool)
 		f.dpool = namedPool(t, tdb.DSN, app)
+		f.dclient = clientOn(t, f.dpool, outbox.Config{})
 		if n > 0 {
-			f.ids = enqueueN(t, f.pool, n)
+			f.ids = enqueueN(t, client, f.pool, n)
 		}
 		f.cfg = testConfig(f.settled)
 		f.cfg.Logger, f.cfg.SweepInterval = f.logs.logger(), time.Hour
@@ -666,7 +933,7 @@ func TestReliabilityBackendKilled(t *testing.T) {
 
 	t.Run("during claim", func(t *testing.T) {
 		f := setup(t, 0)
-		startDispatcher(t, f.dpool, f.cfg, outbox.Publisher{Topic: testTopic, Publish: f.pubs.wrap("d", noopPublish)})
+		startDispatcher(t, f.dclient, f.cfg, outbox.Publisher{Topic: testTopic, Publish: f.pubs.wrap("d", noopPublish)})
 		// The claim blocks behind a table lock held by the transaction
 		// that enqueues the events; its session is killed while it waits.
 		tx, err := f.pool.Begin(ctx)
@@ -677,7 +944,7 @@ func TestReliabilityBackendKilled(t *testing.T) {
 		if _, err := tx.Exec(ctx, "LOCK TABLE modkit_outbox_events IN ACCESS EXCLUSIVE MODE"); err != nil {
 			t.Fatal(err)
 		}
-		f.ids = enqueueIn(t, tx, 50)
+		f.ids = enqueueIn(t, f.client, tx, 50)
 		claimWaiting := "application_name = $1 AND wait_event_type = 'Lock' AND query LIKE 'WITH due AS%'"
 		eventually(t, "a claim blocked on the lock", func() bool { return backends(t, f.pool, claimWaiting, app) > 0 })
 		if n := terminate(t, f.pool, claimWaiting, app); n == 0 {
@@ -696,9 +963,9 @@ func TestReliabilityBackendKilled(t *testing.T) {
 		f := setup(t, 20)
 		target := f.ids[5]
 		entered, resume := make(chan struct{}), make(chan struct{})
-		startDispatcher(t, f.dpool, f.cfg, outbox.Publisher{Topic: testTopic, Publish: f.pubs.wrap("d",
-			func(ctx context.Context, m outbox.ClaimedMessage) error {
-				if m.ID == target && m.Attempts == 1 {
+		startDispatcher(t, f.dclient, f.cfg, outbox.Publisher{Topic: testTopic, Publish: f.pubs.wrap("d",
+			func(ctx context.Context, d outbox.Delivery) error {
+				if d.ID == target && d.Attempt == 1 {
 					close(entered)
 					<-resume
 				}
@@ -727,14 +994,17 @@ func TestReliabilityBackendKilled(t *testing.T) {
 		}
 		target := f.ids[3]
 		pids, resume := make(chan int, 1), make(chan struct{})
-		startDispatcher(t, f.dpool, f.cfg, outbox.Publisher{Topic: testTopic,
-			HandleTx: func(ctx context.Context, tx pgx.Tx, m outbox.ClaimedMessage) error {
-				end := f.pubs.begin("d", m)
-				if _, err := tx.Exec(ctx, "INSERT INTO consumed VALUES ($1, $2)", m.ID, m.Attempts); err != nil {
+		startDispatcher(t, f.dclient, f.cfg, outbox.Publisher{Topic: testTopic,
+			HandleTx: func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+				end, err := f.pubs.begin(ctx, "d", d)
+				if err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, "INSERT INTO consumed VALUES ($1, $2)", d.ID, d.Attempt); err != nil {
 					end(err)
 					return err
 				}
-				if m.ID == target && m.Attempts == 1 {
+				if d.ID == target && d.Attempt == 1 {
 					var pid int
 					if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 						end(err)
@@ -759,7 +1029,8 @@ func TestReliabilityBackendKilled(t *testing.T) {
 				t.Fatalf("event %s consumed %d times, want exactly once", id, n)
 			}
 		}
-		if e := get(t, nil2store(t, f.pool), target); e.Attempts != 2 || e.LastError == nil {
+		f.pubs.checkNoOverlap(t)
+		if e := get(t, f.client, target); e.Attempts != 2 || e.LastError == nil {
 			t.Fatalf("target: %+v, want delivered on attempt 2 after a recorded failure", e)
 		}
 	})
@@ -768,9 +1039,9 @@ func TestReliabilityBackendKilled(t *testing.T) {
 		f := setup(t, 20)
 		target := f.ids[7]
 		entered, resume := make(chan struct{}), make(chan struct{})
-		startDispatcher(t, f.dpool, f.cfg, outbox.Publisher{Topic: testTopic, Publish: f.pubs.wrap("d",
-			func(ctx context.Context, m outbox.ClaimedMessage) error {
-				if m.ID == target && m.Attempts == 1 {
+		startDispatcher(t, f.dclient, f.cfg, outbox.Publisher{Topic: testTopic, Publish: f.pubs.wrap("d",
+			func(ctx context.Context, d outbox.Delivery) error {
+				if d.ID == target && d.Attempt == 1 {
 					close(entered)
 					<-resume
 				}
@@ -805,16 +1076,16 @@ func TestReliabilityBackendKilled(t *testing.T) {
 	})
 }
 
-func noopPublish(context.Context, outbox.ClaimedMessage) error { return nil }
+func noopPublish(context.Context, outbox.Delivery) error { return nil }
 
 // enqueueIn enqueues n events through r.
-func enqueueIn(t *testing.T, r pgx.Tx, n int) []uuid.UUID {
+func enqueueIn(t *testing.T, c *outbox.Client, r pgx.Tx, n int) []uuid.UUID {
 	t.Helper()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
 		msgs[i] = msg(i)
 	}
-	res, err := outbox.EnqueueBatch(ctx, r, msgs)
+	res, err := c.EnqueueBatch(ctx, r, msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -851,7 +1122,7 @@ func TestReliabilityListenerLost(t *testing.T) {
 		{"reconnect covers the gap", 10 * time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, tdb := newStore(t, outbox.Config{})
+			client, tdb := newClient(t, outbox.Config{})
 			pool := tdb.Provider.Pool
 			installAudit(t, pool)
 			var partitioned atomic.Bool
@@ -860,14 +1131,14 @@ func TestReliabilityListenerLost(t *testing.T) {
 			// are refused.
 			warm(t, dpool, 4)
 
-			settled, logs, pubs := newSettledLog(), newLogCapture(slog.LevelWarn), newPublishLog()
+			settled, logs, pubs := newOutcomeLog(), newLogCapture(slog.LevelWarn), newPublishLog(pool)
 			cfg := testConfig(settled)
 			cfg.Logger, cfg.SweepInterval = logs.logger(), time.Hour
 			if tc.poll > time.Minute {
 				cfg.LeaseDuration = time.Hour
 			}
 			cfg.PollInterval = tc.poll
-			startDispatcher(t, dpool, cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
+			startDispatcher(t, clientOn(t, dpool, outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
 			listening := "query LIKE 'LISTEN %'"
 			eventually(t, "the dispatcher listening", func() bool { return backends(t, pool, listening) == 1 })
 
@@ -879,7 +1150,7 @@ func TestReliabilityListenerLost(t *testing.T) {
 			const lost = "notification listener lost; polling continues, reconnecting"
 			logs.waitForMsg(t, lost, 2)
 
-			gap := enqueueN(t, pool, 5) // their NOTIFYs reach nobody
+			gap := enqueueN(t, client, pool, 5) // their NOTIFYs reach nobody
 			if tc.poll < time.Minute {
 				settled.waitFor(t, "the gap's events, by polling", finalCount(outbox.StatusDelivered, len(gap)))
 				if n := backends(t, pool, listening); n != 0 {
@@ -892,10 +1163,11 @@ func TestReliabilityListenerLost(t *testing.T) {
 			}
 			// And the listener is back: a new event wakes the dispatcher.
 			eventually(t, "the listener back", func() bool { return backends(t, pool, listening) == 1 })
-			last := enqueueN(t, pool, 1)
+			last := enqueueN(t, client, pool, 1)
 			all := append(gap, last...)
 			settled.waitFor(t, "an event after the gap", finalCount(outbox.StatusDelivered, len(all)))
 			pubs.checkDelivered(t, all)
+			pubs.checkNoOverlap(t)
 			checkLeaseFencing(t, pool, pubs.okTokens())
 			checkFinalState(t, pool, allStatus(all, outbox.StatusDelivered))
 			t.Logf("listener losses logged: %d", logs.count(slog.LevelWarn, lost))
@@ -953,13 +1225,10 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 func TestReliabilityOutOfOrderCommits(t *testing.T) {
 	for _, pollOnly := range []bool{false, true} {
 		t.Run(fmt.Sprintf("poll-only=%v", pollOnly), func(t *testing.T) {
-			_, tdb := newStore(t, outbox.Config{})
+			_, tdb := newClient(t, outbox.Config{})
 			pool := tdb.Provider.Pool
 			installAudit(t, pool)
-			producer, err := outbox.NewProducer(outbox.Config{DisableNotify: pollOnly})
-			if err != nil {
-				t.Fatal(err)
-			}
+			producer := clientOn(t, pool, outbox.Config{DisableNotify: pollOnly})
 			const n = 6
 			txs := make([]pgx.Tx, n)
 			ids := make([]uuid.UUID, n)
@@ -978,18 +1247,18 @@ func TestReliabilityOutOfOrderCommits(t *testing.T) {
 				}
 				ids[i] = res.ID
 			}
-			settled, pubs := newSettledLog(), newPublishLog()
+			settled, pubs := newOutcomeLog(), newPublishLog(pool)
 			cfg := testConfig(settled)
 			cfg.PollOnly = pollOnly
-			startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
+			startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
 			for i := n - 1; i >= 0; i-- {
 				if err := txs[i].Commit(ctx); err != nil {
 					t.Fatal(err)
 				}
 				id := ids[i]
-				settled.waitFor(t, fmt.Sprintf("event %d, committed %d-th", i, n-i), func(m map[uuid.UUID][]outbox.Settlement) bool {
-					sts := m[id]
-					return len(sts) > 0 && sts[len(sts)-1].Status == outbox.StatusDelivered
+				settled.waitFor(t, fmt.Sprintf("event %d, committed %d-th", i, n-i), func(m map[uuid.UUID][]outbox.Outcome) bool {
+					outs := m[id]
+					return len(outs) > 0 && !outs[len(outs)-1].LeaseLost && outs[len(outs)-1].Status == outbox.StatusDelivered
 				})
 			}
 			var ordered bool
@@ -1001,6 +1270,7 @@ func TestReliabilityOutOfOrderCommits(t *testing.T) {
 				t.Fatal("the first-enqueued event does not have the earliest created_at; the test shows nothing")
 			}
 			pubs.checkDelivered(t, ids)
+			pubs.checkNoOverlap(t)
 			checkLeaseFencing(t, pool, pubs.okTokens())
 			checkFinalState(t, pool, allStatus(ids, outbox.StatusDelivered))
 		})
@@ -1014,10 +1284,10 @@ func TestReliabilityOutOfOrderCommits(t *testing.T) {
 // its own: the claim skips the locked rows and delivers everything else;
 // once the locks go, the skipped rows are delivered too.
 func TestReliabilityLockedRows(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	installAudit(t, pool)
-	ids := enqueueN(t, pool, 100)
+	ids := enqueueN(t, client, pool, 100)
 	locked := []uuid.UUID{ids[0], ids[50], ids[99]}
 	holders := []struct {
 		sql string
@@ -1047,7 +1317,7 @@ func TestReliabilityLockedRows(t *testing.T) {
 		}
 	}
 	pendingTx := begin()
-	late, err := outbox.Enqueue(ctx, pendingTx, msg(1000))
+	late, err := client.Enqueue(ctx, pendingTx, msg(1000))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1055,12 +1325,11 @@ func TestReliabilityLockedRows(t *testing.T) {
 		t.Fatalf("%d sessions idle in transaction, want 4", n)
 	}
 
-	settled, pubs := newSettledLog(), newPublishLog()
-	startDispatcher(t, tdb.NewPool(t), testConfig(settled), outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
+	settled, pubs := newOutcomeLog(), newPublishLog(pool)
+	startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), testConfig(settled), outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d", noopPublish)})
 	settled.waitFor(t, "the unlocked events", finalCount(outbox.StatusDelivered, len(ids)-len(locked)))
-	s := nil2store(t, pool)
 	for _, id := range locked {
-		if e := get(t, s, id); e.Status != outbox.StatusPending || e.Attempts != 0 || len(pubs.callsOf(id)) != 0 {
+		if e := get(t, client, id); e.Status != outbox.StatusPending || e.Attempts != 0 || len(pubs.callsOf(id)) != 0 {
 			t.Fatalf("locked event %s touched: %+v", id, e)
 		}
 	}
@@ -1077,6 +1346,7 @@ func TestReliabilityLockedRows(t *testing.T) {
 	all := append(slices.Clone(ids), late.ID)
 	settled.waitFor(t, "every event", finalCount(outbox.StatusDelivered, len(all)))
 	pubs.checkDelivered(t, all)
+	pubs.checkNoOverlap(t)
 	checkLeaseFencing(t, pool, pubs.okTokens())
 	checkFinalState(t, pool, allStatus(all, outbox.StatusDelivered))
 }
@@ -1089,40 +1359,40 @@ func TestReliabilityLockedRows(t *testing.T) {
 // could not happen if it blocked them. A permanently failing event is dead
 // after one call.
 func TestReliabilityPoisonEvent(t *testing.T) {
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	installAudit(t, pool)
-	healthy := enqueueN(t, pool, 500)
-	poisonRes, err := outbox.Enqueue(ctx, pool, msg(-1))
+	healthy := enqueueN(t, client, pool, 500)
+	poisonRes, err := client.Enqueue(ctx, pool, msg(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	permanentRes, err := outbox.Enqueue(ctx, pool, msg(-2))
+	permanentRes, err := client.Enqueue(ctx, pool, msg(-2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	healthy = append(healthy, enqueueN(t, pool, 500)...)
+	healthy = append(healthy, enqueueN(t, client, pool, 500)...)
 	poison, permanent := poisonRes.ID, permanentRes.ID
 
 	const maxAttempts = 5
 	healthyDone := make(chan struct{})
-	settled, pubs := newSettledLog(), newPublishLog()
+	settled, pubs := newOutcomeLog(), newPublishLog(pool)
 	cfg := testConfig(settled)
 	cfg.MaxAttempts = maxAttempts
-	startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d",
-		func(ctx context.Context, m outbox.ClaimedMessage) error {
-			switch m.ID {
+	startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap("d",
+		func(ctx context.Context, d outbox.Delivery) error {
+			switch d.ID {
 			case permanent:
 				return outbox.Permanent(errors.New("payload schema v0 is not supported"))
 			case poison:
-				if m.Attempts == m.MaxAttempts {
+				if d.Attempt == d.MaxAttempts {
 					select {
 					case <-healthyDone:
 					case <-ctx.Done():
 						return ctx.Err()
 					}
 				}
-				return fmt.Errorf("downstream rejects event (attempt %d)", m.Attempts)
+				return fmt.Errorf("downstream rejects event (attempt %d)", d.Attempt)
 			}
 			return nil
 		})})
@@ -1130,13 +1400,12 @@ func TestReliabilityPoisonEvent(t *testing.T) {
 	close(healthyDone)
 	settled.waitFor(t, "both poison events dead", finalCount(outbox.StatusDead, 2))
 
-	s := nil2store(t, pool)
-	e := get(t, s, poison)
+	e := get(t, client, poison)
 	if e.Status != outbox.StatusDead || e.Attempts != maxAttempts || len(pubs.callsOf(poison)) != maxAttempts ||
 		!strings.Contains(*e.LastError, fmt.Sprintf("attempt %d of %d failed, no attempts left", maxAttempts, maxAttempts)) {
 		t.Fatalf("poison: %+v after %d calls, want dead after exactly %d", e, len(pubs.callsOf(poison)), maxAttempts)
 	}
-	if e := get(t, s, permanent); e.Status != outbox.StatusDead || e.Attempts != 1 || len(pubs.callsOf(permanent)) != 1 {
+	if e := get(t, client, permanent); e.Status != outbox.StatusDead || e.Attempts != 1 || len(pubs.callsOf(permanent)) != 1 {
 		t.Fatalf("permanent failure: %+v after %d calls, want dead after 1", e, len(pubs.callsOf(permanent)))
 	}
 	for _, id := range healthy {
@@ -1154,7 +1423,8 @@ func TestReliabilityPoisonEvent(t *testing.T) {
 // ---- 10. Concurrency ----
 
 // manyDispatchersEvents is how many events eight dispatchers drain. 50,000
-// takes about ten seconds under -race on two cores.
+// take some tens of seconds under -race on two cores (each publish also
+// reads its lease).
 const manyDispatchersEvents = 50_000
 
 // Eight dispatchers on separate pools (eight "replicas") drain 50,000
@@ -1165,21 +1435,23 @@ func TestReliabilityManyDispatchers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drains 50,000 events")
 	}
-	_, tdb := newStore(t, outbox.Config{})
+	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	installAudit(t, pool)
 	const n, dispatchers = manyDispatchersEvents, 8
 	ids := make([]uuid.UUID, 0, n)
 	for len(ids) < n {
-		ids = append(ids, enqueueN(t, pool, min(5000, n-len(ids)))...)
+		ids = append(ids, enqueueN(t, client, pool, min(5000, n-len(ids)))...)
 	}
-	counter, pubs := newDeliveredCounter(n), newPublishLog()
+	// The publishes read their leases through a pool of their own, wide
+	// enough not to throttle 8 × 16 publishes.
+	counter, pubs := newDeliveredCounter(n), newPublishLog(sizedPool(t, tdb.DSN, 32))
 	start := time.Now()
 	for i := range dispatchers {
-		cfg := testConfig(newSettledLog())
-		cfg.OnSettled = counter.hook
+		cfg := testConfig(newOutcomeLog())
+		cfg.OnOutcome = counter.hook
 		cfg.BatchSize, cfg.Concurrency = 200, 16
-		startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap(fmt.Sprint("d", i), noopPublish)})
+		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap(fmt.Sprint("d", i), noopPublish)})
 	}
 	recv(t, fmt.Sprintf("%d deliveries", n), counter.done)
 	elapsed := time.Since(start)
@@ -1220,17 +1492,17 @@ func TestReliabilitySecretsRedacted(t *testing.T) {
 		password, secret, strings.Repeat("é", 3000))
 
 	t.Run("publish error", func(t *testing.T) {
-		_, tdb := newStore(t, outbox.Config{})
+		client, tdb := newClient(t, outbox.Config{ErrorMaxLen: maxLen})
 		pool := tdb.Provider.Pool
-		id := enqueueN(t, pool, 1)[0]
-		settled, logs := newSettledLog(), newLogCapture(slog.LevelDebug)
+		id := enqueueN(t, client, pool, 1)[0]
+		settled, logs := newOutcomeLog(), newLogCapture(slog.LevelDebug)
 		cfg := testConfig(settled)
-		cfg.Store.ErrorMaxLen, cfg.MaxAttempts, cfg.Logger = maxLen, 2, logs.logger()
-		startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic,
-			Publish: func(context.Context, outbox.ClaimedMessage) error { return errors.New(leaky) }})
+		cfg.MaxAttempts, cfg.Logger = 2, logs.logger()
+		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{ErrorMaxLen: maxLen}), cfg, outbox.Publisher{Topic: testTopic,
+			Publish: func(context.Context, outbox.Delivery) error { return errors.New(leaky) }})
 		settled.waitFor(t, "the event dead", finalCount(outbox.StatusDead, 1))
 
-		e := get(t, nil2store(t, pool), id)
+		e := get(t, client, id)
 		checkSanitized(t, "last_error", *e.LastError, maxLen, secret, password)
 		if !strings.Contains(*e.LastError, "[REDACTED]") || !strings.Contains(*e.LastError, "[truncated ") {
 			t.Errorf("last_error %q: want redaction and truncation marks", *e.LastError)
@@ -1251,16 +1523,16 @@ func TestReliabilitySecretsRedacted(t *testing.T) {
 	})
 
 	t.Run("publisher panic", func(t *testing.T) {
-		_, tdb := newStore(t, outbox.Config{})
+		client, tdb := newClient(t, outbox.Config{ErrorMaxLen: maxLen})
 		pool := tdb.Provider.Pool
-		id := enqueueN(t, pool, 1)[0]
-		settled, logs := newSettledLog(), newLogCapture(slog.LevelInfo)
+		id := enqueueN(t, client, pool, 1)[0]
+		settled, logs := newOutcomeLog(), newLogCapture(slog.LevelInfo)
 		cfg := testConfig(settled)
-		cfg.Store.ErrorMaxLen, cfg.MaxAttempts, cfg.Logger = maxLen, 1, logs.logger()
-		startDispatcher(t, tdb.NewPool(t), cfg, outbox.Publisher{Topic: testTopic,
-			Publish: func(context.Context, outbox.ClaimedMessage) error { panic(leaky) }})
+		cfg.MaxAttempts, cfg.Logger = 1, logs.logger()
+		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{ErrorMaxLen: maxLen}), cfg, outbox.Publisher{Topic: testTopic,
+			Publish: func(context.Context, outbox.Delivery) error { panic(leaky) }})
 		settled.waitFor(t, "the event dead", finalCount(outbox.StatusDead, 1))
-		e := get(t, nil2store(t, pool), id)
+		e := get(t, client, id)
 		checkSanitized(t, "last_error", *e.LastError, maxLen, secret, password)
 		var leaks []string
 		for _, r := range logs.records() {

@@ -1,20 +1,18 @@
 package outbox
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"time"
 )
 
-// Retry defaults.
 const (
-	BaseDelayDefault   = time.Second
-	MaxDelayDefault    = 5 * time.Minute
-	MaxAttemptsDefault = 10
+	baseDelayDefault   = time.Second
+	maxDelayDefault    = 5 * time.Minute
+	maxAttemptsDefault = 10
 )
 
-// RetryPolicy computes when a failed event is tried again, with seed 004's
-// exponential backoff and equal jitter:
+// RetryPolicy computes when a failed event is tried again, with exponential
+// backoff and equal jitter:
 //
 //	delay  = min(BaseDelay * 2^(attempts-1), MaxDelay)
 //	wait   = uniform random in [delay/2, delay]
@@ -23,29 +21,28 @@ const (
 // just failed.
 type RetryPolicy struct {
 	// BaseDelay is the delay before jitter after the first failure.
-	// Default BaseDelayDefault.
+	// Default 1s.
 	BaseDelay time.Duration
-	// MaxDelay bounds the delay before jitter. Default MaxDelayDefault.
+	// MaxDelay bounds the delay before jitter. Default 5m.
 	MaxDelay time.Duration
 }
 
-// WithDefaults fills zero fields with the defaults.
-func (p RetryPolicy) WithDefaults() RetryPolicy {
+func (p RetryPolicy) withDefaults() RetryPolicy {
 	if p.BaseDelay == 0 {
-		p.BaseDelay = BaseDelayDefault
+		p.BaseDelay = baseDelayDefault
 	}
 	if p.MaxDelay == 0 {
-		p.MaxDelay = MaxDelayDefault
+		p.MaxDelay = maxDelayDefault
 	}
 	return p
 }
 
 func (p RetryPolicy) validate() error {
 	if p.BaseDelay <= 0 {
-		return fmt.Errorf("outbox: RetryPolicy.BaseDelay is %v; it must be positive", p.BaseDelay)
+		return configError("RetryPolicy.BaseDelay is %v; it must be positive", p.BaseDelay)
 	}
 	if p.MaxDelay < p.BaseDelay {
-		return fmt.Errorf("outbox: RetryPolicy.MaxDelay (%v) must be at least BaseDelay (%v)", p.MaxDelay, p.BaseDelay)
+		return configError("RetryPolicy.MaxDelay (%v) must be at least BaseDelay (%v)", p.MaxDelay, p.BaseDelay)
 	}
 	return nil
 }

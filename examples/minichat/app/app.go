@@ -23,6 +23,7 @@ import (
 	"github.com/modkit-go/modkit/examples/minichat/usage"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // Defaults of Options.
@@ -116,27 +117,29 @@ type Progress struct {
 	Delivered, Retried, Dead int64
 }
 
-// Migrate applies the outbox migrations (tracking table
-// db.MigrationsTable) and Mini Chat's own (tracking table
-// minichatmigrations.Table) to the database at dsn.
+// Migrate applies the outbox migrations (with outbox.Client.Migrate) and
+// Mini Chat's own (tracking table minichatmigrations.Table) to the
+// database at dsn. It runs before the fx app exists, so it builds an
+// outbox client of its own with outbox.New.
 func Migrate(ctx context.Context, dsn string, log *slog.Logger) error {
 	prov, err := db.Open(ctx, db.Config{DSN: dsn})
 	if err != nil {
 		return fmt.Errorf("minichat: migrate: %w", err)
 	}
 	defer prov.Close()
-	sets := []db.MigratorConfig{
-		{Logger: log},
-		{Logger: log, FS: minichatmigrations.FS, Table: minichatmigrations.Table},
+	client, err := outbox.New(outboxpg.New(prov.Pool), outbox.Config{Logger: log})
+	if err != nil {
+		return fmt.Errorf("minichat: migrate: %w", err)
 	}
-	for _, cfg := range sets {
-		m, err := db.NewMigrator(prov.Pool, cfg)
-		if err != nil {
-			return fmt.Errorf("minichat: migrate: %w", err)
-		}
-		if _, err := m.Up(ctx); err != nil {
-			return fmt.Errorf("minichat: migrate: %w", err)
-		}
+	if err := client.Migrate(ctx); err != nil {
+		return fmt.Errorf("minichat: migrate: %w", err)
+	}
+	m, err := db.NewMigrator(prov.Pool, db.MigratorConfig{Logger: log, FS: minichatmigrations.FS, Table: minichatmigrations.Table})
+	if err != nil {
+		return fmt.Errorf("minichat: migrate: %w", err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		return fmt.Errorf("minichat: migrate: %w", err)
 	}
 	return nil
 }
@@ -187,7 +190,7 @@ func (sc *scenario) appOptions() []fx.Option {
 			// Short delays so that the injected failures are retried within
 			// the demo; five attempts are plenty for failures that only hit
 			// first attempts.
-			Store:       outbox.Config{Retry: outbox.RetryPolicy{BaseDelay: 50 * time.Millisecond, MaxDelay: 400 * time.Millisecond}},
+			Retry:       outbox.RetryPolicy{BaseDelay: 50 * time.Millisecond, MaxDelay: 400 * time.Millisecond},
 			MaxAttempts: 5,
 			// A transactional handler holds a pool connection for its
 			// publish: keep the workers well below the pool size, which the
@@ -195,7 +198,7 @@ func (sc *scenario) appOptions() []fx.Option {
 			Concurrency:   8,
 			LeaseDuration: 10 * time.Second,
 			PollInterval:  250 * time.Millisecond,
-			OnSettled:     sc.track.settled,
+			OnOutcome:     sc.track.outcome,
 		}),
 		fx.Supply(chat.Config{WatchdogInterval: 100 * time.Millisecond, OrphanAfter: 250 * time.Millisecond,
 			OnCommitted: sc.lat.committed}),
@@ -204,7 +207,7 @@ func (sc *scenario) appOptions() []fx.Option {
 		outbox.Module,
 		chat.Module,
 		usage.Module,
-		fx.Populate(&sc.svc, &sc.collector, &sc.prov),
+		fx.Populate(&sc.svc, &sc.collector, &sc.prov, &sc.outbox),
 		fx.WithLogger(func() fxevent.Logger { return &fxevent.SlogLogger{Logger: opts.Logger.With("component", "fx")} }),
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -70,6 +71,7 @@ func TestScenarioReconciles(t *testing.T) {
 // bundle is what the unit-level tests work with.
 type bundle struct {
 	prov   *db.Provider
+	outbox *outbox.Client
 	svc    *chat.Service
 	chatID uuid.UUID
 }
@@ -83,7 +85,11 @@ func setup(t *testing.T) bundle {
 	if err := app.Migrate(ctx, tdb.DSN, quiet); err != nil {
 		t.Fatal(err)
 	}
-	svc := chat.NewService(tdb.Provider.Bun, chat.Config{}, quiet)
+	client, err := outbox.New(outboxpg.New(tdb.Provider.Pool), outbox.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := chat.NewService(tdb.Provider.Bun, client, chat.Config{}, quiet)
 	tenant, user := uuid.New(), uuid.New()
 	if err := svc.SetQuota(ctx, tenant, user, 1<<40); err != nil {
 		t.Fatal(err)
@@ -92,7 +98,7 @@ func setup(t *testing.T) bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bundle{prov: tdb.Provider, svc: svc, chatID: chatID}
+	return bundle{prov: tdb.Provider, outbox: client, svc: svc, chatID: chatID}
 }
 
 func (b bundle) startTurn(t *testing.T, model string) *chat.Turn {
@@ -281,7 +287,7 @@ func TestMigrationsRoundTrip(t *testing.T) {
 }
 
 // The collector counts each turn once however often its event arrives:
-// the same claimed event handled twice, then every event redelivered by a
+// the same delivery handled twice, then every event redelivered by a
 // dispatcher after being forced back to pending.
 func TestCollectorIsIdempotentUnderRedelivery(t *testing.T) {
 	b := setup(t)
@@ -308,18 +314,17 @@ func TestCollectorIsIdempotentUnderRedelivery(t *testing.T) {
 		b.queryInt(t, `SELECT sum(input_tokens + output_tokens + reasoning_tokens) FROM minichat_turns`),
 	}
 
-	// 1. The same claimed events, handled twice each.
-	store, err := outbox.NewStore(b.prov.Pool, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	claimed, err := store.ClaimBatch(ctx, outbox.ClaimConfig{Topics: []outbox.Topic{events.UsageTopic}})
-	if err != nil || len(claimed) != turns {
-		t.Fatalf("claimed %d events, %v; want %d", len(claimed), err, turns)
+	// 1. The same deliveries, handled twice each, as a dispatcher would
+	// hand them over.
+	page, err := b.outbox.Admin().List(ctx, outbox.EventFilter{Namespace: events.Namespace, Topic: events.TopicUsageSnapshot})
+	if err != nil || len(page.Events) != turns {
+		t.Fatalf("listed %d events, %v; want %d", len(page.Events), err, turns)
 	}
 	for range 2 {
-		for _, m := range claimed {
-			if err := db.InTx(ctx, b.prov.Pool, func(ctx context.Context, tx pgx.Tx) error { return collector.Handle(ctx, tx, m) }); err != nil {
+		for _, e := range page.Events {
+			d := outbox.Delivery{ID: e.ID, Namespace: e.Namespace, Topic: e.Topic, TenantID: e.TenantID, DedupeKey: e.DedupeKey,
+				Payload: e.Payload, Attempt: 1, CreatedAt: e.CreatedAt}
+			if err := db.InTx(ctx, b.prov.Pool, func(ctx context.Context, tx pgx.Tx) error { return collector.Handle(ctx, tx, d) }); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -334,7 +339,7 @@ func TestCollectorIsIdempotentUnderRedelivery(t *testing.T) {
 		SET status = 'pending', attempts = 0, next_attempt_at = now(), locked_by = NULL, locked_until = NULL, lease_token = NULL`); err != nil {
 		t.Fatal(err)
 	}
-	deliver(t, b.prov, collector, turns)
+	deliver(t, b.outbox, collector, turns)
 	if got := totals(); got != want {
 		t.Fatalf("after redelivery: records/credits/tokens %v, want %v", got, want)
 	}
@@ -348,24 +353,20 @@ func TestCollectorIsIdempotentUnderRedelivery(t *testing.T) {
 
 // deliver runs a dispatcher with the collector until n events were
 // delivered.
-func deliver(t *testing.T, prov *db.Provider, collector *usage.Collector, n int) {
+func deliver(t *testing.T, client *outbox.Client, collector *usage.Collector, n int) {
 	t.Helper()
-	var pubs outbox.Publishers
-	if err := pubs.Register(collector.Publisher()); err != nil {
-		t.Fatal(err)
-	}
 	delivered := make(chan struct{}, n)
-	d, err := outbox.NewDispatcher(prov.Pool, &pubs, outbox.DispatcherConfig{
+	d, err := client.NewDispatcher(outbox.DispatcherConfig{
 		Logger: quiet, PollInterval: 50 * time.Millisecond,
-		OnSettled: func(_ outbox.ClaimedMessage, st outbox.Settlement) {
-			if st.Status == outbox.StatusDelivered && !st.LeaseLost {
+		OnOutcome: func(_ outbox.Delivery, o outbox.Outcome) {
+			if o.Status == outbox.StatusDelivered && !o.LeaseLost {
 				select {
 				case delivered <- struct{}{}:
 				default:
 				}
 			}
 		},
-	})
+	}, collector.Publisher())
 	if err != nil {
 		t.Fatal(err)
 	}

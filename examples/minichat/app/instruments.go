@@ -12,7 +12,7 @@ import (
 )
 
 // tracker counts the dispatcher's outcomes for the run's events
-// (DispatcherConfig.OnSettled); events of other tenants, such as leftovers
+// (DispatcherConfig.OnOutcome); events of other tenants, such as leftovers
 // of an earlier run in a shared database, are not counted.
 type tracker struct {
 	tenants map[uuid.UUID]bool // read-only after newTracker
@@ -29,22 +29,22 @@ func newTracker(tenants []uuid.UUID) *tracker {
 	return t
 }
 
-// settled is the OnSettled hook. It runs on the dispatcher's completer
+// outcome is the OnOutcome hook. It runs on the dispatcher's completer
 // goroutine: it only counts.
-func (t *tracker) settled(m outbox.ClaimedMessage, st outbox.Settlement) {
-	if m.Namespace != events.Namespace || m.Topic != events.TopicUsageSnapshot || m.TenantID == nil ||
-		!t.tenants[*m.TenantID] || st.LeaseLost {
+func (t *tracker) outcome(d outbox.Delivery, o outbox.Outcome) {
+	if d.Namespace != events.Namespace || d.Topic != events.TopicUsageSnapshot || d.TenantID == nil ||
+		!t.tenants[*d.TenantID] || o.LeaseLost {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
-	case st.Status == outbox.StatusDelivered:
+	case o.Status == outbox.StatusDelivered:
 		t.delivered++
-	case st.Status == outbox.StatusDead:
+	case o.Status == outbox.StatusDead:
 		t.dead++
-	case st.Status == outbox.StatusPending && st.LastError != "":
-		t.retried++ // a failed attempt, rescheduled (a release has no error)
+	case o.Status == outbox.StatusPending && !o.Released:
+		t.retried++ // a failed attempt, rescheduled (not an event given back unpublished)
 	}
 }
 

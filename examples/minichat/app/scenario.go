@@ -31,6 +31,7 @@ type scenario struct {
 	svc       *chat.Service
 	collector *usage.Collector
 	prov      *db.Provider
+	outbox    *outbox.Client
 }
 
 func newScenario(opts Options) *scenario {
@@ -252,7 +253,7 @@ const probeSegment = "/probe/"
 func (sc *scenario) enqueueProbes(ctx context.Context) error {
 	tenant := sc.tenants[0]
 	for i := range sc.opts.MalformedEvents {
-		_, err := outbox.Enqueue(ctx, sc.prov.Pool, outbox.Message{
+		_, err := sc.outbox.Enqueue(ctx, sc.prov.Pool, outbox.Message{
 			Namespace: events.Namespace, Topic: events.TopicUsageSnapshot, TenantID: outbox.Tenant(tenant),
 			DedupeKey: outbox.Key(fmt.Sprintf("%s%s%d", tenant, probeSegment, i)),
 			Payload:   []byte(`{"probe": "malformed", "credits_micro": -1}`),

@@ -67,7 +67,7 @@ type Summary struct {
 	// Collector are the usage collector's counters.
 	Collector usage.Stats
 	// FailedAttempts counts delivery attempts that failed and were
-	// rescheduled, as reported to DispatcherConfig.OnSettled.
+	// rescheduled, as reported to DispatcherConfig.OnOutcome.
 	FailedAttempts int64
 	// Outbox counts the run's events by kind and status.
 	Outbox Outbox

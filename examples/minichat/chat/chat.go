@@ -17,6 +17,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"github.com/modkit-go/modkit/examples/minichat/events"
+	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
 // Turn states. Running is the only non-terminal one.
@@ -132,21 +133,25 @@ type Stats struct {
 
 // Service runs chats and turns. It is safe for concurrent use.
 type Service struct {
-	db  *bun.DB
-	cfg Config
-	log *slog.Logger
+	db     *bun.DB
+	outbox *outbox.Client
+	cfg    Config
+	log    *slog.Logger
 
 	finalised                   map[string]*atomic.Int64 // by terminal state; the map itself is never written after NewService
 	lostRaces, duplicateEnqueue atomic.Int64
 }
 
-// NewService returns a chat service on db. Only cfg.OnCommitted matters to
-// the service itself; the rest configures the watchdog (see NewWatchdog).
-func NewService(db *bun.DB, cfg Config, log *slog.Logger) *Service {
+// NewService returns a chat service on db that enqueues its usage events
+// through ob, which must be bound to the same database. Only
+// cfg.OnCommitted matters to the service itself; the rest configures the
+// watchdog (see NewWatchdog).
+func NewService(db *bun.DB, ob *outbox.Client, cfg Config, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{db: db, cfg: cfg.withDefaults(), log: log.With("module", "chat"), finalised: map[string]*atomic.Int64{}}
+	s := &Service{db: db, outbox: ob, cfg: cfg.withDefaults(), log: log.With("module", "chat"),
+		finalised: map[string]*atomic.Int64{}}
 	for _, st := range TerminalStates {
 		s.finalised[st] = new(atomic.Int64)
 	}

@@ -72,8 +72,8 @@ func settlementMethod(billingOutcome string) string {
 //     UPDATE … WHERE id = $1 AND state = 'running' RETURNING …;
 //  2. settles the quota: the reservation is released and the actual
 //     charge is added to the used credits;
-//  3. enqueues the turn's usage_snapshot event with outbox.Enqueue on the
-//     same bun transaction.
+//  3. enqueues the turn's usage_snapshot event with the outbox client's
+//     Enqueue on the same bun transaction.
 //
 // If the compare-and-set matches no row, another finaliser (the watchdog,
 // or the normal path) got there first: Finalise returns Won false and
@@ -86,7 +86,7 @@ func (s *Service) Finalise(ctx context.Context, turnID uuid.UUID, o Outcome, by 
 	var out Finalised
 	err := s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
 		var err error
-		out, err = finaliseInTx(ctx, tx, turnID, o, by)
+		out, err = s.finaliseInTx(ctx, tx, turnID, o, by)
 		return err
 	})
 	if err != nil {
@@ -112,7 +112,7 @@ func (s *Service) count(turnID uuid.UUID, state, by string, out Finalised) {
 	}
 }
 
-func finaliseInTx(ctx context.Context, tx bun.Tx, turnID uuid.UUID, o Outcome, by string) (Finalised, error) {
+func (s *Service) finaliseInTx(ctx context.Context, tx bun.Tx, turnID uuid.UUID, o Outcome, by string) (Finalised, error) {
 	selected, err := selectedModel(ctx, tx, turnID)
 	if err != nil {
 		return Finalised{}, err
@@ -125,7 +125,7 @@ func finaliseInTx(ctx context.Context, tx bun.Tx, turnID uuid.UUID, o Outcome, b
 	if err := settleQuota(ctx, tx, turn); err != nil {
 		return Finalised{}, err
 	}
-	ev, err := enqueueUsage(ctx, tx, turn)
+	ev, err := s.enqueueUsage(ctx, tx, turn)
 	if err != nil {
 		return Finalised{}, err
 	}
@@ -134,12 +134,12 @@ func finaliseInTx(ctx context.Context, tx bun.Tx, turnID uuid.UUID, o Outcome, b
 
 // enqueueUsage enqueues the turn's usage event through tx: it becomes
 // visible to the dispatcher when tx commits, and vanishes if it rolls back.
-func enqueueUsage(ctx context.Context, tx bun.Tx, turn *Turn) (outbox.Enqueued, error) {
+func (s *Service) enqueueUsage(ctx context.Context, tx bun.Tx, turn *Turn) (outbox.Enqueued, error) {
 	msg, err := usageMessage(turn)
 	if err != nil {
 		return outbox.Enqueued{}, err
 	}
-	ev, err := outbox.Enqueue(ctx, tx, msg) // a bun.Tx is a db.Runner
+	ev, err := s.outbox.Enqueue(ctx, tx, msg) // a bun.Tx is a db.Runner
 	if err != nil {
 		return outbox.Enqueued{}, fmt.Errorf("enqueue usage event: %w", err)
 	}
@@ -272,7 +272,7 @@ func (s *Service) ResendUsage(ctx context.Context, turnID uuid.UUID) (outbox.Enq
 		case turn.State == StateRunning:
 			return fmt.Errorf("%w: %s", ErrTurnRunning, turnID)
 		}
-		ev, err = enqueueUsage(ctx, tx, &turn)
+		ev, err = s.enqueueUsage(ctx, tx, &turn)
 		return err
 	})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/lifecycle"
+	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
 // Defaults of Config.
@@ -53,15 +54,17 @@ func (c Config) withDefaults() Config {
 type ModuleParams struct {
 	fx.In
 	DB     *db.Provider
+	Outbox *outbox.Client
 	Config Config       `optional:"true"`
 	Logger *slog.Logger `optional:"true"`
 }
 
 // Module provides the chat *Service, on the bun handle of the
-// *db.Provider, and runs its watchdog as a lifecycle task that starts and
-// stops with the app. It takes an optional Config and *slog.Logger.
+// *db.Provider and the *outbox.Client (from outbox.Module), and runs its
+// watchdog as a lifecycle task that starts and stops with the app. It
+// takes an optional Config and *slog.Logger.
 var Module = fx.Module("minichat-chat",
-	fx.Provide(func(p ModuleParams) *Service { return NewService(p.DB.Bun, p.Config, p.Logger) }),
+	fx.Provide(func(p ModuleParams) *Service { return NewService(p.DB.Bun, p.Outbox, p.Config, p.Logger) }),
 	fx.Invoke(func(lc fx.Lifecycle, sd fx.Shutdowner, svc *Service) error {
 		task, err := NewWatchdog(svc)
 		if err != nil {

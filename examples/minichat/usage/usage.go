@@ -91,13 +91,13 @@ func (c *Collector) Publisher() outbox.Publisher {
 // outbox.Permanent, which dead-letters it at once; a failure injected by
 // Config.TransientFailureRate is an ordinary error, which the outbox
 // retries.
-func (c *Collector) Handle(ctx context.Context, tx pgx.Tx, m outbox.ClaimedMessage) error {
-	snap, err := decode(m)
+func (c *Collector) Handle(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+	snap, err := decode(d)
 	if err != nil {
 		c.rejected.Add(1)
 		return outbox.Permanent(err)
 	}
-	if m.Attempts == 1 {
+	if d.Attempt == 1 {
 		if c.cfg.OnFirstSeen != nil {
 			c.cfg.OnFirstSeen(snap.TurnID, time.Now())
 		}
@@ -106,13 +106,13 @@ func (c *Collector) Handle(ctx context.Context, tx pgx.Tx, m outbox.ClaimedMessa
 			return fmt.Errorf("record usage of turn %s: %w", snap.TurnID, ErrBackendUnavailable)
 		}
 	}
-	inserted, err := record(ctx, tx, m.ID, snap)
+	inserted, err := record(ctx, tx, d.ID, snap)
 	if err != nil {
 		return err
 	}
 	if !inserted {
 		c.redeliveries.Add(1)
-		c.log.Debug("usage already recorded; redelivery ignored", "turn_id", snap.TurnID, "event_id", m.ID, "attempt", m.Attempts)
+		c.log.Debug("usage already recorded; redelivery ignored", "turn_id", snap.TurnID, "event_id", d.ID, "attempt", d.Attempt)
 		return nil
 	}
 	c.recorded.Add(1)
@@ -122,18 +122,18 @@ func (c *Collector) Handle(ctx context.Context, tx pgx.Tx, m outbox.ClaimedMessa
 // decode parses and checks an event: the payload must be a valid snapshot
 // whose (tenant, turn, request) agree with the event's tenant and dedupe
 // key.
-func decode(m outbox.ClaimedMessage) (*events.UsageSnapshot, error) {
+func decode(d outbox.Delivery) (*events.UsageSnapshot, error) {
 	var snap events.UsageSnapshot
-	if err := json.Unmarshal(m.Payload, &snap); err != nil {
+	if err := json.Unmarshal(d.Payload, &snap); err != nil {
 		return nil, fmt.Errorf("%w: %w", events.ErrMalformed, err)
 	}
 	if err := snap.Validate(); err != nil {
 		return nil, err
 	}
-	if m.TenantID == nil || *m.TenantID != snap.TenantID {
+	if d.TenantID == nil || *d.TenantID != snap.TenantID {
 		return nil, fmt.Errorf("%w: the event's tenant is not the payload's tenant_id %s", events.ErrMalformed, snap.TenantID)
 	}
-	if want := events.DedupeKey(snap.TenantID, snap.TurnID, snap.RequestID); m.DedupeKey == nil || *m.DedupeKey != want {
+	if want := events.DedupeKey(snap.TenantID, snap.TurnID, snap.RequestID); d.DedupeKey == nil || *d.DedupeKey != want {
 		return nil, fmt.Errorf("%w: dedupe key is not %q", events.ErrMalformed, want)
 	}
 	return &snap, nil

@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS modkit_outbox_leaders;

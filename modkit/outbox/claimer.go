@@ -1,0 +1,127 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// The claimer leases due events in batches and hands them to the worker
+// pool. It claims only for topics whose lanes have room and never more than
+// they can start before the publish deadline (see workerPool.room), so a
+// paused topic costs the others nothing and nothing queued locally is ever
+// found expired and claimed again.
+//
+// It claims while it knows of due work and there is room, then waits for
+// room, a wake-up, a re-check or the poll timer. A wake-up opens a wake
+// window (WakeWindow) in which it re-checks at short, growing intervals;
+// each claim that finds events extends the window.
+func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool, wake <-chan struct{}) error {
+	poll := time.NewTimer(d.cfg.PollInterval)
+	defer poll.Stop()
+	recheck := time.NewTimer(time.Hour)
+	recheck.Stop()
+	defer recheck.Stop()
+	var hotUntil time.Time // end of the wake window
+	recheckIn := d.cfg.WakeRecheck
+	isReady, wantClaim, errDelay := false, true, time.Duration(0)
+	for {
+		topics, room, capacity := pool.room()
+		if wantClaim && len(topics) > 0 && room >= max(1, capacity/2) {
+			claimStart := time.Now()
+			got, err := d.claim(ctx, topics, room)
+			switch {
+			case ctx.Err() != nil:
+				if len(got) > 0 {
+					d.giveBack(context.WithoutCancel(ctx), got)
+				}
+				return nil
+			case err != nil:
+				if !isReady && d.c.store.Fatal(err) {
+					return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run? see Client.Migrate)", d.c.cfg.Schema, err)
+				}
+				d.setClaimErr(err)
+				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
+				d.log.Warn("claim failed; retrying", "error", err, "retry_in", errDelay)
+				d.metrics.claimErrors.Add(ctx, 1)
+				if !sleepCtx(ctx, errDelay) {
+					return nil
+				}
+				continue
+			}
+			if errDelay > 0 || !isReady {
+				d.setClaimErr(nil)
+			}
+			errDelay = 0
+			if !isReady {
+				isReady = true
+				ready()
+				d.log.Info("dispatcher ready", "topics", d.reg.keys, "batch_size", d.cfg.BatchSize,
+					"lease", d.cfg.LeaseDuration, "poll_interval", d.cfg.PollInterval, "poll_only", d.cfg.PollOnly)
+			}
+			deadline := claimStart.Add(d.cfg.LeaseDuration - d.cfg.LeaseHeadroom)
+			batch := make([]claimed, len(got))
+			for i, c := range got {
+				batch[i] = claimed{d: d.delivery(c), deadline: deadline}
+			}
+			pool.submit(batch)
+			now := time.Now()
+			if len(got) > 0 {
+				hotUntil, recheckIn = now.Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
+			} else {
+				recheckIn = min(2*recheckIn, 8*d.cfg.WakeRecheck)
+			}
+			// A full batch suggests more is due: claim again once there is
+			// room. Otherwise wait for news, re-checking inside the window.
+			if wantClaim = len(got) == room; !wantClaim {
+				resetTimer(poll, d.cfg.PollInterval)
+				if now.Before(hotUntil) {
+					resetTimer(recheck, recheckIn)
+				}
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-pool.roomFreed: // matters when waiting for room
+		case <-wake:
+			wantClaim = true
+			hotUntil, recheckIn = time.Now().Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
+		case <-recheck.C:
+			wantClaim = true
+		case <-poll.C:
+			wantClaim = true
+			resetTimer(poll, d.cfg.PollInterval)
+		}
+	}
+}
+
+// claim runs one claim on a context that a stop does not cut short: a claim
+// cancelled mid-flight may have committed, stranding its events until their
+// lease expires, whereas a finished one can be given back at once.
+func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]driver.Claimed, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+	defer cancel()
+	return d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
+		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration})
+}
+
+func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
+	return Delivery{ID: c.ID, Namespace: c.Namespace, Topic: c.Topic, TenantID: c.TenantID, DedupeKey: c.DedupeKey,
+		Payload: c.Payload, Attempt: c.Attempts, MaxAttempts: d.cfg.MaxAttempts, CreatedAt: c.CreatedAt, leaseToken: c.LeaseToken}
+}
+
+// giveBack releases events claimed by a claim that finished after a stop.
+func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed) {
+	outcomes := make([]driver.Outcome, len(got))
+	for i, c := range got {
+		outcomes[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release}
+	}
+	if _, err := d.c.store.Complete(ctx, nil, outcomes); err != nil {
+		d.log.Warn("could not give back events claimed while stopping; they are delivered again when their lease ends",
+			"count", len(got), "error", err)
+	}
+}

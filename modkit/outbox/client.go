@@ -1,0 +1,258 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/db"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// Config configures a Client. The zero value is valid: the outbox tables in
+// the public schema, default limits, notifications on.
+type Config struct {
+	// Schema holding the outbox tables. Default "public". Client.Migrate
+	// creates them there; every enqueue, dispatcher and Admin call of the
+	// client uses it.
+	Schema string
+	// MaxPayloadBytes caps Message.Payload. Default 1 MiB.
+	MaxPayloadBytes int
+	// ErrorMaxLen caps the publish error stored in last_error, in bytes.
+	// Default 2048; at least 64.
+	ErrorMaxLen int
+	// NotifyInterval is the least time between two NOTIFYs this client
+	// sends for one (namespace, topic). A transaction that sent NOTIFY holds
+	// a database-wide lock from just before its commit until after it, so
+	// notifying commits are serialised; a busy producer therefore announces
+	// a burst once rather than per event, and a woken dispatcher keeps
+	// re-checking for DispatcherConfig.WakeWindow (which must exceed this).
+	// Events of a transaction that commits long after its enqueue, or after
+	// a rolled-back transaction took the NOTIFY slot, may wait for the
+	// dispatcher's poll. Default 10ms.
+	NotifyInterval time.Duration
+	// DisableNotify stops enqueues from sending NOTIFY at all: dispatchers
+	// then rely on polling alone.
+	DisableNotify bool
+	// SynchronousCommit makes claims and the outcomes recorded on the
+	// client's own connections wait for their WAL flush. By default they
+	// commit asynchronously (for those statements only), which saves a disk
+	// flush per claim and per batch of outcomes. It cannot lose or duplicate
+	// more than at-least-once allows: if the server crashes, the last
+	// fraction of a second of claims and outcomes may be rolled back, so
+	// those events are published again, possibly while the first publish is
+	// still running. Set it if your publishers must never overlap even
+	// across a server crash. Enqueues and transactional handlers always keep
+	// the caller's transaction's setting.
+	SynchronousCommit bool
+	// Logger for the client's dispatchers and migrations. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Now, when set, replaces the database clock for claims, leases,
+	// retries, sweeps, purges, elections and Admin. Tests use it to move
+	// time without waiting; leave it nil in production, where the database
+	// clock is the only authority. Enqueued events still take the
+	// database's time as their created_at and next_attempt_at.
+	Now func() time.Time
+}
+
+const (
+	schemaDefault          = db.SchemaDefault
+	payloadLimitDefault    = 1 << 20
+	errorMaxLenDefault     = 2048
+	notifyIntervalDefault  = 10 * time.Millisecond
+	dedupeKeyMaxLen        = 512
+	purgeBatch             = 1000
+	completeMaxBatch       = 1000
+	errorMaxLenMin         = 64
+	replayByMaxLen         = 200
+	listLimitDefault       = 100
+	listLimitMax           = 1000
+	replayFilterLimitMax   = 10000
+	maintenanceRolePrefix  = "maintenance:"
+	healthAbandonedWarning = "publishes abandoned past their deadline"
+)
+
+func (c Config) withDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, schemaDefault)
+	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, payloadLimitDefault)
+	c.ErrorMaxLen = cmp.Or(c.ErrorMaxLen, errorMaxLenDefault)
+	c.NotifyInterval = cmp.Or(c.NotifyInterval, notifyIntervalDefault)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.MaxPayloadBytes < 0:
+		return configError("Config.MaxPayloadBytes is %d; it must be positive", c.MaxPayloadBytes)
+	case c.ErrorMaxLen < errorMaxLenMin:
+		return configError("Config.ErrorMaxLen is %d; it must be at least %d", c.ErrorMaxLen, errorMaxLenMin)
+	case c.NotifyInterval < 0:
+		return configError("Config.NotifyInterval is %v; it must not be negative", c.NotifyInterval)
+	}
+	return nil
+}
+
+func configError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+}
+
+// Client is the outbox bound to one database, schema and Config: it
+// enqueues into callers' transactions, builds dispatchers and serves Admin.
+// Build it once per process with New and share it; it is safe for
+// concurrent use.
+type Client struct {
+	cfg    Config
+	store  driver.Store
+	notify notifyGate
+	admin  *Admin
+}
+
+// New returns a Client on drv (outboxpg.New(pool) for PostgreSQL) with cfg.
+// It does no I/O. Run Client.Migrate (or the migrations in migrations/ with
+// your own tool) before the first enqueue.
+func New(drv driver.Driver, cfg Config) (*Client, error) {
+	if drv == nil {
+		return nil, configError("New needs a driver, such as outboxpg.New(pool)")
+	}
+	cfg = cfg.withDefaults()
+	if err := db.ValidateSchema(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("%w: Config.Schema: %w", ErrInvalidConfig, err)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	store, err := drv.Open(driver.Options{Schema: cfg.Schema, SynchronousCommit: cfg.SynchronousCommit, Now: cfg.Now, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	c := &Client{cfg: cfg, store: store}
+	c.admin = &Admin{c: c}
+	return c, nil
+}
+
+// Migrate applies the outbox's migrations to Config.Schema (creating it if
+// needed). It is safe to run from several processes at once and does
+// nothing when the schema is up to date.
+func (c *Client) Migrate(ctx context.Context) error {
+	if err := c.store.Migrate(ctx); err != nil {
+		return fmt.Errorf("outbox: migrate schema %q: %w", c.cfg.Schema, err)
+	}
+	return nil
+}
+
+// Admin returns the client's operator API.
+func (c *Client) Admin() *Admin { return c.admin }
+
+// Enqueue writes msg through tx, the caller's own transaction or connection
+// (any modkit/db Runner: pgx, bun or database/sql). The event becomes
+// visible to dispatchers when tx commits, and vanishes if it rolls back.
+//
+// A message whose (Namespace, Topic, DedupeKey) matches an existing row is
+// not inserted again: the result names the existing row with
+// AlreadyEnqueued set, and err is nil. Invalid messages are rejected before
+// any SQL runs with an error matching ErrInvalidMessage, and leave tx
+// usable.
+func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (Enqueued, error) {
+	if err := validate(0, &msg, c.cfg.MaxPayloadBytes); err != nil {
+		return Enqueued{}, err
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Enqueued{}, fmt.Errorf("outbox: new event id: %w", err)
+	}
+	var notify []string
+	if c.shouldNotify(msg.Namespace, msg.Topic) {
+		notify = []string{msg.Namespace + ":" + msg.Topic}
+	}
+	row := driver.InsertRow{ID: id, Namespace: msg.Namespace, Topic: msg.Topic, TenantID: msg.TenantID, DedupeKey: msg.DedupeKey, Payload: msg.Payload}
+	res, err := c.store.Insert(ctx, tx, []driver.InsertRow{row}, notify)
+	if err != nil {
+		return Enqueued{}, c.enqueueError(fmt.Sprintf("enqueue %s/%s", msg.Namespace, msg.Topic), err)
+	}
+	return Enqueued{ID: res[0].ID, AlreadyEnqueued: res[0].Duplicate}, nil
+}
+
+// EnqueueBatch is Enqueue for many messages at once, in one statement (COPY
+// for large batches through a pgx.Tx or pool), and returns one result per
+// message, in order. All messages are validated first; if any is invalid
+// nothing is written and the error's ValidationError.Index names it.
+// Messages with the same dedupe key in one batch yield one row, and both
+// results name it.
+func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message) ([]Enqueued, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	for i := range msgs {
+		if err := validate(i, &msgs[i], c.cfg.MaxPayloadBytes); err != nil {
+			return nil, err
+		}
+	}
+	rows := make([]driver.InsertRow, len(msgs))
+	var notify []string
+	for i, m := range msgs {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: new event id: %w", err)
+		}
+		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: m.DedupeKey, Payload: m.Payload}
+		if t := m.Namespace + ":" + m.Topic; !slices.Contains(notify, t) && c.shouldNotify(m.Namespace, m.Topic) {
+			notify = append(notify, t)
+		}
+	}
+	if len(rows) == 1 {
+		// The driver's single-row path would announce only by flag.
+		notify = notify[:min(len(notify), 1)]
+	}
+	res, err := c.store.Insert(ctx, tx, rows, notify)
+	if err != nil {
+		return nil, c.enqueueError("enqueue batch", err)
+	}
+	out := make([]Enqueued, len(res))
+	for i, r := range res {
+		out[i] = Enqueued{ID: r.ID, AlreadyEnqueued: r.Duplicate}
+	}
+	return out, nil
+}
+
+// enqueueError turns driver failures into errors that say what to do.
+func (c *Client) enqueueError(what string, err error) error {
+	switch {
+	case errors.Is(err, db.ErrUnsupportedRunner):
+		return fmt.Errorf("outbox: %s: %w", what, err)
+	case errors.Is(err, driver.ErrInvisibleDuplicate):
+		return fmt.Errorf("outbox: %s: %w (REPEATABLE READ or SERIALIZABLE isolation, or it was just purged); retry the transaction", what, err)
+	case c.store.Fatal(err):
+		return fmt.Errorf("outbox: %s: %w (is the outbox migrated into schema %q, and may this role write it? see Client.Migrate)", what, err, c.cfg.Schema)
+	}
+	return fmt.Errorf("outbox: %s: %w", what, err)
+}
+
+func (c *Client) shouldNotify(namespace, topic string) bool {
+	return !c.cfg.DisableNotify && c.notify.allow(namespace+":"+topic, c.cfg.NotifyInterval)
+}
+
+// notifyGate lets at most one NOTIFY per key through per interval.
+type notifyGate struct{ last sync.Map } // key -> *atomic.Int64 (unix nanos)
+
+func (g *notifyGate) allow(key string, interval time.Duration) bool {
+	now := time.Now().UnixNano()
+	v, ok := g.last.Load(key)
+	if !ok {
+		v, _ = g.last.LoadOrStore(key, new(atomic.Int64))
+	}
+	last := v.(*atomic.Int64)
+	prev := last.Load()
+	return now-prev >= int64(interval) && last.CompareAndSwap(prev, now)
+}

@@ -1,0 +1,189 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// The completer records outcomes in batches: it waits for one result, takes
+// whatever else is ready, and settles them all in one statement, retrying
+// while the leases can still be honoured.
+
+// Outcome is what the dispatcher recorded for one publish, as reported to
+// DispatcherConfig.OnOutcome.
+type Outcome struct {
+	// Status the event was moved to: delivered, pending (a retry, or given
+	// back unpublished when Released) or dead. Empty when LeaseLost.
+	Status Status
+	// Released: the event went back unpublished, its attempt not counted
+	// (the dispatcher stopped, its deadline passed while queued, or its
+	// publish was abandoned).
+	Released bool
+	// Abandoned: the publish outlived its deadline and was given up on;
+	// Released is set too.
+	Abandoned bool
+	// LeaseLost: the lease had expired before the outcome could be
+	// recorded; nothing was changed and the event will be delivered again.
+	LeaseLost bool
+	// RetryIn is the backoff chosen for a retry.
+	RetryIn time.Duration
+	// Error is what was stored in last_error (redacted, truncated).
+	Error string
+}
+
+func (d *Dispatcher) completer(ctx context.Context, results <-chan result) {
+	batch := make([]result, 0, completeMaxBatch)
+	for first := range results {
+		batch = append(batch[:0], first)
+	drain:
+		for len(batch) < completeMaxBatch {
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		d.settle(ctx, batch)
+	}
+}
+
+// decide turns a publish result into the outcome to record.
+func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
+	m := r.c.d
+	o := driver.Outcome{ID: m.ID, LeaseToken: m.leaseToken}
+	var out Outcome
+	fail := func(format string) string {
+		return sanitizeError(fmt.Sprintf(format, m.Attempt, m.MaxAttempts, r.err), d.c.cfg.ErrorMaxLen)
+	}
+	switch {
+	case r.kind != published:
+		o.Kind, out.Status, out.Released, out.Abandoned = driver.Release, StatusPending, true, r.kind == abandoned
+	case r.err == nil:
+		o.Kind, out.Status = driver.Delivered, StatusDelivered
+	case IsPermanent(r.err):
+		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed permanently: %v")
+	case m.Attempt >= m.MaxAttempts:
+		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed, no attempts left: %v")
+	default:
+		o.Kind, out.Status, o.Error = driver.Retry, StatusPending, fail("attempt %d of %d failed: %v")
+		o.Delay = d.cfg.Retry.Backoff(m.Attempt)
+		out.RetryIn = o.Delay
+	}
+	out.Error = o.Error
+	return o, out
+}
+
+func (d *Dispatcher) settle(ctx context.Context, batch []result) {
+	outcomes := make([]driver.Outcome, 0, len(batch))
+	reports := make([]Outcome, 0, len(batch))
+	kept := batch[:0:0]
+	for _, r := range batch {
+		switch r.kind {
+		case ackedInTx:
+			d.record(r, Outcome{Status: StatusDelivered})
+			continue
+		case lostInTx:
+			d.record(r, Outcome{LeaseLost: true})
+			continue
+		}
+		o, rep := d.decide(r)
+		outcomes, reports, kept = append(outcomes, o), append(reports, rep), append(kept, r)
+	}
+	if len(outcomes) == 0 {
+		return
+	}
+	// Keep trying while the leases can still be honoured; after that the
+	// events will simply be claimed and delivered again.
+	latest := slices.MaxFunc(kept, func(a, b result) int { return a.c.deadline.Compare(b.c.deadline) }).c.deadline
+	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
+	defer cancel()
+	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		settled, err := d.c.store.Complete(ctx, nil, outcomes)
+		if err == nil {
+			for i, ok := range settled {
+				if !ok {
+					reports[i] = Outcome{LeaseLost: true, Abandoned: reports[i].Abandoned}
+				}
+				d.record(kept[i], reports[i])
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			d.log.Warn("could not record outcomes before the leases ended; the events will be delivered again",
+				"count", len(outcomes), "error", err)
+			return
+		}
+		d.log.Warn("recording outcomes failed; retrying", "count", len(outcomes), "error", err, "retry_in", delay)
+		if !sleepCtx(ctx, delay) {
+			return
+		}
+	}
+}
+
+func (d *Dispatcher) record(r result, o Outcome) {
+	d.metrics.observe(r, o)
+	if d.cfg.OnOutcome != nil {
+		defer d.cfg.OnOutcome(r.c.d, o)
+	}
+	quiet := !o.LeaseLost && !o.Abandoned && (o.Released || o.Status == StatusDelivered)
+	if quiet && !d.log.Enabled(context.Background(), slog.LevelDebug) {
+		return // the hot path: nothing to log, no attributes to build
+	}
+	m := r.c.d
+	attrs := []any{"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempt}
+	switch {
+	case o.LeaseLost:
+		d.log.Warn("lease lost before the outcome was recorded (it expired, and the event may already be reclaimed); outcome dropped",
+			append(attrs, "publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))...)
+	case o.Abandoned:
+		d.log.Debug("abandoned event given back", attrs...)
+	case o.Released:
+		d.log.Debug("event released", attrs...)
+	case o.Status == StatusDelivered:
+		d.log.Debug("event delivered", attrs...)
+	case o.Status == StatusDead:
+		d.log.Error("event dead-lettered", append(attrs, "error", o.Error)...)
+	default:
+		d.log.Warn("publish failed; will retry", append(attrs, "error", o.Error, "retry_in", o.RetryIn)...)
+	}
+}
+
+// handleTx runs a transactional handler and the fenced delivered mark in
+// one transaction. A lost lease rolls the handler's writes back.
+func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery) (resultKind, error) {
+	kind := published
+	err := d.callSafely(p, m, func() error {
+		return d.c.store.InTx(ctx, func(ctx context.Context, tx any) error {
+			if err := p.HandleTx(ctx, tx.(pgx.Tx), m); err != nil {
+				return err
+			}
+			settled, err := d.c.store.Complete(ctx, tx, []driver.Outcome{{ID: m.ID, LeaseToken: m.leaseToken, Kind: driver.Delivered}})
+			if err != nil {
+				return err
+			}
+			if !settled[0] {
+				return errLeaseLost
+			}
+			return nil
+		})
+	})
+	switch {
+	case err == nil:
+		kind = ackedInTx
+	case errors.Is(err, errLeaseLost):
+		kind, err = lostInTx, nil
+	}
+	return kind, err
+}

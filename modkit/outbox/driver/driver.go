@@ -1,0 +1,308 @@
+// Package driver is the seam between the outbox and a database engine: the
+// operations the outbox client, its dispatcher and its Admin need, and
+// nothing else. The outbox never writes SQL itself; an engine is one package
+// implementing Driver (today outboxpg, for PostgreSQL through pgx).
+//
+// Users do not call these methods: they pass a Driver to outbox.New. The
+// interface is for engine authors and may grow between minor versions.
+//
+// # Contract shared by every method
+//
+//   - Time comes from the database clock. Options.Now, when set, replaces it
+//     (tests move time with it); it never comes from the application's clock
+//     otherwise.
+//   - Rows are identified by id; a claim's lease token fences every later
+//     write: Complete changes a row only while it is processing under the
+//     presented token and its lease has not expired.
+//   - Runners (the tx arguments) are the caller's own connection or
+//     transaction (see modkit/db.Runner); work done through them commits or
+//     rolls back with the caller.
+//
+// # How other engines fit
+//
+// SQLite (pure Go, for example modernc.org/sqlite) and MySQL 8 / MariaDB
+// 10.6+ implement the same methods; this is how each would, so that the seam
+// stays honest:
+//
+//   - Insert: SQLite `INSERT … ON CONFLICT (namespace, topic, dedupe_key)
+//     WHERE dedupe_key IS NOT NULL DO NOTHING RETURNING id` (3.35+), then a
+//     SELECT for the duplicates. MySQL has no partial unique index: a
+//     generated column `dedupe_scope = IF(dedupe_key IS NULL, NULL,
+//     CONCAT(namespace, ':', topic, ':', dedupe_key))` with a UNIQUE index
+//     (NULLs do not collide), `INSERT IGNORE` (or ON DUPLICATE KEY UPDATE
+//     id = id) and a SELECT of the existing ids; the batch form is one
+//     multi-row INSERT. NotifyTopics is ignored by both (no LISTEN/NOTIFY).
+//   - Claim: MySQL 8 / MariaDB 10.6 support `SELECT … FOR UPDATE SKIP
+//     LOCKED` but not UPDATE … RETURNING: in one transaction, select the due
+//     ids with SKIP LOCKED and LIMIT, UPDATE them by id with a fresh lease
+//     token per row (UUID()), and SELECT them back. SQLite has one writer:
+//     `UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING …` inside BEGIN
+//     IMMEDIATE is already exclusive, no SKIP LOCKED needed. Ordering and
+//     due-ness use the same columns.
+//   - Complete: one UPDATE per outcome kind joined to the outcome ids
+//     (MySQL: a derived table of VALUES ROW(…); SQLite: json_each over a
+//     JSON array), each with `lease_token = ? AND status = 'processing' AND
+//     locked_until > ?`; the ids changed are read back by a SELECT in the
+//     same transaction (MySQL) or RETURNING (SQLite).
+//   - Sweep, Purge, Replay: plain UPDATE/DELETE with LIMIT (MySQL) or a
+//     rowid subquery (SQLite), in batches.
+//   - Elect: the leader table is engine-neutral: an upsert that takes a row
+//     whose lease expired (`INSERT … ON DUPLICATE KEY UPDATE holder =
+//     IF(expires_at < ?, VALUES(holder), holder)` on MySQL, `INSERT … ON
+//     CONFLICT DO UPDATE … WHERE` on SQLite) and a SELECT of the rows held.
+//   - Stats, Depth, List, Get: plain SELECTs; keyset paging on (created_at,
+//     id) works everywhere.
+//   - Listen: neither engine has notifications. The method returns
+//     ErrListenUnsupported at once and the dispatcher polls (it always polls
+//     anyway; notifications only cut latency).
+//   - InTx: the engine's own transaction (*sql.Tx) handed to transactional
+//     handlers.
+//   - Migrate: each engine ships its own migration files for the same
+//     columns (uuid as BINARY(16) or TEXT, jsonb as JSON or TEXT).
+package driver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Driver opens the outbox's operations for one configuration.
+type Driver interface {
+	// Open binds the driver to opts (schema, commit mode, clock). It does
+	// no I/O.
+	Open(opts Options) (Store, error)
+}
+
+// Options binds a Store.
+type Options struct {
+	// Schema (or database) holding the outbox tables. Required.
+	Schema string
+	// SynchronousCommit makes claims and outcomes written on the driver's
+	// own connections wait for durability. Off by default: a lost claim or
+	// outcome only means a redelivery.
+	SynchronousCommit bool
+	// Now replaces the database clock when set (tests only).
+	Now func() time.Time
+	// Logger receives the driver's own records (migrations applied).
+	Logger *slog.Logger
+}
+
+// Store is every operation the outbox needs from its database. Methods are
+// safe for concurrent use.
+type Store interface {
+	// Insert writes rows through tx, the caller's runner, skipping rows
+	// whose (namespace, topic, dedupe_key) exists. It returns one result
+	// per row, in order. notifyTopics ("namespace:topic") are announced to
+	// listening dispatchers, when the engine can.
+	Insert(ctx context.Context, tx any, rows []InsertRow, notifyTopics []string) ([]Inserted, error)
+	// Claim leases up to Limit due events of the listed topics to the
+	// caller, oldest first.
+	Claim(ctx context.Context, p ClaimParams) ([]Claimed, error)
+	// Complete records outcomes, fenced by lease token and expiry. tx nil
+	// means the driver's own connection; otherwise the caller's runner.
+	// settled[i] reports whether outcomes[i] was recorded.
+	Complete(ctx context.Context, tx any, outcomes []Outcome) (settled []bool, err error)
+	// InTx runs fn in a transaction of the driver's own database and
+	// commits when fn returns nil. tx is the engine's transaction type
+	// (pgx.Tx for outboxpg).
+	InTx(ctx context.Context, fn func(ctx context.Context, tx any) error) error
+	// Sweep dead-letters events of the topics whose attempts reached
+	// MaxAttempts and that no live lease holds, and returns them.
+	Sweep(ctx context.Context, p SweepParams) ([]Swept, error)
+	// Purge deletes delivered events of the topics older than Retention,
+	// Limit rows per statement, and returns how many.
+	Purge(ctx context.Context, p PurgeParams) (int64, error)
+	// Elect takes or renews the leases of the named roles for holder and
+	// returns the roles the holder leads after the call.
+	Elect(ctx context.Context, p ElectParams) ([]string, error)
+	// Resign gives up holder's leases on the roles, if it holds them.
+	Resign(ctx context.Context, holder uuid.UUID, roles []string) error
+	// Stats counts events per (namespace, topic, status).
+	Stats(ctx context.Context) ([]StatsRow, error)
+	// Depth reads the gauges of the listed topics.
+	Depth(ctx context.Context, topics []string) ([]DepthRow, error)
+	// List returns events matching f, oldest first, at most f.Limit.
+	List(ctx context.Context, f ListFilter) ([]Event, error)
+	// Get returns one event or ErrNotFound.
+	Get(ctx context.Context, id uuid.UUID) (Event, error)
+	// Replay puts dead events matching p back to pending with their
+	// attempts reset and returns their ids.
+	Replay(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
+	// Listen calls onReady once it listens, then wake with each
+	// notification's payload, until ctx ends or the connection is lost
+	// (the error says which). ErrListenUnsupported: the engine cannot.
+	Listen(ctx context.Context, onReady func(), wake func(topic string)) error
+	// Migrate applies the engine's migrations for this schema.
+	Migrate(ctx context.Context) error
+	// Fatal reports whether err cannot be cured by retrying (missing
+	// table, permissions, bad SQL), as opposed to a lost connection.
+	Fatal(err error) bool
+}
+
+// Errors a Store returns.
+var (
+	// ErrNotFound: Get found no event with that id.
+	ErrNotFound = errors.New("outbox driver: event not found")
+	// ErrListenUnsupported: the engine has no notifications; poll.
+	ErrListenUnsupported = errors.New("outbox driver: listen not supported")
+	// ErrInvisibleDuplicate: an insert conflicted with a row the caller's
+	// transaction cannot see (REPEATABLE READ or SERIALIZABLE, or a purge
+	// raced it).
+	ErrInvisibleDuplicate = errors.New("outbox driver: dedupe key conflicts with a row this transaction cannot see")
+)
+
+// InsertRow is one validated event to insert.
+type InsertRow struct {
+	ID        uuid.UUID
+	Namespace string
+	Topic     string
+	TenantID  *uuid.UUID
+	DedupeKey *string
+	Payload   []byte
+}
+
+// Inserted is Insert's result for one row.
+type Inserted struct {
+	ID uuid.UUID
+	// Duplicate: a row with the dedupe key existed; ID is that row's.
+	Duplicate bool
+}
+
+// ClaimParams says what to claim.
+type ClaimParams struct {
+	// Topics to claim from ("namespace:topic").
+	Topics []string
+	// Limit is the most events to claim.
+	Limit int
+	// MaxAttempts: only events with fewer attempts are claimed.
+	MaxAttempts int
+	// Worker goes into locked_by.
+	Worker uuid.UUID
+	// Lease is how long the claim lasts.
+	Lease time.Duration
+}
+
+// Claimed is one leased event.
+type Claimed struct {
+	ID         uuid.UUID
+	Namespace  string
+	Topic      string
+	TenantID   *uuid.UUID
+	DedupeKey  *string
+	Payload    []byte
+	Attempts   int // including this claim
+	LeaseToken uuid.UUID
+	LockedTill time.Time
+	CreatedAt  time.Time
+}
+
+// OutcomeKind is what Complete does with one event.
+type OutcomeKind uint8
+
+// The outcome kinds.
+const (
+	// Delivered: terminal success.
+	Delivered OutcomeKind = iota + 1
+	// Retry: pending again after Delay, with Error recorded.
+	Retry
+	// Dead: terminal failure, with Error recorded.
+	Dead
+	// Release: pending at once, the claim's attempt undone.
+	Release
+)
+
+// Outcome is one event's settlement.
+type Outcome struct {
+	ID         uuid.UUID
+	LeaseToken uuid.UUID
+	Kind       OutcomeKind
+	Error      string // Retry and Dead
+	Delay      time.Duration
+}
+
+// SweepParams selects exhausted events.
+type SweepParams struct {
+	Topics      []string
+	MaxAttempts int
+	Limit       int
+}
+
+// Swept is one event Sweep dead-lettered.
+type Swept struct {
+	ID    uuid.UUID
+	Topic string // "namespace:topic"
+}
+
+// PurgeParams selects delivered events to delete.
+type PurgeParams struct {
+	Topics    []string
+	Retention time.Duration
+	Limit     int
+}
+
+// ElectParams asks for leadership of roles.
+type ElectParams struct {
+	Roles  []string
+	Holder uuid.UUID
+	TTL    time.Duration
+}
+
+// StatsRow counts one (namespace, topic, status).
+type StatsRow struct {
+	Namespace, Topic, Status string
+	Count                    int64
+	// OldestDueAge: for pending rows, how long the oldest due one has
+	// waited past next_attempt_at.
+	OldestDueAge time.Duration
+}
+
+// DepthRow holds one topic's gauges.
+type DepthRow struct {
+	Topic                     string // "namespace:topic"
+	Pending, Processing, Dead int64
+	OldestDueAge              time.Duration
+}
+
+// ListFilter selects events for List. Zero fields match anything.
+type ListFilter struct {
+	Status    string
+	Namespace string
+	Topic     string
+	TenantID  *uuid.UUID
+	// CreatedAfter and CreatedBefore bound created_at.
+	CreatedAfter, CreatedBefore time.Time
+	// After is the keyset cursor: rows after (AfterCreatedAt, AfterID).
+	AfterCreatedAt time.Time
+	AfterID        uuid.UUID
+	Limit          int
+}
+
+// ReplayParams selects dead events to replay: by id when IDs is non-empty,
+// otherwise by the filter (Status is ignored: only dead rows are replayed).
+type ReplayParams struct {
+	IDs    []uuid.UUID
+	Filter ListFilter
+	By     string
+}
+
+// Event is a full outbox row.
+type Event struct {
+	ID            uuid.UUID
+	Namespace     string
+	Topic         string
+	TenantID      *uuid.UUID
+	DedupeKey     *string
+	Payload       []byte
+	Status        string
+	Attempts      int
+	NextAttemptAt time.Time
+	LockedBy      *uuid.UUID
+	LockedUntil   *time.Time
+	LastError     *string
+	CreatedAt     time.Time
+	UpdatedAt     time.Time
+}

@@ -1,0 +1,199 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// A publisher that ignores its context must cost other topics nothing: on
+// topic A every publish hangs until the test ends; topic B's events all go
+// through on the same dispatcher (Concurrency 2, 1s lease), none of A's
+// events burns an attempt or dies, Health reads degraded while A hangs,
+// Stop returns within its timeout and the dispatcher can be started again.
+func TestStuckPublisherDoesNotStallOtherTopics(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	topicA := outbox.Topic{Namespace: "stuck", Topic: "a"}
+	topicB := outbox.Topic{Namespace: "stuck", Topic: "b"}
+
+	// A's publisher blocks until the test releases it, ignoring ctx.
+	release := make(chan struct{})
+	var hung sync.WaitGroup
+	var hangs atomic.Int64
+	t.Cleanup(func() { close(release); hung.Wait() }) // runs last: after the Stop below
+	hang := func(context.Context, outbox.Delivery) error {
+		hung.Add(1)
+		defer hung.Done()
+		hangs.Add(1)
+		<-release
+		return nil
+	}
+	var deliveredB atomic.Int64
+	var awaited atomic.Pointer[uuid.UUID] // a B event whose delivery the test waits for
+	awaitedDone := make(chan struct{}, 1)
+	allB := make(chan struct{})
+	const nB = 1000
+	publishB := func(_ context.Context, d outbox.Delivery) error { return nil }
+
+	enqueue := func(topic outbox.Topic, n int) []uuid.UUID {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+		}
+		res, err := c.EnqueueBatch(ctx, pool, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := make([]uuid.UUID, n)
+		for i, r := range res {
+			ids[i] = r.ID
+		}
+		return ids
+	}
+	// A's events first, so that the oldest-first claims meet them first.
+	enqueue(topicA, 20)
+	enqueue(topicB, nB)
+
+	abandoned := make(chan struct{}, 1)
+	var deadB atomic.Int64
+	cfg := outbox.DispatcherConfig{
+		Concurrency: 2, LeaseDuration: time.Second, PollInterval: 100 * time.Millisecond, MaxAttempts: 3,
+		StopTimeout: 5 * time.Second, Logger: quietLog,
+		OnOutcome: func(d outbox.Delivery, o outbox.Outcome) {
+			switch {
+			case o.Abandoned:
+				select {
+				case abandoned <- struct{}{}:
+				default:
+				}
+			case d.Topic == topicB.Topic && o.Status == outbox.StatusDead:
+				deadB.Add(1)
+			case d.Topic == topicB.Topic && o.Status == outbox.StatusDelivered && !o.LeaseLost && !o.Released:
+				if deliveredB.Add(1) == nB {
+					close(allB)
+				}
+				if w := awaited.Load(); w != nil && *w == d.ID {
+					awaitedDone <- struct{}{}
+				}
+			}
+		},
+	}
+	d, err := c.NewDispatcher(cfg,
+		outbox.Publisher{Topic: topicA, Publish: hang, Name: "hangs"},
+		outbox.Publisher{Topic: topicB, Publish: publishB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, "a publish of topic A to be abandoned", abandoned)
+	h := d.Health()
+	if !h.Running || !h.Degraded || h.Abandoned < 1 || !strings.Contains(strings.Join(h.Problems, "\n"), topicA.String()) {
+		t.Fatalf("health while A hangs: %+v", h)
+	}
+	recv(t, "all of B's events delivered", allB)
+	if n := deadB.Load(); n != 0 {
+		t.Fatalf("%d of B's events are dead", n)
+	}
+	if n := countRows(t, pool, "namespace = 'stuck' AND topic = 'b' AND status = 'delivered'"); n != nB {
+		t.Fatalf("%d of B's %d events are delivered in the table", n, nB)
+	}
+	if n := countRows(t, pool, "namespace = 'stuck' AND topic = 'a' AND (status = 'dead' OR attempts > 1)"); n != 0 {
+		t.Fatalf("%d of A's events died or used more than one attempt: a hung publish must not burn attempts", n)
+	}
+
+	// Stop returns within its timeout (ErrStopTimeout otherwise), although
+	// A's publishes still hang.
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if h := d.Health(); h.Running {
+		t.Fatalf("health after stop: %+v", h)
+	}
+	// A later Start works and delivers.
+	if err := d.Start(ctx); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	more := uuid.Must(uuid.NewV7())
+	awaited.Store(&more)
+	if _, err := pool.Exec(ctx, `INSERT INTO modkit_outbox_events (id, namespace, topic, payload) VALUES ($1, 'stuck', 'b', '{}')`, more); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, "the restarted dispatcher to deliver a new event", awaitedDone)
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("second stop: %v", err)
+	}
+	if hangs.Load() == 0 {
+		t.Fatal("topic A was never published")
+	}
+}
+
+// The claimer takes no more than the lanes can start: with one slot per
+// topic and a publisher that holds it, a topic's queue never grows past
+// what it can start before the deadline, and nothing is claimed twice by
+// the same dispatcher while it still holds it.
+func TestClaimsBoundedByLaneRoom(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	topic := outbox.Topic{Namespace: "lanes", Topic: "slow"}
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	seen := map[uuid.UUID]int{}
+	var calls atomic.Int64
+	first := make(chan struct{})
+	ids := enqueueTopic(t, c, pool, topic, 40)
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.Concurrency, cfg.BatchSize = 1, 10
+	startDispatcher(t, c, cfg, outbox.Publisher{Topic: topic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		seen[d.ID]++
+		mu.Unlock()
+		if calls.Add(1) == 1 {
+			close(first)
+			<-gate // hold the only slot until the test has looked
+		}
+		return nil
+	}})
+	<-first
+	// One publish running, the rest of at most one batch queued: the other
+	// events stay pending in the table.
+	if n := countRows(t, pool, "namespace = 'lanes' AND status = 'processing'"); n > 1+cfg.BatchSize {
+		t.Fatalf("%d events claimed while one slot is busy; at most %d (one running, one batch queued)", n, 1+cfg.BatchSize)
+	}
+	close(gate)
+	log.waitFor(t, "all delivered", finalCount(outbox.StatusDelivered, len(ids)))
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("event %s published %d times", id, n)
+		}
+	}
+}
+
+func enqueueTopic(t *testing.T, c *outbox.Client, r any, topic outbox.Topic, n int) []uuid.UUID {
+	t.Helper()
+	msgs := make([]outbox.Message, n)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+	}
+	res, err := c.EnqueueBatch(ctx, r, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, n)
+	for i, e := range res {
+		ids[i] = e.ID
+	}
+	return ids
+}

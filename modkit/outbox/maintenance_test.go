@@ -1,0 +1,215 @@
+package outbox_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// passCounter counts a dispatcher's maintenance passes and lets the test
+// wait for the next ones.
+type passCounter struct {
+	mu     sync.Mutex
+	passes int
+	held   map[string]int // role -> passes that held it
+	moved  chan struct{}
+}
+
+func newPassCounter() *passCounter {
+	return &passCounter{held: map[string]int{}, moved: make(chan struct{}, 1)}
+}
+
+func (p *passCounter) hook(held []string) {
+	p.mu.Lock()
+	p.passes++
+	for _, r := range held {
+		p.held[r]++
+	}
+	p.mu.Unlock()
+	select {
+	case p.moved <- struct{}{}:
+	default:
+	}
+}
+
+func (p *passCounter) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.passes
+}
+
+func (p *passCounter) heldCount(role string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held[role]
+}
+
+// waitPasses waits until n more passes than now have run: the last of them
+// started after the call.
+func (p *passCounter) waitPasses(t *testing.T, n int) {
+	t.Helper()
+	target := p.count() + n
+	timeout := time.After(guard)
+	for p.count() < target {
+		select {
+		case <-p.moved:
+		case <-timeout:
+			t.Fatalf("timed out waiting for %d maintenance passes", n)
+		}
+	}
+}
+
+func startMaintained(t *testing.T, c *outbox.Client, cfg outbox.DispatcherConfig, pubs ...outbox.Publisher) (*outbox.Dispatcher, *passCounter) {
+	t.Helper()
+	d, err := c.NewDispatcher(cfg, pubs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := newPassCounter()
+	outbox.OnMaintenance(d, pc.hook)
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return d, pc
+}
+
+// Two dispatchers serve different topics with different retentions: each
+// topic's delivered events live exactly as long as its owner configured,
+// and neither dispatcher touches the other's topic.
+func TestRetentionPerDispatcherTopic(t *testing.T) {
+	clock := newTestClock()
+	c, tdb := newClient(t, outbox.Config{Now: clock.Now})
+	pool := tdb.Provider.Pool
+	short := outbox.Topic{Namespace: "ret", Topic: "short"}
+	long := outbox.Topic{Namespace: "ret", Topic: "long"}
+	enqueueTopic(t, c, pool, short, 30)
+	enqueueTopic(t, c, pool, long, 30)
+
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.SweepInterval = 10 * time.Millisecond
+	cfgShort, cfgLong := cfg, cfg
+	cfgShort.Retention = time.Hour
+	cfgLong.Retention = 3 * time.Hour
+	noop := outbox.Publisher{Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	pubShort, pubLong := noop, noop
+	pubShort.Topic, pubLong.Topic = short, long
+	_, passShort := startMaintained(t, c, cfgShort, pubShort)
+	_, passLong := startMaintained(t, c, cfgLong, pubLong)
+	log.waitFor(t, "all delivered", finalCount(outbox.StatusDelivered, 60))
+
+	delivered := func(topic outbox.Topic) int {
+		return countRows(t, pool, "namespace = $1 AND topic = $2 AND status = 'delivered'", topic.Namespace, topic.Topic)
+	}
+	step := func(d time.Duration, wantShort, wantLong int) {
+		t.Helper()
+		clock.Advance(d)
+		passShort.waitPasses(t, 2)
+		passLong.waitPasses(t, 2)
+		if got := delivered(short); got != wantShort {
+			t.Fatalf("at +%v: %d delivered events of %s, want %d", d, got, short, wantShort)
+		}
+		if got := delivered(long); got != wantLong {
+			t.Fatalf("at +%v: %d delivered events of %s, want %d", d, got, long, wantLong)
+		}
+	}
+	step(59*time.Minute, 30, 30) // inside both retentions
+	step(2*time.Minute, 0, 30)   // 1h01: the short topic's have gone, the long one's stay
+	step(118*time.Minute, 0, 30) // 2h59
+	step(2*time.Minute, 0, 0)    // 3h01
+	if passShort.heldCount("maintenance:ret:long") != 0 || passLong.heldCount("maintenance:ret:short") != 0 {
+		t.Fatal("a dispatcher maintained a topic it does not serve")
+	}
+}
+
+// Two dispatchers serve one topic: only one of them maintains it (sweeps,
+// purges, reads its gauges) while it lives; when it stops, the other takes
+// over.
+func TestMaintenanceRunsOnOneReplica(t *testing.T) {
+	clock := newTestClock() // frozen: a lease never expires by itself here
+	c, tdb := newClient(t, outbox.Config{Now: clock.Now})
+	pool := tdb.Provider.Pool
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.SweepInterval = 5 * time.Millisecond
+	pub := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	d1, pass1 := startMaintained(t, c, cfg, pub)
+	c2 := clientOn(t, tdb.NewPool(t), outbox.Config{Now: clock.Now})
+	d2, pass2 := startMaintained(t, c2, cfg, pub)
+	enqueueN(t, c, pool, 20)
+	log.waitFor(t, "all delivered", finalCount(outbox.StatusDelivered, 20))
+	pass1.waitPasses(t, 10)
+	pass2.waitPasses(t, 10)
+
+	role := "maintenance:" + testTopic.Namespace + ":" + testTopic.Topic
+	h1, h2 := pass1.heldCount(role), pass2.heldCount(role)
+	if (h1 == 0) == (h2 == 0) {
+		t.Fatalf("maintenance passes holding %s: first dispatcher %d, second %d; want exactly one of them", role, h1, h2)
+	}
+	leader, follower := d1, pass2
+	if h2 > 0 {
+		leader, follower = d2, pass1
+	}
+	if err := leader.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := follower.heldCount(role)
+	follower.waitPasses(t, 2)
+	if follower.heldCount(role) <= before {
+		t.Fatal("the remaining dispatcher did not take maintenance over after the leader stopped")
+	}
+}
+
+// A dispatcher stopped while its maintenance election is in flight still
+// resigns: the election finishes (it is not cut short by the stop, so it
+// cannot commit behind the resign's back) and the resign then removes the
+// lease, so another dispatcher can take over at once.
+func TestStopDuringElectionResigns(t *testing.T) {
+	clock := newTestClock() // frozen: the lease never expires by itself
+	c, tdb := newClient(t, outbox.Config{Now: clock.Now})
+	pool := tdb.Provider.Pool
+	cfg := testConfig(newOutcomeLog())
+	cfg.SweepInterval = 20 * time.Millisecond
+	d, passes := startMaintained(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	passes.waitPasses(t, 1)
+	// Hold up the next election behind a table lock.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE modkit_outbox_leaders IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "an election blocked on the lock", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND query LIKE 'INSERT INTO "public"."modkit_outbox_leaders"%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(ctx) }()
+	if err := tx.Rollback(ctx); err != nil { // the election goes through now
+		t.Fatal(err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_leaders WHERE holder = $1", d.Config().WorkerID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("the stopped dispatcher still holds %d maintenance lease(s): no other dispatcher can take over until they expire", n)
+	}
+}

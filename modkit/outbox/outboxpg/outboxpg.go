@@ -1,0 +1,596 @@
+// Package outboxpg is the outbox's PostgreSQL driver, on pgx. Pass it to
+// outbox.New:
+//
+//	client, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: "public"})
+//
+// Its SQL lives in queries.go as named statements; the tables come from the
+// migrations in the repository's migrations/ folder (Store.Migrate, or
+// Client.Migrate, applies them).
+package outboxpg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/modkit/db"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// TableName is the outbox table's name.
+const TableName = "modkit_outbox_events"
+
+// LeadersTableName is the table of maintenance leases (one row per role).
+const LeadersTableName = "modkit_outbox_leaders"
+
+// NotifyChannel is the channel on which enqueues announce themselves
+// (payload "namespace:topic"), so idle dispatchers wake at once.
+const NotifyChannel = "modkit_outbox"
+
+// Driver is the PostgreSQL driver on one pgx pool.
+type Driver struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a driver on pool. The pool runs claims, outcomes, admin
+// queries and maintenance; enqueues run on the caller's runner.
+func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+// Open implements driver.Driver.
+func (d *Driver) Open(opts driver.Options) (driver.Store, error) {
+	if d == nil || d.pool == nil {
+		return nil, errors.New("outboxpg: New needs a non-nil *pgxpool.Pool")
+	}
+	if err := db.ValidateSchema(opts.Schema); err != nil {
+		return nil, err
+	}
+	q, err := db.AsQuerier(d.pool)
+	if err != nil {
+		return nil, err
+	}
+	return &store{
+		pool: d.pool, poolQ: q, opts: opts,
+		sql:   newQueries(opts.Schema, opts.SynchronousCommit, opts.Now != nil),
+		table: pgx.Identifier{opts.Schema, TableName},
+	}, nil
+}
+
+type store struct {
+	pool  *pgxpool.Pool
+	poolQ db.Querier
+	opts  driver.Options
+	sql   queries
+	table pgx.Identifier // for COPY
+}
+
+// args appends the test clock, when there is one, to a statement's
+// arguments.
+func (s *store) args(args ...any) []any {
+	if s.opts.Now != nil {
+		return append(args, s.opts.Now())
+	}
+	return args
+}
+
+func uuidArg(id uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: true} }
+
+func nullUUID(id *uuid.UUID) pgtype.UUID {
+	if id == nil {
+		return pgtype.UUID{}
+	}
+	return uuidArg(*id)
+}
+
+func ptrUUID(u pgtype.UUID) *uuid.UUID {
+	if !u.Valid {
+		return nil
+	}
+	id := uuid.UUID(u.Bytes)
+	return &id
+}
+
+// Insert implements driver.Store.
+func (s *store) Insert(ctx context.Context, tx any, rows []driver.InsertRow, notify []string) ([]driver.Inserted, error) {
+	q, err := db.AsQuerier(tx)
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 1 {
+		return s.insertOne(ctx, q, rows[0], len(notify) > 0)
+	}
+	return s.insertMany(ctx, tx, q, rows, notify)
+}
+
+func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow, notify bool) ([]driver.Inserted, error) {
+	stmt := s.sql.insertOne
+	if notify {
+		stmt = s.sql.insertOneNotify
+	}
+	out := []driver.Inserted{{}}
+	err := q.QueryRow(ctx, stmt, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey, string(r.Payload)).Scan(&out[0].ID)
+	if errors.Is(err, db.ErrNoRows) {
+		// A duplicate: the insert returned no row. A new statement sees
+		// the original, even one a concurrent transaction committed after
+		// the insert's snapshot.
+		out[0].Duplicate = true
+		err = q.QueryRow(ctx, s.sql.lookupDuplicate, r.Namespace, r.Topic, *r.DedupeKey).Scan(&out[0].ID)
+		if errors.Is(err, db.ErrNoRows) {
+			return nil, driver.ErrInvisibleDuplicate
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// copyMinBatch is the smallest batch Insert tries to COPY.
+const copyMinBatch = 64
+
+// copyColumns are the columns the COPY fast path writes; status and
+// attempts take their defaults ('pending', 0).
+var copyColumns = []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload"}
+
+type columns struct {
+	ids                         []pgtype.UUID // binary encoding, far cheaper than uuid.UUID's text
+	namespaces, topics, payload []string
+	tenants                     []pgtype.UUID
+	keys                        []*string
+}
+
+func toColumns(rows []driver.InsertRow) columns {
+	n := len(rows)
+	c := columns{ids: make([]pgtype.UUID, n), namespaces: make([]string, n), topics: make([]string, n),
+		payload: make([]string, n), tenants: make([]pgtype.UUID, n), keys: make([]*string, n)}
+	for i, r := range rows {
+		c.ids[i], c.tenants[i] = uuidArg(r.ID), nullUUID(r.TenantID)
+		c.namespaces[i], c.topics[i], c.keys[i], c.payload[i] = r.Namespace, r.Topic, r.DedupeKey, string(r.Payload)
+	}
+	return c
+}
+
+func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []driver.InsertRow, notify []string) ([]driver.Inserted, error) {
+	c := toColumns(rows)
+	n := len(rows)
+	out := make([]driver.Inserted, n)
+	copied, err := s.tryCopy(ctx, tx, c)
+	if err != nil {
+		return nil, err
+	}
+	if copied {
+		for i := range out {
+			out[i].ID = rows[i].ID
+		}
+		return out, s.notifyMany(ctx, q, notify)
+	}
+	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload)
+	if err != nil {
+		return nil, err
+	}
+	inserted := make(map[uuid.UUID]bool, n)
+	for res.Next() {
+		var id pgtype.UUID
+		if err := res.Scan(&id); err != nil {
+			res.Close()
+			return nil, err
+		}
+		inserted[id.Bytes] = true
+	}
+	res.Close()
+	if err := res.Err(); err != nil {
+		return nil, err
+	}
+	var dups []int
+	for i, r := range rows {
+		if inserted[r.ID] {
+			out[i].ID = r.ID
+		} else {
+			dups = append(dups, i)
+		}
+	}
+	if len(dups) > 0 {
+		if err := s.resolveDuplicates(ctx, q, rows, dups, out); err != nil {
+			return nil, err
+		}
+	}
+	if len(dups) == n {
+		notify = nil // nothing new to announce
+	}
+	return out, s.notifyMany(ctx, q, notify)
+}
+
+func (s *store) notifyMany(ctx context.Context, q db.Querier, topics []string) error {
+	if len(topics) == 0 {
+		return nil
+	}
+	if _, err := q.Exec(ctx, s.sql.notifyMany, topics); err != nil {
+		return fmt.Errorf("notify: %w", err)
+	}
+	return nil
+}
+
+// tryCopy is the batch insert's fast path: COPY, which PostgreSQL writes in
+// bulk, about a third faster than the INSERT … SELECT unnest(…) ON CONFLICT
+// it replaces. COPY cannot skip a conflicting dedupe key, so it is tried
+// optimistically: when a key already exists the COPY fails with a unique
+// violation, is undone (on a pgx.Tx by a savepoint, so the caller's
+// transaction goes on), and tryCopy reports false for the INSERT path to
+// sort the duplicates out. It is used for batches of at least copyMinBatch
+// rows without a key repeated inside the batch, through a pgx.Tx or a
+// *pgxpool.Pool; other runners (database/sql, bun, *pgx.Conn, which may be
+// inside a transaction the driver cannot see) always take the INSERT path.
+func (s *store) tryCopy(ctx context.Context, tx any, c columns) (bool, error) {
+	if len(c.ids) < copyMinBatch || repeatsKey(c) {
+		return false, nil
+	}
+	src := pgx.CopyFromSlice(len(c.ids), func(i int) ([]any, error) {
+		return []any{c.ids[i], c.namespaces[i], c.topics[i], c.tenants[i], c.keys[i], c.payload[i]}, nil
+	})
+	var err error
+	switch r := tx.(type) {
+	case pgx.Tx:
+		var sp pgx.Tx
+		if sp, err = r.Begin(ctx); err != nil { // SAVEPOINT
+			return false, err
+		}
+		if _, err = sp.CopyFrom(ctx, s.table, copyColumns, src); err == nil {
+			err = sp.Commit(ctx) // RELEASE SAVEPOINT
+		}
+		if err != nil {
+			_ = sp.Rollback(ctx) // ROLLBACK TO SAVEPOINT: the caller's transaction stays usable
+		}
+	case *pgxpool.Pool:
+		_, err = r.CopyFrom(ctx, s.table, copyColumns, src) // a transaction of its own
+	default:
+		return false, nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation: a dedupe key exists
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// repeatsKey reports whether two rows of a batch share a dedupe key.
+func repeatsKey(c columns) bool {
+	seen := make(map[[3]string]struct{}, len(c.keys))
+	for i, k := range c.keys {
+		if k == nil {
+			continue
+		}
+		key := [3]string{c.namespaces[i], c.topics[i], *k}
+		if _, dup := seen[key]; dup {
+			return true
+		}
+		seen[key] = struct{}{}
+	}
+	return false
+}
+
+func (s *store) resolveDuplicates(ctx context.Context, q db.Querier, rows []driver.InsertRow, idx []int, out []driver.Inserted) error {
+	ns, tp, dk := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+	for j, i := range idx {
+		ns[j], tp[j], dk[j] = rows[i].Namespace, rows[i].Topic, *rows[i].DedupeKey
+	}
+	res, err := q.Query(ctx, s.sql.lookupDuplicates, ns, tp, dk)
+	if err != nil {
+		return fmt.Errorf("look up duplicates: %w", err)
+	}
+	defer res.Close()
+	existing := map[[3]string]uuid.UUID{}
+	for res.Next() {
+		var id uuid.UUID
+		var k [3]string
+		if err := res.Scan(&id, &k[0], &k[1], &k[2]); err != nil {
+			return fmt.Errorf("look up duplicates: %w", err)
+		}
+		existing[k] = id
+	}
+	if err := res.Err(); err != nil {
+		return fmt.Errorf("look up duplicates: %w", err)
+	}
+	for _, i := range idx {
+		id, ok := existing[[3]string{rows[i].Namespace, rows[i].Topic, *rows[i].DedupeKey}]
+		if !ok {
+			return fmt.Errorf("row %d: %w", i, driver.ErrInvisibleDuplicate)
+		}
+		out[i] = driver.Inserted{ID: id, Duplicate: true}
+	}
+	return nil
+}
+
+// Claim implements driver.Store.
+func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claimed, error) {
+	rows, err := s.pool.Query(ctx, s.sql.claim, s.args(p.MaxAttempts, p.Topics, p.Limit, uuidArg(p.Worker), p.Lease)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]driver.Claimed, 0, p.Limit)
+	for rows.Next() {
+		var c driver.Claimed
+		var id, tenant, token pgtype.UUID
+		if err := rows.Scan(&id, &c.Namespace, &c.Topic, &tenant, &c.DedupeKey, &c.Payload, &c.Attempts,
+			&token, &c.LockedTill, &c.CreatedAt); err != nil {
+			return nil, err
+		}
+		c.ID, c.LeaseToken, c.TenantID = id.Bytes, token.Bytes, ptrUUID(tenant)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// UPDATE … RETURNING does not keep the subquery's order.
+	slices.SortFunc(out, func(a, b driver.Claimed) int {
+		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+			return c
+		}
+		return slices.Compare(a.ID[:], b.ID[:])
+	})
+	return out, nil
+}
+
+var outcomeNames = [...]string{driver.Delivered: "delivered", driver.Retry: "pending", driver.Dead: "dead", driver.Release: "released"}
+
+// Complete implements driver.Store.
+func (s *store) Complete(ctx context.Context, tx any, outcomes []driver.Outcome) ([]bool, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	q, stmt := s.poolQ, s.sql.completeAsync
+	if tx != nil {
+		var err error
+		if q, err = db.AsQuerier(tx); err != nil {
+			return nil, err
+		}
+		// The caller's transaction keeps its own commit mode.
+		stmt = s.sql.complete
+	}
+	n := len(outcomes)
+	ids, tokens := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
+	kinds, errs := make([]string, n), make([]*string, n)
+	delays := make([]int64, n)
+	for i := range outcomes {
+		o := &outcomes[i]
+		ids[i], tokens[i], kinds[i], delays[i] = uuidArg(o.ID), uuidArg(o.LeaseToken), outcomeNames[o.Kind], o.Delay.Milliseconds()
+		if o.Error != "" {
+			errs[i] = &o.Error
+		}
+	}
+	rows, err := q.Query(ctx, stmt, s.args(ids, tokens, kinds, errs, delays)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	done := make(map[uuid.UUID]bool, n)
+	for rows.Next() {
+		var id pgtype.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		done[id.Bytes] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	settled := make([]bool, n)
+	for i, o := range outcomes {
+		settled[i] = done[o.ID]
+	}
+	return settled, nil
+}
+
+// InTx implements driver.Store: tx is a pgx.Tx.
+func (s *store) InTx(ctx context.Context, fn func(ctx context.Context, tx any) error) error {
+	return db.InTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, tx) })
+}
+
+// Sweep implements driver.Store.
+func (s *store) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept, error) {
+	var all []driver.Swept
+	for {
+		rows, err := s.pool.Query(ctx, s.sql.sweep, s.args(p.MaxAttempts, p.Topics, p.Limit)...)
+		if err != nil {
+			return all, err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowToStructByPos[driver.Swept])
+		if err != nil {
+			return all, err
+		}
+		all = append(all, ids...)
+		if len(ids) < p.Limit {
+			return all, nil
+		}
+	}
+}
+
+// Purge implements driver.Store.
+func (s *store) Purge(ctx context.Context, p driver.PurgeParams) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, s.sql.purge, s.args(p.Retention, p.Topics, p.Limit)...)
+		if err != nil {
+			return total, err
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(p.Limit) {
+			return total, nil
+		}
+	}
+}
+
+// Elect implements driver.Store.
+func (s *store) Elect(ctx context.Context, p driver.ElectParams) ([]string, error) {
+	rows, err := s.pool.Query(ctx, s.sql.elect, s.args(p.Roles, uuidArg(p.Holder), p.TTL)...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// Resign implements driver.Store.
+func (s *store) Resign(ctx context.Context, holder uuid.UUID, roles []string) error {
+	_, err := s.pool.Exec(ctx, s.sql.resign, uuidArg(holder), roles)
+	return err
+}
+
+// Stats implements driver.Store.
+func (s *store) Stats(ctx context.Context) ([]driver.StatsRow, error) {
+	rows, err := s.pool.Query(ctx, s.sql.stats, s.args()...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []driver.StatsRow
+	for rows.Next() {
+		var r driver.StatsRow
+		var age float64
+		if err := rows.Scan(&r.Namespace, &r.Topic, &r.Status, &r.Count, &age); err != nil {
+			return nil, err
+		}
+		r.OldestDueAge = time.Duration(age * float64(time.Second))
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Depth implements driver.Store.
+func (s *store) Depth(ctx context.Context, topics []string) ([]driver.DepthRow, error) {
+	rows, err := s.pool.Query(ctx, s.sql.depth, s.args(topics)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []driver.DepthRow
+	for rows.Next() {
+		var r driver.DepthRow
+		var age float64
+		if err := rows.Scan(&r.Topic, &r.Pending, &r.Processing, &r.Dead, &age); err != nil {
+			return nil, err
+		}
+		r.OldestDueAge = time.Duration(age * float64(time.Second))
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func emptyNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func zeroNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func filterArgs(f driver.ListFilter) []any {
+	var afterID pgtype.UUID
+	if !f.AfterCreatedAt.IsZero() {
+		afterID = uuidArg(f.AfterID)
+	}
+	return []any{emptyNil(f.Status), emptyNil(f.Namespace), emptyNil(f.Topic), nullUUID(f.TenantID),
+		zeroNil(f.CreatedAfter), zeroNil(f.CreatedBefore), zeroNil(f.AfterCreatedAt), afterID, f.Limit}
+}
+
+// List implements driver.Store.
+func (s *store) List(ctx context.Context, f driver.ListFilter) ([]driver.Event, error) {
+	rows, err := s.pool.Query(ctx, s.sql.list, filterArgs(f)...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []driver.Event
+	for rows.Next() {
+		e, err := scanEvent(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+func scanEvent(row pgx.Row) (driver.Event, error) {
+	var e driver.Event
+	var tenant, lockedBy pgtype.UUID
+	err := row.Scan(&e.ID, &e.Namespace, &e.Topic, &tenant, &e.DedupeKey, &e.Payload, &e.Status, &e.Attempts,
+		&e.NextAttemptAt, &lockedBy, &e.LockedUntil, &e.LastError, &e.CreatedAt, &e.UpdatedAt)
+	e.TenantID, e.LockedBy = ptrUUID(tenant), ptrUUID(lockedBy)
+	return e, err
+}
+
+// Get implements driver.Store.
+func (s *store) Get(ctx context.Context, id uuid.UUID) (driver.Event, error) {
+	e, err := scanEvent(s.pool.QueryRow(ctx, s.sql.get, uuidArg(id)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return driver.Event{}, driver.ErrNotFound
+	}
+	return e, err
+}
+
+// Replay implements driver.Store.
+func (s *store) Replay(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
+	var rows pgx.Rows
+	var err error
+	if len(p.IDs) > 0 {
+		rows, err = s.pool.Query(ctx, s.sql.replayIDs, s.args(p.IDs, p.By)...)
+	} else {
+		rows, err = s.pool.Query(ctx, s.sql.replayFilter, s.args(append(filterArgs(p.Filter), p.By)...)...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+}
+
+// Listen implements driver.Store on a connection of its own (LISTEN needs
+// one session for its whole life, which a pooled connection is not).
+func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic string)) error {
+	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return err
+	}
+	onReady()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		wake(n.Payload)
+	}
+}
+
+// Migrate implements driver.Store with modkit/db's Migrator and the
+// embedded migrations.
+func (s *store) Migrate(ctx context.Context) error {
+	m, err := db.NewMigrator(s.pool, db.MigratorConfig{Schema: s.opts.Schema, Logger: s.opts.Logger})
+	if err != nil {
+		return err
+	}
+	_, err = m.Up(ctx)
+	return err
+}
+
+// Fatal implements driver.Store: class 42 (undefined table or column,
+// insufficient privilege, syntax error) cannot be cured by retrying.
+func (s *store) Fatal(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code[:2] == "42"
+}

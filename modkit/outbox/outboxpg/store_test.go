@@ -1,0 +1,419 @@
+package outboxpg_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
+)
+
+// These tests hold the PostgreSQL driver to the contract of driver.Store:
+// what a claim takes, and that only the current lease holder can settle.
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var ctx = context.Background()
+
+const topic = "test:events"
+
+func open(t *testing.T, pool *pgxpool.Pool, opts driver.Options) driver.Store {
+	t.Helper()
+	if opts.Schema == "" {
+		opts.Schema = "public"
+	}
+	s, err := outboxpg.New(pool).Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newStore(t *testing.T) (driver.Store, *pgtest.DB) {
+	t.Helper()
+	tdb := pgtest.NewDB(t)
+	return open(t, tdb.Provider.Pool, driver.Options{}), tdb
+}
+
+func insertN(t *testing.T, s driver.Store, pool *pgxpool.Pool, ns, tp string, n int) []uuid.UUID {
+	t.Helper()
+	rows := make([]driver.InsertRow, n)
+	ids := make([]uuid.UUID, n)
+	for i := range rows {
+		ids[i] = uuid.Must(uuid.NewV7())
+		rows[i] = driver.InsertRow{ID: ids[i], Namespace: ns, Topic: tp, Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}
+	}
+	for i := range rows { // one by one: distinct created_at order
+		if _, err := s.Insert(ctx, pool, rows[i:i+1], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+func claim(t *testing.T, s driver.Store, limit, maxAttempts int, worker uuid.UUID) []driver.Claimed {
+	t.Helper()
+	got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: limit, MaxAttempts: maxAttempts, Worker: worker, Lease: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func complete(t *testing.T, s driver.Store, outcomes ...driver.Outcome) []bool {
+	t.Helper()
+	settled, err := s.Complete(ctx, nil, outcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return settled
+}
+
+func outcome(c driver.Claimed, kind driver.OutcomeKind) driver.Outcome {
+	return driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: kind, Error: "failed"}
+}
+
+func get(t *testing.T, s driver.Store, id uuid.UUID) driver.Event {
+	t.Helper()
+	e, err := s.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// expireLease moves an event's lease into the past without waiting.
+func expireLease(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) {
+	t.Helper()
+	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = $1 AND status = 'processing'", id); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClaim(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	ids := insertN(t, s, pool, "test", "events", 5)
+	// Another topic's event and a not-yet-due event must not be claimed.
+	foreign := insertN(t, s, pool, "billing", "invoice", 1)[0]
+	later := insertN(t, s, pool, "test", "events", 1)[0]
+	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET next_attempt_at = now() + interval '1 hour' WHERE id = $1", later); err != nil {
+		t.Fatal(err)
+	}
+	worker := uuid.New()
+	got := claim(t, s, 3, 3, worker)
+	if len(got) != 3 {
+		t.Fatalf("claimed %d, want 3 (the limit)", len(got))
+	}
+	for i, c := range got {
+		if c.ID != ids[i] {
+			t.Fatalf("claim order: got %s at %d, want %s (created_at, id order)", c.ID, i, ids[i])
+		}
+		e := get(t, s, c.ID)
+		if e.Status != "processing" || e.Attempts != 1 || c.Attempts != 1 || e.LockedBy == nil || *e.LockedBy != worker ||
+			e.LockedUntil == nil || !e.LockedUntil.Equal(c.LockedTill) || c.LeaseToken == uuid.Nil {
+			t.Fatalf("claimed row: %+v / %+v", e, c)
+		}
+		if lease := e.LockedUntil.Sub(e.UpdatedAt); lease != 30*time.Second {
+			t.Fatalf("lease %v, want exactly the 30s asked for, by the database clock", lease)
+		}
+	}
+	rest := claim(t, s, 10, 3, worker)
+	if len(rest) != 2 || rest[0].ID != ids[3] || rest[1].ID != ids[4] {
+		t.Fatalf("second claim: %+v", rest)
+	}
+	if again := claim(t, s, 10, 3, worker); len(again) != 0 {
+		t.Fatalf("leased events claimed again: %+v", again)
+	}
+	if e := get(t, s, foreign); e.Status != "pending" {
+		t.Fatal("claimed another topic's event")
+	}
+	if e := get(t, s, later); e.Status != "pending" {
+		t.Fatal("claimed an event before its next_attempt_at")
+	}
+}
+
+func TestCompleteDeliveredIsTerminal(t *testing.T) {
+	s, tdb := newStore(t)
+	insertN(t, s, tdb.Provider.Pool, "test", "events", 1)
+	c := claim(t, s, 1, 3, uuid.New())[0]
+	if ok := complete(t, s, outcome(c, driver.Delivered)); !ok[0] {
+		t.Fatal("ack under a live lease refused")
+	}
+	e := get(t, s, c.ID)
+	if e.Status != "delivered" || e.LockedBy != nil || e.LockedUntil != nil {
+		t.Fatalf("acked row: %+v", e)
+	}
+	if got := claim(t, s, 1, 3, uuid.New()); len(got) != 0 {
+		t.Fatal("delivered event claimed again")
+	}
+	if ok := complete(t, s, outcome(c, driver.Delivered), outcome(c, driver.Retry)); ok[0] || ok[1] {
+		t.Fatal("second ack or nack after ack accepted")
+	}
+	if e2 := get(t, s, c.ID); e2.Status != "delivered" || !e2.UpdatedAt.Equal(e.UpdatedAt) {
+		t.Fatalf("stale ack/nack changed a delivered row: %+v", e2)
+	}
+}
+
+// The stale-worker race: A claims, A's lease expires, B reclaims, A's
+// outcome is refused and changes nothing; B's is recorded.
+func TestFencingStaleWorker(t *testing.T) {
+	a, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	b := open(t, tdb.NewPool(t), driver.Options{})
+	insertN(t, a, pool, "test", "events", 1)
+	workerA, workerB := uuid.New(), uuid.New()
+	ca := claim(t, a, 1, 3, workerA)[0]
+
+	expireLease(t, pool, ca.ID)
+	// Expired but not yet reclaimed: A's lease is gone already.
+	if ok := complete(t, a, outcome(ca, driver.Delivered)); ok[0] {
+		t.Fatal("ack on an expired lease accepted")
+	}
+	cb := claim(t, b, 1, 3, workerB)
+	if len(cb) != 1 || cb[0].ID != ca.ID || cb[0].Attempts != 2 || cb[0].LeaseToken == ca.LeaseToken {
+		t.Fatalf("B's reclaim: %+v", cb)
+	}
+	before := get(t, a, ca.ID)
+	for _, k := range []driver.OutcomeKind{driver.Delivered, driver.Retry, driver.Dead, driver.Release} {
+		if ok := complete(t, a, outcome(ca, k)); ok[0] {
+			t.Fatalf("stale A outcome %d accepted", k)
+		}
+	}
+	// The token fences, not the worker: B's own id with a wrong token fails.
+	forged := cb[0]
+	forged.LeaseToken = uuid.New()
+	if ok := complete(t, b, outcome(forged, driver.Delivered)); ok[0] {
+		t.Fatal("outcome with a wrong token accepted")
+	}
+	if after := get(t, a, ca.ID); after.Status != "processing" || *after.LockedBy != workerB ||
+		!after.UpdatedAt.Equal(before.UpdatedAt) || after.Attempts != 2 {
+		t.Fatalf("stale worker changed the row: %+v", after)
+	}
+	if ok := complete(t, b, outcome(cb[0], driver.Delivered)); !ok[0] {
+		t.Fatal("B's ack refused")
+	}
+	if e := get(t, a, ca.ID); e.Status != "delivered" {
+		t.Fatalf("after B's ack: %+v", e)
+	}
+}
+
+func TestCompleteMixedOutcomes(t *testing.T) {
+	s, tdb := newStore(t)
+	insertN(t, s, tdb.Provider.Pool, "test", "events", 5)
+	got := claim(t, s, 5, 3, uuid.New())
+	stale := got[4]
+	stale.LeaseToken = uuid.New()
+	retry := outcome(got[1], driver.Retry)
+	retry.Delay = 90 * time.Second
+	ok := complete(t, s, outcome(got[0], driver.Delivered), retry, outcome(got[2], driver.Dead),
+		outcome(got[3], driver.Release), outcome(stale, driver.Delivered))
+	want := []string{"delivered", "pending", "dead", "pending"}
+	for i, w := range want {
+		if e := get(t, s, got[i].ID); !ok[i] || e.Status != w {
+			t.Fatalf("outcome %d: settled %v, row %+v, want %s", i, ok[i], e, w)
+		}
+	}
+	if e := get(t, s, got[1].ID); e.NextAttemptAt.Sub(e.UpdatedAt) != 90*time.Second || e.LastError == nil || *e.LastError != "failed" || e.Attempts != 1 {
+		t.Fatalf("retry: %+v", e)
+	}
+	if e := get(t, s, got[3].ID); e.Attempts != 0 || e.LastError != nil || e.NextAttemptAt.After(e.UpdatedAt) {
+		t.Fatalf("release must undo the attempt and be due at once: %+v", e)
+	}
+	if ok[4] || get(t, s, got[4].ID).Status != "processing" {
+		t.Fatalf("wrong token must be refused and change nothing")
+	}
+}
+
+// A worker that crashes on the last allowed attempt leaves the row
+// processing with attempts = max, which no claim picks up; Sweep
+// dead-letters it, saying why, and leaves live leases alone.
+func TestSweepExhausted(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	ids := insertN(t, s, pool, "test", "events", 2)
+	c := claim(t, s, 1, 1, uuid.New())[0] // the "crashed" worker never settles it
+	expireLease(t, pool, c.ID)
+	if got := claim(t, s, 1, 1, uuid.New()); len(got) != 1 || got[0].ID != ids[1] {
+		t.Fatalf("claim after the crash: %+v (the exhausted row must be skipped)", got)
+	}
+	sweep := driver.SweepParams{Topics: []string{topic}, MaxAttempts: 1, Limit: 10}
+	swept, err := s.Sweep(ctx, sweep)
+	if err != nil || len(swept) != 1 || swept[0].ID != c.ID || swept[0].Topic != topic {
+		t.Fatalf("sweep: %v %v", swept, err)
+	}
+	e := get(t, s, c.ID)
+	if e.Status != "dead" || e.LockedBy != nil || !strings.Contains(*e.LastError, "expired on the final attempt") {
+		t.Fatalf("swept row: %+v", e)
+	}
+	if e := get(t, s, ids[1]); e.Status != "processing" {
+		t.Fatalf("sweep touched a live lease: %+v", e)
+	}
+	if again, _ := s.Sweep(ctx, sweep); len(again) != 0 {
+		t.Fatalf("second sweep: %v", again)
+	}
+}
+
+// Several claimers never share an event.
+func TestConcurrentClaimersNeverShareAnEvent(t *testing.T) {
+	s0, tdb := newStore(t)
+	ids := insertN(t, s0, tdb.Provider.Pool, "test", "events", 300)
+	const workers = 4
+	var mu sync.Mutex
+	seen := map[uuid.UUID]uuid.UUID{}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		s, worker := open(t, tdb.NewPool(t), driver.Options{}), uuid.New()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 7, MaxAttempts: 3, Worker: worker, Lease: time.Minute})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(got) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, c := range got {
+					if prev, dup := seen[c.ID]; dup {
+						mu.Unlock()
+						errs <- fmt.Errorf("event %s claimed by %s and %s", c.ID, prev, worker)
+						return
+					}
+					seen[c.ID] = worker
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(seen) != len(ids) {
+		t.Fatalf("claimed %d distinct events of %d", len(seen), len(ids))
+	}
+}
+
+// Claims and outcomes commit asynchronously by default, but only their own
+// implicit transaction: the pooled session keeps its setting.
+func TestAsyncCommitStaysInTheStatement(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := open(t, pool, driver.Options{})
+	// The test cluster may run with synchronous_commit off; the session
+	// asks for on, and must still have it afterwards.
+	if _, err := pool.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	insertN(t, s, pool, "test", "events", 3)
+	got := claim(t, s, 10, 3, uuid.New())
+	if len(got) != 3 {
+		t.Fatalf("claimed %d", len(got))
+	}
+	complete(t, s, outcome(got[0], driver.Delivered))
+	var setting string
+	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "on" {
+		t.Fatalf("synchronous_commit is %q on the session after a claim and an ack", setting)
+	}
+}
+
+// With Options.Now the driver takes its time from the test clock: a claim
+// leases until clock + lease, and a lease expires when the clock passes it.
+func TestTestClock(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	at := time.Now().Add(24 * time.Hour).Truncate(time.Microsecond)
+	s := open(t, pool, driver.Options{Now: func() time.Time { return at }})
+	insertN(t, s, pool, "test", "events", 1)
+	c := claim(t, s, 1, 3, uuid.New())[0]
+	if !c.LockedTill.Equal(at.Add(30 * time.Second)) {
+		t.Fatalf("lease until %v, want the test clock %v plus 30s", c.LockedTill, at)
+	}
+	if again := claim(t, s, 1, 3, uuid.New()); len(again) != 0 {
+		t.Fatal("a live lease was claimed again")
+	}
+	at = at.Add(31 * time.Second)
+	again := claim(t, s, 1, 3, uuid.New())
+	if len(again) != 1 || again[0].Attempts != 2 {
+		t.Fatalf("after the clock passed the lease: %+v", again)
+	}
+	if ok := complete(t, s, outcome(c, driver.Delivered)); ok[0] {
+		t.Fatal("the expired lease's outcome was accepted")
+	}
+}
+
+// Elect gives each role to one holder until its lease expires or it
+// resigns.
+func TestElect(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	at := time.Now().Truncate(time.Microsecond)
+	s := open(t, tdb.Provider.Pool, driver.Options{Now: func() time.Time { return at }})
+	a, b := uuid.New(), uuid.New()
+	roles := []string{"maintenance:x:1", "maintenance:x:2"}
+	elect := func(holder uuid.UUID, roles ...string) []string {
+		t.Helper()
+		held, err := s.Elect(ctx, driver.ElectParams{Roles: roles, Holder: holder, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return held
+	}
+	if held := elect(a, roles[0]); len(held) != 1 {
+		t.Fatalf("a: %v", held)
+	}
+	if held := elect(b, roles...); len(held) != 1 || held[0] != roles[1] {
+		t.Fatalf("b took %v; only the free role was for it", held)
+	}
+	at = at.Add(30 * time.Second)
+	if held := elect(a, roles...); len(held) != 1 || held[0] != roles[0] {
+		t.Fatalf("a renewed %v", held)
+	}
+	at = at.Add(61 * time.Second) // b's lease has expired, a's renewed one has not
+	if held := elect(a, roles...); len(held) != 2 {
+		t.Fatalf("a after b's lease expired: %v", held)
+	}
+	if err := s.Resign(ctx, a, roles); err != nil {
+		t.Fatal(err)
+	}
+	if held := elect(b, roles...); len(held) != 2 {
+		t.Fatalf("b after a resigned: %v", held)
+	}
+}
+
+func TestOpenRejectsBadSchema(t *testing.T) {
+	if _, err := outboxpg.New(nil).Open(driver.Options{Schema: "public"}); err == nil {
+		t.Fatal("nil pool accepted")
+	}
+	tdb := pgtest.NewDB(t)
+	for _, bad := range []string{"", "Robert'); DROP TABLE x;--", "pg_catalog"} {
+		if _, err := outboxpg.New(tdb.Provider.Pool).Open(driver.Options{Schema: bad}); err == nil {
+			t.Errorf("schema %q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,438 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// The worker pool runs publishes: one lane per topic, each with its own
+// limit of publishes in flight under the dispatcher's overall Concurrency,
+// so that a slow or hung topic cannot take another topic's workers.
+//
+// A publish that outlives its deadline is abandoned: its slot is freed, its
+// event goes back unpublished (the claim's attempt undone) and its
+// goroutine is left to return whenever it does, counted until then. A lane
+// whose abandoned publishes reach its limit is paused: it starts nothing
+// and claims nothing until some of them return, which bounds the
+// goroutines a publisher that ignores its context can pile up to twice its
+// limit. Queued events that cannot start before their deadline are given
+// back the same way, before their lease can expire, so the claimer never
+// finds its own queued events expired and claims them again.
+
+// claimed is one event on its way through the dispatcher.
+type claimed struct {
+	d        Delivery
+	deadline time.Time // publish deadline by the local clock (lease end minus headroom)
+}
+
+// resultKind says how a publish ended.
+type resultKind uint8
+
+const (
+	published resultKind = iota // err says how
+	released                    // not started (stop, deadline passed while queued)
+	abandoned                   // outlived its deadline; given back unpublished
+	ackedInTx                   // a transactional handler committed its outcome
+	lostInTx                    // a transactional handler found its lease lost
+	cutByStop                   // cut short by a hard stop: outcome unknown, given back
+)
+
+// result is one publish's end, for the completer.
+type result struct {
+	c       claimed
+	kind    resultKind
+	err     error
+	started time.Time
+	elapsed time.Duration
+}
+
+type lane struct {
+	pub       *Publisher
+	topic     Topic
+	limit     int
+	inflight  int
+	abandoned int
+	queue     []claimed
+	avg       time.Duration // moving average of publish durations; 0 before the first
+}
+
+// paused: as many abandoned publishes as the lane's limit are still
+// running.
+func (l *lane) paused() bool { return l.abandoned >= l.limit }
+
+type call struct {
+	c      claimed
+	lane   *lane
+	cancel context.CancelFunc
+	timer  *time.Timer
+	state  uint8 // callRunning, callDone, callAbandoned
+}
+
+const (
+	callRunning uint8 = iota
+	callDone
+	callAbandoned
+)
+
+type workerPool struct {
+	d       *Dispatcher
+	pubCtx  context.Context // parent of every publish context; a hard stop cancels it
+	results chan<- result
+	// roomFreed wakes the claimer when a slot or queue place frees.
+	roomFreed chan struct{}
+
+	mu        sync.Mutex
+	lanes     []*lane
+	byKey     map[string]*lane
+	limit     int // Concurrency
+	inflight  int
+	calls     map[*call]struct{} // running, not abandoned
+	next      int                // round-robin start
+	stopping  bool
+	closed    bool
+	expiry    *time.Timer
+	emitting  sync.WaitGroup
+	running   sync.WaitGroup // calls not yet done or abandoned
+	abandoned int
+}
+
+func newWorkerPool(d *Dispatcher, pubCtx context.Context, results chan<- result) *workerPool {
+	p := &workerPool{d: d, pubCtx: pubCtx, results: results, roomFreed: make(chan struct{}, 1),
+		byKey: map[string]*lane{}, limit: d.cfg.Concurrency, calls: map[*call]struct{}{}}
+	for _, t := range d.reg.topics {
+		pub := d.reg.byKey[t.key()]
+		l := &lane{pub: pub, topic: t, limit: d.laneLimit(pub)}
+		p.lanes = append(p.lanes, l)
+		p.byKey[t.key()] = l
+	}
+	p.expiry = time.AfterFunc(time.Hour, p.expire)
+	p.expiry.Stop()
+	return p
+}
+
+// room says which topics the claimer may claim for and how many events in
+// all, and the capacity that number is out of (for the claim threshold).
+func (p *workerPool) room() (topics []string, room, capacity int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopping {
+		return nil, 0, 0
+	}
+	for _, l := range p.lanes {
+		if l.paused() {
+			continue
+		}
+		c := p.laneCapacity(l)
+		capacity += c
+		if r := c - l.inflight - len(l.queue); r > 0 {
+			room += r
+			topics = append(topics, l.topic.key())
+		}
+	}
+	return topics, min(room, p.d.cfg.BatchSize), min(capacity, p.d.cfg.BatchSize)
+}
+
+// laneCapacity is how many events a lane may hold, running and queued: what
+// it can start before a claim's publish deadline at its recent pace, at
+// most its limit plus a batch.
+func (p *workerPool) laneCapacity(l *lane) int {
+	if l.avg <= 0 {
+		return l.limit + p.d.cfg.BatchSize
+	}
+	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
+	rounds := int(window / l.avg)
+	return max(l.limit, min(l.limit*rounds, l.limit+p.d.cfg.BatchSize))
+}
+
+// submit queues claimed events on their lanes and starts what it can.
+func (p *workerPool) submit(batch []claimed) {
+	p.mu.Lock()
+	var back []result
+	for _, c := range batch {
+		l := p.byKey[Topic{c.d.Namespace, c.d.Topic}.key()]
+		if l == nil || p.stopping { // cannot happen for l: only registered topics are claimed
+			back = append(back, result{c: c, kind: released})
+			continue
+		}
+		l.queue = append(l.queue, c)
+	}
+	p.pumpLocked()
+	booked := len(back) > 0 && p.reserveLocked()
+	p.mu.Unlock()
+	p.send(booked, back...)
+}
+
+// pumpLocked starts queued events, one lane at a time in turn, while slots
+// are free, and arms the expiry timer for the earliest queued deadline.
+func (p *workerPool) pumpLocked() {
+	if p.stopping {
+		return
+	}
+	for started := true; started && p.inflight < p.limit; {
+		started = false
+		for i := range p.lanes {
+			l := p.lanes[(p.next+i)%len(p.lanes)]
+			if len(l.queue) == 0 || l.inflight >= l.limit || l.paused() {
+				continue
+			}
+			c := l.queue[0]
+			l.queue[0] = claimed{}
+			l.queue = l.queue[1:]
+			p.startLocked(l, c)
+			started = true
+			if p.inflight >= p.limit {
+				break
+			}
+		}
+		p.next++
+	}
+	p.armExpiryLocked()
+}
+
+func (p *workerPool) armExpiryLocked() {
+	var earliest time.Time
+	for _, l := range p.lanes {
+		if len(l.queue) > 0 && (earliest.IsZero() || l.queue[0].deadline.Before(earliest)) {
+			earliest = l.queue[0].deadline
+		}
+	}
+	p.expiry.Stop()
+	if !earliest.IsZero() {
+		p.expiry.Reset(time.Until(earliest))
+	}
+}
+
+// expire gives back queued events whose deadline has passed.
+func (p *workerPool) expire() {
+	p.mu.Lock()
+	var back []result
+	now := time.Now()
+	for _, l := range p.lanes {
+		for len(l.queue) > 0 && !l.queue[0].deadline.After(now) {
+			back = append(back, result{c: l.queue[0], kind: released})
+			l.queue = l.queue[1:]
+		}
+	}
+	if !p.stopping {
+		p.armExpiryLocked()
+	}
+	booked := len(back) > 0 && p.reserveLocked()
+	p.mu.Unlock()
+	p.send(booked, back...)
+	p.signalRoom()
+}
+
+func (p *workerPool) startLocked(l *lane, c claimed) {
+	ctx, cancel := context.WithDeadline(p.pubCtx, c.deadline)
+	k := &call{c: c, lane: l, cancel: cancel}
+	l.inflight++
+	p.inflight++
+	p.calls[k] = struct{}{}
+	p.running.Add(1)
+	// A publisher that honours its context returns at the deadline; one
+	// that does not is abandoned a little later, still inside the lease.
+	k.timer = time.AfterFunc(time.Until(c.deadline)+p.d.abandonGrace(), func() { p.abandon(k) })
+	go p.run(ctx, k)
+}
+
+func (p *workerPool) run(ctx context.Context, k *call) {
+	res := p.d.publish(ctx, k.c)
+	k.timer.Stop()
+	k.cancel()
+	p.mu.Lock()
+	switch k.state {
+	case callRunning:
+		k.state = callDone
+		booked := p.reserveLocked()
+		p.finishLocked(k)
+		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
+		p.pumpLocked()
+		p.mu.Unlock()
+		p.send(booked, res)
+	case callAbandoned:
+		k.lane.abandoned--
+		p.abandoned--
+		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
+		p.pumpLocked()
+		p.mu.Unlock()
+		p.d.abandonedReturned(k.c, res)
+	default:
+		p.mu.Unlock()
+	}
+	p.signalRoom()
+}
+
+func (p *workerPool) finishLocked(k *call) {
+	k.lane.inflight--
+	p.inflight--
+	delete(p.calls, k)
+	p.running.Done()
+}
+
+// abandon gives up on a call that outlived its deadline.
+func (p *workerPool) abandon(k *call) {
+	p.mu.Lock()
+	if k.state != callRunning {
+		p.mu.Unlock()
+		return
+	}
+	k.state = callAbandoned
+	k.cancel()
+	booked := p.reserveLocked()
+	p.finishLocked(k)
+	k.lane.abandoned++
+	p.abandoned++
+	paused := k.lane.paused()
+	back := []result{{c: k.c, kind: abandoned, started: time.Now()}}
+	if paused { // nothing of this lane starts until an abandoned publish returns
+		for _, c := range k.lane.queue {
+			back = append(back, result{c: c, kind: released})
+		}
+		k.lane.queue = nil
+	}
+	p.pumpLocked()
+	p.mu.Unlock()
+	p.d.abandonedPublish(k.c, k.lane.pub, paused)
+	p.send(booked, back...)
+	p.signalRoom()
+}
+
+// reserveLocked books a hand-over of results to the completer; close waits
+// for every booked hand-over. Book it under the same lock hold as the state
+// change that produced the results, so that a stop cannot slip between the
+// two and drop them. It returns false after close (the events' leases
+// expire and they are delivered again).
+func (p *workerPool) reserveLocked() bool {
+	if p.closed {
+		return false
+	}
+	p.emitting.Add(1)
+	return true
+}
+
+// send delivers results booked with reserveLocked.
+func (p *workerPool) send(booked bool, rs ...result) {
+	if !booked {
+		return
+	}
+	defer p.emitting.Done()
+	for _, r := range rs {
+		p.results <- r
+	}
+}
+
+func (p *workerPool) signalRoom() {
+	select {
+	case p.roomFreed <- struct{}{}:
+	default:
+	}
+}
+
+// stop starts no more publishes and gives every queued event back.
+func (p *workerPool) stop() {
+	p.mu.Lock()
+	p.stopping = true
+	p.expiry.Stop()
+	var back []result
+	for _, l := range p.lanes {
+		for _, c := range l.queue {
+			back = append(back, result{c: c, kind: released})
+		}
+		l.queue = nil
+	}
+	booked := len(back) > 0 && p.reserveLocked()
+	p.mu.Unlock()
+	p.send(booked, back...)
+}
+
+// wait waits for the running publishes until ctx ends.
+func (p *workerPool) wait(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() { p.running.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// abandonAll abandons every running publish (a stop's last resort).
+func (p *workerPool) abandonAll() {
+	p.mu.Lock()
+	calls := make([]*call, 0, len(p.calls))
+	for k := range p.calls {
+		calls = append(calls, k)
+	}
+	p.mu.Unlock()
+	for _, k := range calls {
+		p.abandon(k)
+	}
+}
+
+// close waits for results in flight to reach the completer; later ones are
+// dropped.
+func (p *workerPool) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.emitting.Wait()
+}
+
+// laneState is one lane's health, for Dispatcher.Health.
+type laneState struct {
+	topic                              Topic
+	limit, inflight, queued, abandoned int
+	paused                             bool
+}
+
+func (p *workerPool) state() (lanes []laneState, abandoned int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.lanes {
+		lanes = append(lanes, laneState{topic: l.topic, limit: l.limit, inflight: l.inflight, queued: len(l.queue),
+			abandoned: l.abandoned, paused: l.paused()})
+	}
+	return lanes, p.abandoned
+}
+
+func movingAverage(avg, sample time.Duration) time.Duration {
+	if avg == 0 {
+		return sample
+	}
+	return avg + (sample-avg)/8
+}
+
+// publish runs one publisher call, isolating panics.
+func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
+	m := c.d
+	res := result{c: c, started: time.Now()}
+	p := d.reg.byKey[Topic{m.Namespace, m.Topic}.key()]
+	if p.HandleTx != nil {
+		res.kind, res.err = d.handleTx(ctx, p, m)
+	} else {
+		res.err = d.callSafely(p, m, func() error { return p.Publish(ctx, m) })
+	}
+	res.elapsed = time.Since(res.started)
+	if res.kind == published && res.err != nil && d.hardStop.Load() {
+		// Cut short by a hard stop: the outcome is unknown, so the event
+		// goes back without using up an attempt.
+		res.kind = cutByStop
+	}
+	return res
+}
+
+func (d *Dispatcher) callSafely(p *Publisher, m Delivery, call func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("publisher %s panicked: %v", p.name(), r)
+			d.log.Error("publisher panicked; the event will be retried", "publisher", p.name(),
+				"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempt,
+				"panic", SanitizeError(err, d.c.cfg.ErrorMaxLen), "stack", string(debug.Stack()))
+		}
+	}()
+	return call()
+}
