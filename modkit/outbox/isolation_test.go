@@ -45,24 +45,9 @@ func TestStuckPublisherDoesNotStallOtherTopics(t *testing.T) {
 	const nB = 1000
 	publishB := func(_ context.Context, d outbox.Delivery) error { return nil }
 
-	enqueue := func(topic outbox.Topic, n int) []uuid.UUID {
-		msgs := make([]outbox.Message, n)
-		for i := range msgs {
-			msgs[i] = outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
-		}
-		res, err := c.EnqueueBatch(ctx, pool, msgs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids := make([]uuid.UUID, n)
-		for i, r := range res {
-			ids[i] = r.ID
-		}
-		return ids
-	}
 	// A's events first, so that the oldest-first claims meet them first.
-	enqueue(topicA, 20)
-	enqueue(topicB, nB)
+	enqueueTopic(t, c, pool, topicA, 20)
+	enqueueTopic(t, c, pool, topicB, nB)
 
 	abandoned := make(chan struct{}, 1)
 	var deadB atomic.Int64
