@@ -66,7 +66,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			for i, c := range got {
 				batch[i] = claimed{d: d.delivery(c), deadline: deadline}
 			}
-			pool.submit(batch)
+			pool.submit(batch, deadline)
 			now := time.Now()
 			if len(got) > 0 {
 				hotUntil, recheckIn = now.Add(d.cfg.WakeWindow), d.cfg.WakeRecheck

@@ -301,10 +301,14 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	// Shut down. What is still queued was never started: it goes back at
 	// once, so another replica can take it while the publishes in flight
 	// finish.
-	pool.stop()
 	at := func(fraction int) time.Time {
 		return stopStarted.Add(d.cfg.StopTimeout * time.Duration(fraction) / 100)
 	}
+	// Armed first: a completer stuck on an unreachable database gives up
+	// at 95%, so results waiting to reach it are not held up longer.
+	flushTimer := time.AfterFunc(time.Until(at(95)), cancelFlush)
+	defer flushTimer.Stop()
+	pool.stop()
 	if !waitUntil(pool, at(80)) {
 		d.hardStop.Store(true)
 		cancelPublishes()
@@ -315,8 +319,6 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	}
 	pool.close()
 	close(results)
-	flushTimer := time.AfterFunc(time.Until(at(95)), cancelFlush)
-	defer flushTimer.Stop()
 	<-completerDone
 	helpers.Wait()
 	return err

@@ -25,7 +25,8 @@ import (
 // claimed is one event on its way through the dispatcher.
 type claimed struct {
 	d        Delivery
-	deadline time.Time // publish deadline by the local clock (lease end minus headroom)
+	deadline time.Time       // publish deadline by the local clock (lease end minus headroom)
+	ctx      context.Context // the publish context of its claim's batch: ends at deadline
 }
 
 // resultKind says how a publish ended.
@@ -64,11 +65,9 @@ type lane struct {
 func (l *lane) paused() bool { return l.abandoned >= l.limit }
 
 type call struct {
-	c      claimed
-	lane   *lane
-	cancel context.CancelFunc
-	timer  *time.Timer
-	state  uint8 // callRunning, callDone, callAbandoned
+	c     claimed
+	lane  *lane
+	state uint8 // callRunning, callDone, callAbandoned
 }
 
 const (
@@ -93,7 +92,7 @@ type workerPool struct {
 	next      int                // round-robin start
 	stopping  bool
 	closed    bool
-	expiry    *time.Timer
+	timers    map[*time.Timer]struct{} // per-batch expiry and abandonment timers not yet fired
 	emitting  sync.WaitGroup
 	running   sync.WaitGroup // calls not yet done or abandoned
 	abandoned int
@@ -101,15 +100,13 @@ type workerPool struct {
 
 func newWorkerPool(d *Dispatcher, pubCtx context.Context, results chan<- result) *workerPool {
 	p := &workerPool{d: d, pubCtx: pubCtx, results: results, roomFreed: make(chan struct{}, 1),
-		byKey: map[string]*lane{}, limit: d.cfg.Concurrency, calls: map[*call]struct{}{}}
+		byKey: map[string]*lane{}, limit: d.cfg.Concurrency, calls: map[*call]struct{}{}, timers: map[*time.Timer]struct{}{}}
 	for _, t := range d.reg.topics {
 		pub := d.reg.byKey[t.key()]
 		l := &lane{pub: pub, topic: t, limit: d.laneLimit(pub)}
 		p.lanes = append(p.lanes, l)
 		p.byKey[t.key()] = l
 	}
-	p.expiry = time.AfterFunc(time.Hour, p.expire)
-	p.expiry.Stop()
 	return p
 }
 
@@ -147,11 +144,19 @@ func (p *workerPool) laneCapacity(l *lane) int {
 	return max(l.limit, min(l.limit*rounds, l.limit+p.d.cfg.BatchSize))
 }
 
-// submit queues claimed events on their lanes and starts what it can.
-func (p *workerPool) submit(batch []claimed) {
+// submit queues a claim's events on their lanes and starts what it can.
+// The events share one publish context, ending at their common deadline;
+// at the deadline what is still queued goes back, and a little later what
+// still runs is abandoned: two timers a claim, none an event.
+func (p *workerPool) submit(batch []claimed, deadline time.Time) {
+	if len(batch) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(p.pubCtx, deadline)
 	p.mu.Lock()
 	var back []result
 	for _, c := range batch {
+		c.ctx = ctx
 		l := p.byKey[Topic{c.d.Namespace, c.d.Topic}.key()]
 		if l == nil || p.stopping { // cannot happen for l: only registered topics are claimed
 			back = append(back, result{c: c, kind: released})
@@ -159,14 +164,31 @@ func (p *workerPool) submit(batch []claimed) {
 		}
 		l.queue = append(l.queue, c)
 	}
+	p.afterLocked(time.Until(deadline), p.expire)
+	p.afterLocked(time.Until(deadline)+p.d.abandonGrace(), func() { cancel(); p.abandonOverdue() })
 	p.pumpLocked()
 	booked := len(back) > 0 && p.reserveLocked()
 	p.mu.Unlock()
 	p.send(booked, back...)
 }
 
+// afterLocked runs fn after d on a timer that close stops.
+func (p *workerPool) afterLocked(d time.Duration, fn func()) {
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		p.mu.Lock()
+		_, live := p.timers[t]
+		delete(p.timers, t)
+		p.mu.Unlock()
+		if live {
+			fn()
+		}
+	})
+	p.timers[t] = struct{}{}
+}
+
 // pumpLocked starts queued events, one lane at a time in turn, while slots
-// are free, and arms the expiry timer for the earliest queued deadline.
+// are free.
 func (p *workerPool) pumpLocked() {
 	if p.stopping {
 		return
@@ -189,20 +211,6 @@ func (p *workerPool) pumpLocked() {
 		}
 		p.next++
 	}
-	p.armExpiryLocked()
-}
-
-func (p *workerPool) armExpiryLocked() {
-	var earliest time.Time
-	for _, l := range p.lanes {
-		if len(l.queue) > 0 && (earliest.IsZero() || l.queue[0].deadline.Before(earliest)) {
-			earliest = l.queue[0].deadline
-		}
-	}
-	p.expiry.Stop()
-	if !earliest.IsZero() {
-		p.expiry.Reset(time.Until(earliest))
-	}
 }
 
 // expire gives back queued events whose deadline has passed.
@@ -216,9 +224,6 @@ func (p *workerPool) expire() {
 			l.queue = l.queue[1:]
 		}
 	}
-	if !p.stopping {
-		p.armExpiryLocked()
-	}
 	booked := len(back) > 0 && p.reserveLocked()
 	p.mu.Unlock()
 	p.send(booked, back...)
@@ -226,32 +231,31 @@ func (p *workerPool) expire() {
 }
 
 func (p *workerPool) startLocked(l *lane, c claimed) {
-	ctx, cancel := context.WithDeadline(p.pubCtx, c.deadline)
-	k := &call{c: c, lane: l, cancel: cancel}
+	k := &call{c: c, lane: l}
 	l.inflight++
 	p.inflight++
 	p.calls[k] = struct{}{}
 	p.running.Add(1)
-	// A publisher that honours its context returns at the deadline; one
-	// that does not is abandoned a little later, still inside the lease.
-	k.timer = time.AfterFunc(time.Until(c.deadline)+p.d.abandonGrace(), func() { p.abandon(k) })
-	go p.run(ctx, k)
+	go p.run(k)
 }
 
-func (p *workerPool) run(ctx context.Context, k *call) {
-	res := p.d.publish(ctx, k.c)
-	k.timer.Stop()
-	k.cancel()
+func (p *workerPool) run(k *call) {
+	res := p.d.publish(k.c.ctx, k.c)
 	p.mu.Lock()
 	switch k.state {
 	case callRunning:
+		// The slot stays taken until the completer has the result: when
+		// recording outcomes falls behind, publishing (and so claiming)
+		// waits for it instead of piling up leases it cannot settle.
 		k.state = callDone
 		booked := p.reserveLocked()
+		p.mu.Unlock()
+		p.send(booked, res)
+		p.mu.Lock()
 		p.finishLocked(k)
 		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
 		p.pumpLocked()
 		p.mu.Unlock()
-		p.send(booked, res)
 	case callAbandoned:
 		k.lane.abandoned--
 		p.abandoned--
@@ -272,7 +276,25 @@ func (p *workerPool) finishLocked(k *call) {
 	p.running.Done()
 }
 
-// abandon gives up on a call that outlived its deadline.
+// abandonOverdue gives up on the calls that outlived their deadline by the
+// grace period.
+func (p *workerPool) abandonOverdue() {
+	cutoff := time.Now().Add(-p.d.abandonGrace())
+	p.mu.Lock()
+	var overdue []*call
+	for k := range p.calls {
+		if k.state == callRunning && !k.c.deadline.After(cutoff) {
+			overdue = append(overdue, k)
+		}
+	}
+	p.mu.Unlock()
+	for _, k := range overdue {
+		p.abandon(k)
+	}
+}
+
+// abandon gives up on a running call: its slot is freed and its event
+// given back.
 func (p *workerPool) abandon(k *call) {
 	p.mu.Lock()
 	if k.state != callRunning {
@@ -280,7 +302,6 @@ func (p *workerPool) abandon(k *call) {
 		return
 	}
 	k.state = callAbandoned
-	k.cancel()
 	booked := p.reserveLocked()
 	p.finishLocked(k)
 	k.lane.abandoned++
@@ -335,7 +356,6 @@ func (p *workerPool) signalRoom() {
 func (p *workerPool) stop() {
 	p.mu.Lock()
 	p.stopping = true
-	p.expiry.Stop()
 	var back []result
 	for _, l := range p.lanes {
 		for _, c := range l.queue {
@@ -378,6 +398,10 @@ func (p *workerPool) abandonAll() {
 func (p *workerPool) close() {
 	p.mu.Lock()
 	p.closed = true
+	for t := range p.timers {
+		t.Stop()
+	}
+	clear(p.timers)
 	p.mu.Unlock()
 	p.emitting.Wait()
 }
