@@ -152,8 +152,9 @@ func TestClaimsBoundedByLaneRoom(t *testing.T) {
 		return nil
 	}})
 	<-first
-	// One publish running, the rest of at most one batch queued: the other
-	// events stay pending in the table.
+	// One publish running and, before any publish of the lane has
+	// finished, at most one batch queued: the other events stay pending in
+	// the table.
 	if n := countRows(t, pool, "namespace = 'lanes' AND status = 'processing'"); n > 1+cfg.BatchSize {
 		t.Fatalf("%d events claimed while one slot is busy; at most %d (one running, one batch queued)", n, 1+cfg.BatchSize)
 	}

@@ -132,16 +132,19 @@ func (p *workerPool) room() (topics []string, room, capacity int) {
 	return topics, min(room, p.d.cfg.BatchSize), min(capacity, p.d.cfg.BatchSize)
 }
 
-// laneCapacity is how many events a lane may hold, running and queued: what
+// laneCapacity is how many events a lane may hold, running and queued: its
+// limit plus one batch until a publish of the lane has finished; then what
 // it can start before a claim's publish deadline at its recent pace, at
-// most its limit plus a batch.
+// most its limit plus two batches (so that the next full batch can be
+// claimed while the last one is still being worked through).
 func (p *workerPool) laneCapacity(l *lane) int {
 	if l.avg <= 0 {
 		return l.limit + p.d.cfg.BatchSize
 	}
+	most := l.limit + 2*p.d.cfg.BatchSize
 	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
 	rounds := int(window / l.avg)
-	return max(l.limit, min(l.limit*rounds, l.limit+p.d.cfg.BatchSize))
+	return max(l.limit, min(l.limit*rounds, most))
 }
 
 // submit queues a claim's events on their lanes and starts what it can.
