@@ -1,0 +1,1 @@
+DROP STATISTICS IF EXISTS modkit_outbox_events_topic_stats;
