@@ -2,8 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,21 +163,4 @@ func TestClaimsBoundedByLaneRoom(t *testing.T) {
 			t.Fatalf("event %s published %d times", id, n)
 		}
 	}
-}
-
-func enqueueTopic(t *testing.T, c *outbox.Client, r any, topic outbox.Topic, n int) []uuid.UUID {
-	t.Helper()
-	msgs := make([]outbox.Message, n)
-	for i := range msgs {
-		msgs[i] = outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
-	}
-	res, err := c.EnqueueBatch(ctx, r, msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]uuid.UUID, n)
-	for i, e := range res {
-		ids[i] = e.ID
-	}
-	return ids
 }

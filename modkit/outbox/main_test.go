@@ -55,17 +55,24 @@ func keyed(i int, key string) outbox.Message {
 // enqueueN enqueues n test events through the pool and returns their ids.
 func enqueueN(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, n int) []uuid.UUID {
 	t.Helper()
+	return enqueueTopic(t, c, pool, testTopic, n)
+}
+
+// enqueueTopic enqueues n events of topic through r, the caller's runner,
+// and returns their ids.
+func enqueueTopic(t *testing.T, c *outbox.Client, r any, topic outbox.Topic, n int) []uuid.UUID {
+	t.Helper()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
-		msgs[i] = msg(i)
+		msgs[i] = outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
 	}
-	res, err := c.EnqueueBatch(ctx, pool, msgs)
+	res, err := c.EnqueueBatch(ctx, r, msgs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids := make([]uuid.UUID, n)
-	for i, r := range res {
-		ids[i] = r.ID
+	for i, e := range res {
+		ids[i] = e.ID
 	}
 	return ids
 }

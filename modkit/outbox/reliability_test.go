@@ -1081,19 +1081,7 @@ func noopPublish(context.Context, outbox.Delivery) error { return nil }
 // enqueueIn enqueues n events through r.
 func enqueueIn(t *testing.T, c *outbox.Client, r pgx.Tx, n int) []uuid.UUID {
 	t.Helper()
-	msgs := make([]outbox.Message, n)
-	for i := range msgs {
-		msgs[i] = msg(i)
-	}
-	res, err := c.EnqueueBatch(ctx, r, msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids := make([]uuid.UUID, n)
-	for i, e := range res {
-		ids[i] = e.ID
-	}
-	return ids
+	return enqueueTopic(t, c, r, testTopic, n)
 }
 
 func countConsumed(t *testing.T, pool *pgxpool.Pool, id uuid.UUID) int {
