@@ -65,20 +65,19 @@ type Config struct {
 }
 
 const (
-	schemaDefault          = db.SchemaDefault
-	payloadLimitDefault    = 1 << 20
-	errorMaxLenDefault     = 2048
-	notifyIntervalDefault  = 10 * time.Millisecond
-	dedupeKeyMaxLen        = 512
-	purgeBatch             = 1000
-	completeMaxBatch       = 1000
-	errorMaxLenMin         = 64
-	replayByMaxLen         = 200
-	listLimitDefault       = 100
-	listLimitMax           = 1000
-	replayFilterLimitMax   = 10000
-	maintenanceRolePrefix  = "maintenance:"
-	healthAbandonedWarning = "publishes abandoned past their deadline"
+	schemaDefault         = db.SchemaDefault
+	payloadLimitDefault   = 1 << 20
+	errorMaxLenDefault    = 2048
+	notifyIntervalDefault = 10 * time.Millisecond
+	dedupeKeyMaxLen       = 512
+	purgeBatch            = 1000
+	completeMaxBatch      = 1000
+	errorMaxLenMin        = 64
+	replayByMaxLen        = 200
+	listLimitDefault      = 100
+	listLimitMax          = 1000
+	replayFilterLimitMax  = 10000
+	maintenanceRolePrefix = "maintenance:"
 )
 
 func (c Config) withDefaults() Config {

@@ -411,17 +411,16 @@ func (p *workerPool) close() {
 
 // laneState is one lane's health, for Dispatcher.Health.
 type laneState struct {
-	topic                              Topic
-	limit, inflight, queued, abandoned int
-	paused                             bool
+	topic     Topic
+	abandoned int
+	paused    bool
 }
 
 func (p *workerPool) state() (lanes []laneState, abandoned int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, l := range p.lanes {
-		lanes = append(lanes, laneState{topic: l.topic, limit: l.limit, inflight: l.inflight, queued: len(l.queue),
-			abandoned: l.abandoned, paused: l.paused()})
+		lanes = append(lanes, laneState{topic: l.topic, abandoned: l.abandoned, paused: l.paused()})
 	}
 	return lanes, p.abandoned
 }
