@@ -210,10 +210,6 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 			notify = append(notify, t)
 		}
 	}
-	if len(rows) == 1 {
-		// The driver's single-row path would announce only by flag.
-		notify = notify[:min(len(notify), 1)]
-	}
 	res, err := c.store.Insert(ctx, tx, rows, notify)
 	if err != nil {
 		return nil, c.enqueueError("enqueue batch", err)
