@@ -74,8 +74,9 @@ func (b *bench) librarySQL(ctx context.Context) (claim, complete string, err err
 	if err != nil {
 		return "", "", err
 	}
+	worker := uuid.New()
 	got, err := store.Claim(ctx, driver.ClaimParams{Topics: []string{benchTopic.Namespace + ":" + benchTopic.Topic}, Limit: 1,
-		MaxAttempts: b.defaults.MaxAttempts, Worker: uuid.New(), Lease: b.defaults.LeaseDuration})
+		MaxAttempts: b.defaults.MaxAttempts, Worker: worker, Lease: b.defaults.LeaseDuration})
 	if err != nil {
 		return "", "", err
 	}
@@ -86,7 +87,7 @@ func (b *bench) librarySQL(ctx context.Context) (claim, complete string, err err
 	for i, c := range got {
 		release[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release}
 	}
-	if _, err := store.Complete(ctx, nil, release); err != nil {
+	if _, err := store.Complete(ctx, nil, worker, release); err != nil {
 		return "", "", err
 	}
 	if claim, err = capture.find(claimMarker); err != nil {

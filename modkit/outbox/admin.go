@@ -66,6 +66,49 @@ func eventFrom(e driver.Event) Event {
 		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, LastError: e.LastError, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt}
 }
 
+// Attempt is one entry of an event's history (the append-only attempts
+// ledger): the outcome of one claim, or what the sweeper or an operator did.
+type Attempt struct {
+	// No numbers the event's entries from 1, without gaps.
+	No int
+	// Outcome is one of delivered, retry, dead, released (given back
+	// unpublished), lease_expired (the claim ended without an outcome: its
+	// dispatcher crashed or overran), swept (dead-lettered by the sweeper:
+	// attempts used up), replayed (by an operator).
+	Outcome string
+	// Attempt is the event's attempt number during the claim this entry
+	// closes; 0 for entries that close no claim.
+	Attempt int
+	// Worker and LeaseToken identify the claim (nil for entries that close
+	// no claim).
+	Worker     *uuid.UUID
+	LeaseToken *uuid.UUID
+	// ClaimedAt is when the claim began; FinishedAt when this entry was
+	// written.
+	ClaimedAt  *time.Time
+	FinishedAt time.Time
+	// Detail is the publish error, or what the sweeper or operator did.
+	Detail string
+	// Actor is the database session user of an operator's action.
+	Actor string
+}
+
+// History returns an event's attempts ledger, oldest first. History is
+// kept after the event itself is purged; an id with no history returns an
+// empty slice.
+func (a *Admin) History(ctx context.Context, id uuid.UUID) ([]Attempt, error) {
+	rows, err := a.c.store.History(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: history of %s: %w", id, err)
+	}
+	out := make([]Attempt, len(rows))
+	for i, r := range rows {
+		out[i] = Attempt{No: r.No, Outcome: r.Outcome, Attempt: r.Attempt, Worker: r.Worker, LeaseToken: r.LeaseToken,
+			ClaimedAt: r.ClaimedAt, FinishedAt: r.FinishedAt, Detail: r.Detail, Actor: r.Actor}
+	}
+	return out, nil
+}
+
 // Get returns one event by id, or an error matching ErrNotFound.
 func (a *Admin) Get(ctx context.Context, id uuid.UUID) (Event, error) {
 	e, err := a.c.store.Get(ctx, id)
@@ -207,9 +250,10 @@ func (a *Admin) List(ctx context.Context, f EventFilter) (EventPage, error) {
 // ReplayDead puts dead events back to pending, due now, with their attempts
 // reset: the ones in ids or, when ids is empty, those matching f (at most
 // f.Limit, default 10000, oldest first). by names who asked (an operator, a
-// tool) and is recorded with the time in last_error, followed by the error
-// the event died with. Ids that are unknown or not dead are skipped. It
-// returns the ids replayed.
+// tool): each replay is recorded in the event's History as a "replayed"
+// entry with by, the time and the database session user; last_error keeps
+// the error the event died with. Ids that are unknown or not dead are
+// skipped. It returns the ids replayed.
 func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
 	if strings.TrimSpace(by) == "" {
 		return nil, configError("ReplayDead needs a non-empty 'by' (who is replaying) for the audit trail")

@@ -105,8 +105,10 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]driver.Claimed, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
 	defer cancel()
-	return d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
+	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
 		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration})
+	d.metrics.observeClaim(got)
+	return got, err
 }
 
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
@@ -120,7 +122,7 @@ func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed) {
 	for i, c := range got {
 		outcomes[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release}
 	}
-	if _, err := d.c.store.Complete(ctx, nil, outcomes); err != nil {
+	if _, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes); err != nil {
 		d.log.Warn("could not give back events claimed while stopping; they are delivered again when their lease ends",
 			"count", len(got), "error", err)
 	}

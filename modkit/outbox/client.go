@@ -175,7 +175,7 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (Enqueu
 	if c.shouldNotify(msg.Namespace, msg.Topic) {
 		notify = []string{msg.Namespace + ":" + msg.Topic}
 	}
-	row := driver.InsertRow{ID: id, Namespace: msg.Namespace, Topic: msg.Topic, TenantID: msg.TenantID, DedupeKey: msg.DedupeKey, Payload: msg.Payload}
+	row := driver.InsertRow{ID: id, Namespace: msg.Namespace, Topic: msg.Topic, TenantID: msg.TenantID, DedupeKey: storedKey(&msg), Payload: msg.Payload}
 	res, err := c.store.Insert(ctx, tx, []driver.InsertRow{row}, notify)
 	if err != nil {
 		return Enqueued{}, c.enqueueError(fmt.Sprintf("enqueue %s/%s", msg.Namespace, msg.Topic), err)
@@ -205,7 +205,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: new event id: %w", err)
 		}
-		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: m.DedupeKey, Payload: m.Payload}
+		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m), Payload: m.Payload}
 		if t := m.Namespace + ":" + m.Topic; !slices.Contains(notify, t) && c.shouldNotify(m.Namespace, m.Topic) {
 			notify = append(notify, t)
 		}
@@ -226,8 +226,8 @@ func (c *Client) enqueueError(what string, err error) error {
 	switch {
 	case errors.Is(err, db.ErrUnsupportedRunner):
 		return fmt.Errorf("outbox: %s: %w", what, err)
-	case errors.Is(err, driver.ErrInvisibleDuplicate):
-		return fmt.Errorf("outbox: %s: %w (REPEATABLE READ or SERIALIZABLE isolation, or it was just purged); retry the transaction", what, err)
+	case errors.Is(err, driver.ErrInvisibleDuplicate), errors.Is(err, driver.ErrSerialization):
+		return fmt.Errorf("outbox: %s: %w: %w", what, ErrConflict, err)
 	case c.store.Fatal(err):
 		return fmt.Errorf("outbox: %s: %w (is the outbox migrated into schema %q, and may this role write it? see Client.Migrate)", what, err, c.cfg.Schema)
 	}

@@ -110,7 +110,7 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result) {
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		settled, err := d.c.store.Complete(ctx, nil, outcomes)
+		settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
 		if err == nil {
 			for i, ok := range settled {
 				if !ok {
@@ -169,20 +169,16 @@ func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery) (re
 			if err := p.HandleTx(ctx, tx.(pgx.Tx), m); err != nil {
 				return err
 			}
-			settled, err := d.c.store.Complete(ctx, tx, []driver.Outcome{{ID: m.ID, LeaseToken: m.leaseToken, Kind: driver.Delivered}})
-			if err != nil {
-				return err
-			}
-			if !settled[0] {
-				return errLeaseLost
-			}
-			return nil
+			// Fails with driver.ErrLeaseLost (and aborts the
+			// transaction) when the lease is no longer ours.
+			_, err := d.c.store.Complete(ctx, tx, d.cfg.WorkerID, []driver.Outcome{{ID: m.ID, LeaseToken: m.leaseToken, Kind: driver.Delivered}})
+			return err
 		})
 	})
 	switch {
 	case err == nil:
 		kind = ackedInTx
-	case errors.Is(err, errLeaseLost):
+	case errors.Is(err, driver.ErrLeaseLost):
 		kind, err = lostInTx, nil
 	}
 	return kind, err

@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+
 	"errors"
 	"fmt"
 )
@@ -68,10 +70,24 @@ var ErrNotFound = errors.New("outbox: event not found")
 // not produce.
 var ErrInvalidCursor = errors.New("outbox: invalid page cursor: pass EventPage.NextPage unchanged")
 
-// errLeaseLost: the worker no longer held the event's lease when its
-// outcome was recorded (it expired, and perhaps another worker reclaimed
-// the event). Nothing was changed.
-var errLeaseLost = errors.New("outbox: lease lost: the event is no longer leased to this worker; nothing was changed")
+// ErrLeaseLost: an outcome was not recorded because the event is no longer
+// leased to this dispatcher under the claim's token (the lease expired, and
+// perhaps another dispatcher claimed the event again). Nothing was changed.
+// A transactional handler (Publisher.HandleTx) whose lease is lost has its
+// transaction rolled back; the database reports it as SQLSTATE P7002.
+var ErrLeaseLost = driver.ErrLeaseLost
+
+// ErrInvalidState: an outcome that a worker may not record (SQLSTATE
+// P7003). Nothing was changed.
+var ErrInvalidState = driver.ErrInvalidState
+
+// ErrConflict is returned by Enqueue and EnqueueBatch when a concurrent
+// transaction made this one impossible to finish as written: under
+// REPEATABLE READ or SERIALIZABLE isolation, another transaction committed
+// the same dedupe key after this one began (or the database aborted it with
+// a serialization failure, SQLSTATE 40001), or the row holding the key was
+// just purged. The transaction is aborted; run the whole transaction again.
+var ErrConflict = errors.New("outbox: enqueue conflicts with a concurrent transaction; retry the whole transaction")
 
 // permanentError marks a publish failure that retrying cannot fix.
 type permanentError struct{ err error }

@@ -96,14 +96,25 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
 			d.log.Warn("sweep of exhausted events failed", "error", err)
 		}
 	} else if len(swept) > 0 {
-		ids := make([]string, len(swept))
-		for i, e := range swept {
+		var dead, repaired []string
+		for _, e := range swept {
 			ns, topic, _ := strings.Cut(e.Topic, ":")
+			if e.Repaired {
+				d.metrics.leaseRepairs.Add(ctx, 1, d.metrics.topicAttrs(ns, topic))
+				repaired = append(repaired, e.ID.String())
+				continue
+			}
 			d.metrics.dead.Add(ctx, 1, d.metrics.topicAttrs(ns, topic))
-			ids[i] = e.ID.String()
+			dead = append(dead, e.ID.String())
 		}
-		d.log.Error("dead-lettered events whose attempts were used up (crashed or overran on the last attempt)",
-			"count", len(swept), "event_ids", ids)
+		if len(repaired) > 0 {
+			d.log.Warn("repaired expired leases: their dispatcher crashed or overran; they are delivered again",
+				"count", len(repaired), "event_ids", repaired)
+		}
+		if len(dead) > 0 {
+			d.log.Error("dead-lettered events whose attempts were used up (crashed or overran on the last attempt)",
+				"count", len(dead), "event_ids", dead)
+		}
 	}
 	// One purge per distinct retention.
 	byRetention := map[time.Duration][]string{}

@@ -26,7 +26,10 @@ type Message struct {
 	// error; at most 512 bytes of UTF-8. When TenantID is also set, the key
 	// must begin with the tenant id (hyphenated or 32 hex digits, any case)
 	// followed by "/", so that one tenant's keys never collide with
-	// another's.
+	// another's; that prefix is stored in one spelling (lower-case,
+	// hyphenated), so every spelling of a key finds the same row. A key
+	// without a TenantID must not begin with a UUID and "/" (it would take
+	// that tenant's key). The database enforces both.
 	DedupeKey *string
 	// Payload is the event body: valid JSON, at most the configured size
 	// (1 MiB unless Config.MaxPayloadBytes says otherwise).
@@ -105,25 +108,44 @@ func validate(i int, m *Message, maxPayload int) error {
 		case !utf8.ValidString(*k) || strings.ContainsRune(*k, 0):
 			return bad("DedupeKey", ErrInvalidDedupeKey, "must be valid UTF-8 without NUL bytes")
 		}
-		if m.TenantID != nil && !keyBelongsToTenant(*k, *m.TenantID) {
+		owner, _, prefixed := tenantPrefix(*k)
+		switch {
+		case m.TenantID != nil && (!prefixed || owner != *m.TenantID):
 			return bad("DedupeKey", ErrTenantMismatch, "%q must begin with the tenant id %s (or %s) followed by \"/\"",
 				truncateForMessage(*k), hex32(*m.TenantID), m.TenantID.String())
+		case m.TenantID == nil && prefixed:
+			return bad("DedupeKey", ErrTenantMismatch, "%q begins with tenant %s's prefix but TenantID is nil: "+
+				"set TenantID to that tenant, or use a key that does not begin with a UUID and \"/\"",
+				truncateForMessage(*k), owner)
 		}
 	}
 	return nil
 }
 
-// keyBelongsToTenant: the key begins with the
-// tenant id's hex form and "/". Both the 32-digit form and the hyphenated
-// form are accepted, in any letter case.
-func keyBelongsToTenant(key string, tenant uuid.UUID) bool {
+// tenantPrefix reports whether key begins with a tenant prefix: a UUID, in
+// its 32-digit or hyphenated form and any letter case, followed by "/". It
+// returns that tenant and the prefix's length without the "/".
+func tenantPrefix(key string) (uuid.UUID, int, bool) {
 	for _, n := range []int{32, 36} { // the two forms' lengths
 		if len(key) > n && key[n] == '/' {
-			id, err := uuid.Parse(key[:n]) // any letter case; n excludes the {…} and urn: forms
-			return err == nil && id == tenant
+			if id, err := uuid.Parse(key[:n]); err == nil { // n excludes the {…} and urn: forms
+				return id, n, true
+			}
 		}
 	}
-	return false
+	return uuid.Nil, 0, false
+}
+
+// storedKey is the dedupe key as stored: a tenant's key with its prefix in
+// the one canonical spelling (lower-case, hyphenated), so that every
+// spelling of one key finds the same row. Call it on validated messages.
+func storedKey(m *Message) *string {
+	if m.DedupeKey == nil || m.TenantID == nil {
+		return m.DedupeKey
+	}
+	_, n, _ := tenantPrefix(*m.DedupeKey)
+	k := m.TenantID.String() + (*m.DedupeKey)[n:]
+	return &k
 }
 
 func hex32(id uuid.UUID) string { return strings.ReplaceAll(id.String(), "-", "") }

@@ -24,9 +24,11 @@ const meterName = "github.com/modkit-go/modkit/modkit/outbox"
 type metrics struct {
 	delivered, retried, dead, released, leaseLost, abandoned metric.Int64Counter
 	claimErrors, listenerReconnects                          metric.Int64Counter
+	claimBatches, claimedEvents, leaseRepairs, wakeups       metric.Int64Counter
 	publishDuration, lag                                     metric.Float64Histogram
 
 	pendingDepth, processingDepth, deadCount, oldestAge metric.Float64ObservableGauge
+	stuckDepth                                          metric.Float64ObservableGauge
 	degraded                                            metric.Int64ObservableGauge
 
 	meter metric.Meter
@@ -51,6 +53,7 @@ func (m *metrics) register() func() {
 			o.ObserveFloat64(m.processingDepth, float64(r.Processing), attrs)
 			o.ObserveFloat64(m.deadCount, float64(r.Dead), attrs)
 			o.ObserveFloat64(m.oldestAge, r.OldestDueAge.Seconds(), attrs)
+			o.ObserveFloat64(m.stuckDepth, float64(r.Stuck), attrs)
 		}
 		m.mu.Unlock()
 		v := int64(0)
@@ -59,7 +62,7 @@ func (m *metrics) register() func() {
 		}
 		o.ObserveInt64(m.degraded, v, metric.WithAttributes(attribute.String("worker_id", m.d.cfg.WorkerID.String())))
 		return nil
-	}, m.pendingDepth, m.processingDepth, m.deadCount, m.oldestAge, m.degraded)
+	}, m.pendingDepth, m.processingDepth, m.deadCount, m.oldestAge, m.stuckDepth, m.degraded)
 	if err != nil {
 		m.d.log.Warn("could not register the outbox gauges", "error", err)
 		return func() {}
@@ -87,6 +90,10 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.abandoned = counter("outbox.publish.abandoned", "Publish calls abandoned because they outlived their deadline.")
 	m.claimErrors = counter("outbox.claim.errors", "Failed claim queries.")
 	m.listenerReconnects = counter("outbox.listener.reconnects", "LISTEN connections lost and re-opened.")
+	m.claimBatches = counter("outbox.claim.batches", "Claim queries that leased at least one event of the topic.")
+	m.claimedEvents = counter("outbox.claim.events", "Events leased by claims.")
+	m.leaseRepairs = counter("outbox.lease.repairs", "Expired leases repaired (by a claim or the sweeper): a dispatcher crashed or overran.")
+	m.wakeups = counter("outbox.wakeups", "Enqueue notifications received for the topic (each may wake the claimer).")
 	var err error
 	m.publishDuration, err = meter.Float64Histogram("outbox.publish.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of publish calls."))
@@ -103,6 +110,7 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.processingDepth = float("outbox.processing.depth", "Leased events per topic.")
 	m.deadCount = float("outbox.dead.count", "Dead events per topic.")
 	m.oldestAge = float("outbox.pending.oldest_age", "Seconds the oldest due pending event of a topic has waited.")
+	m.stuckDepth = float("outbox.stuck.depth", "Leased events per topic whose lease expired without an outcome (waiting for repair).")
 	m.degraded, err = meter.Int64ObservableGauge("outbox.dispatcher.degraded",
 		metric.WithDescription("1 while the dispatcher reports itself degraded (see Dispatcher.Health), else 0."))
 	errs = append(errs, err)
@@ -134,6 +142,41 @@ func (m *metrics) observe(r result, o Outcome) {
 	default:
 		m.retried.Add(ctx, 1, attrs)
 	}
+}
+
+// observeClaim counts one claim's batch, events and repaired leases per
+// topic.
+func (m *metrics) observeClaim(got []driver.Claimed) {
+	if len(got) == 0 {
+		return
+	}
+	ctx := context.Background()
+	type counts struct{ events, repaired int64 }
+	per := map[[2]string]*counts{}
+	for _, c := range got {
+		k := [2]string{c.Namespace, c.Topic}
+		if per[k] == nil {
+			per[k] = &counts{}
+		}
+		per[k].events++
+		if c.Repaired {
+			per[k].repaired++
+		}
+	}
+	for k, n := range per {
+		attrs := m.topicAttrs(k[0], k[1])
+		m.claimBatches.Add(ctx, 1, attrs)
+		m.claimedEvents.Add(ctx, n.events, attrs)
+		if n.repaired > 0 {
+			m.leaseRepairs.Add(ctx, n.repaired, attrs)
+		}
+	}
+}
+
+// observeWakeup counts a notification for topic ("namespace:topic").
+func (m *metrics) observeWakeup(topic string) {
+	ns, t, _ := strings.Cut(topic, ":")
+	m.wakeups.Add(context.Background(), 1, m.topicAttrs(ns, t))
 }
 
 // refreshDepth reads the gauges of topics; a failure keeps the old values.

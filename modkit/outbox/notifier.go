@@ -24,6 +24,7 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 	}
 	onNotify := func(topic string) {
 		if wanted[topic] {
+			d.metrics.observeWakeup(topic)
 			signal()
 		}
 	}

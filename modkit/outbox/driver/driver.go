@@ -102,16 +102,23 @@ type Store interface {
 	// Claim leases up to Limit due events of the listed topics to the
 	// caller, oldest first.
 	Claim(ctx context.Context, p ClaimParams) ([]Claimed, error)
-	// Complete records outcomes, fenced by lease token and expiry. tx nil
-	// means the driver's own connection; otherwise the caller's runner.
-	// settled[i] reports whether outcomes[i] was recorded.
-	Complete(ctx context.Context, tx any, outcomes []Outcome) (settled []bool, err error)
+	// Complete records worker's outcomes, each fenced by its lease token,
+	// the worker and the lease's expiry, and appends each recorded outcome
+	// to the event's history in the same write. tx nil means the driver's
+	// own connection, and settled[i] reports whether outcomes[i] was
+	// recorded. With a tx (the caller's runner) exactly one outcome is
+	// allowed, and an outcome that cannot be recorded is an error:
+	// ErrLeaseLost, or ErrInvalidState for an outcome a worker may not
+	// record.
+	Complete(ctx context.Context, tx any, worker uuid.UUID, outcomes []Outcome) (settled []bool, err error)
 	// InTx runs fn in a transaction of the driver's own database and
 	// commits when fn returns nil. tx is the engine's transaction type
 	// (pgx.Tx for outboxpg).
 	InTx(ctx context.Context, fn func(ctx context.Context, tx any) error) error
-	// Sweep dead-letters events of the topics whose attempts reached
-	// MaxAttempts and that no live lease holds, and returns them.
+	// Sweep repairs expired leases of the topics (the event goes back to
+	// pending and its history records the lost claim) and dead-letters
+	// events whose attempts reached MaxAttempts and that no live lease
+	// holds. It returns each event it changed.
 	Sweep(ctx context.Context, p SweepParams) ([]Swept, error)
 	// Purge deletes delivered events of the topics older than Retention,
 	// Limit rows per statement, and returns how many.
@@ -130,8 +137,12 @@ type Store interface {
 	// Get returns one event or ErrNotFound.
 	Get(ctx context.Context, id uuid.UUID) (Event, error)
 	// Replay puts dead events matching p back to pending with their
-	// attempts reset and returns their ids.
+	// attempts reset, records who did it in their history, and returns
+	// their ids.
 	Replay(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
+	// History returns an event's attempts ledger, oldest first. It is
+	// kept after the event is purged; an unknown id has an empty history.
+	History(ctx context.Context, id uuid.UUID) ([]Attempt, error)
 	// Listen calls onReady once it listens, then wake with each
 	// notification's payload, until ctx ends or the connection is lost
 	// (the error says which). ErrListenUnsupported: the engine cannot.
@@ -153,6 +164,18 @@ var (
 	// transaction cannot see (REPEATABLE READ or SERIALIZABLE, or a purge
 	// raced it).
 	ErrInvisibleDuplicate = errors.New("outbox driver: dedupe key conflicts with a row this transaction cannot see")
+	// ErrSerialization: the database aborted the caller's transaction
+	// because of a concurrent one (SQLSTATE 40001); retrying the whole
+	// transaction is the cure.
+	ErrSerialization = errors.New("outbox driver: serialization failure")
+	// ErrLeaseLost: a single outcome was not recorded because the event is
+	// no longer leased to that worker under that token (the lease expired,
+	// or the event was claimed again or settled). PostgreSQL: SQLSTATE
+	// P7002.
+	ErrLeaseLost = errors.New("outbox: lease lost")
+	// ErrInvalidState: the outcome is not one a worker may record.
+	// PostgreSQL: SQLSTATE P7003.
+	ErrInvalidState = errors.New("outbox: invalid completion state")
 )
 
 // InsertRow is one validated event to insert.
@@ -196,6 +219,9 @@ type Claimed struct {
 	Payload    []byte
 	Attempts   int // including this claim
 	LeaseToken uuid.UUID
+	// Repaired: the event's previous lease had expired without an
+	// outcome; this claim repaired it.
+	Repaired   bool
 	LockedTill time.Time
 	CreatedAt  time.Time
 }
@@ -231,10 +257,13 @@ type SweepParams struct {
 	Limit       int
 }
 
-// Swept is one event Sweep dead-lettered.
+// Swept is one event Sweep changed.
 type Swept struct {
 	ID    uuid.UUID
 	Topic string // "namespace:topic"
+	// Repaired: its expired lease was cleared and it is pending again;
+	// otherwise it was dead-lettered.
+	Repaired bool
 }
 
 // PurgeParams selects delivered events to delete.
@@ -265,6 +294,9 @@ type DepthRow struct {
 	Topic                     string // "namespace:topic"
 	Pending, Processing, Dead int64
 	OldestDueAge              time.Duration
+	// Stuck counts processing events whose lease expired without an
+	// outcome (waiting for a claim or the sweeper to repair them).
+	Stuck int64
 }
 
 // ListFilter selects events for List. Zero fields match anything.
@@ -305,4 +337,26 @@ type Event struct {
 	LastError     *string
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+}
+
+// Attempt is one row of an event's history: the outcome of one claim, or an
+// operator's or the sweeper's action.
+type Attempt struct {
+	// No numbers the event's history rows from 1, without gaps.
+	No int
+	// Outcome: delivered, retry, dead, released, lease_expired (a claim
+	// ended without an outcome), swept (dead-lettered by the sweeper),
+	// replayed, skipped.
+	Outcome string
+	// Attempt is the event's attempt counter during the claim the row
+	// closes; 0 for rows that close no claim.
+	Attempt    int
+	Worker     *uuid.UUID
+	LeaseToken *uuid.UUID
+	ClaimedAt  *time.Time
+	FinishedAt time.Time
+	// Detail is the publish error, or what the sweeper or operator did.
+	Detail string
+	// Actor is the database session user of an operator action.
+	Actor string
 }

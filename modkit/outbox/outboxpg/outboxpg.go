@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -64,11 +65,13 @@ func (d *Driver) Open(opts driver.Options) (driver.Store, error) {
 }
 
 type store struct {
-	pool  *pgxpool.Pool
-	poolQ db.Querier
-	opts  driver.Options
-	sql   queries
-	table pgx.Identifier // for COPY
+	// noPayloads: this role may not read payloads (the reader role).
+	noPayloads atomic.Bool
+	pool       *pgxpool.Pool
+	poolQ      db.Querier
+	opts       driver.Options
+	sql        queries
+	table      pgx.Identifier // for COPY
 }
 
 // args appends the test clock, when there is one, to a statement's
@@ -110,26 +113,27 @@ func (s *store) Insert(ctx context.Context, tx any, rows []driver.InsertRow, not
 }
 
 func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow, notify bool) ([]driver.Inserted, error) {
-	stmt := s.sql.insertOne
-	if notify {
-		stmt = s.sql.insertOneNotify
-	}
 	out := []driver.Inserted{{}}
-	err := q.QueryRow(ctx, stmt, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey, string(r.Payload)).Scan(&out[0].ID)
-	if errors.Is(err, db.ErrNoRows) {
-		// A duplicate: the insert returned no row. A new statement sees
-		// the original, even one a concurrent transaction committed after
-		// the insert's snapshot.
-		out[0].Duplicate = true
-		err = q.QueryRow(ctx, s.sql.lookupDuplicate, r.Namespace, r.Topic, *r.DedupeKey).Scan(&out[0].ID)
-		if errors.Is(err, db.ErrNoRows) {
-			return nil, driver.ErrInvisibleDuplicate
-		}
-	}
+	err := q.QueryRow(ctx, s.sql.insertOne, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
+		string(r.Payload), notify).Scan(&out[0].ID, &out[0].Duplicate)
 	if err != nil {
-		return nil, err
+		return nil, insertError(err)
 	}
 	return out, nil
+}
+
+// insertError maps the enqueue functions' SQLSTATEs to the driver's errors.
+func insertError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "P7004":
+			return fmt.Errorf("%w: %w", driver.ErrInvisibleDuplicate, err)
+		case "40001":
+			return fmt.Errorf("%w: %w", driver.ErrSerialization, err)
+		}
+	}
+	return err
 }
 
 // copyMinBatch is the smallest batch Insert tries to COPY.
@@ -171,40 +175,31 @@ func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []dri
 		}
 		return out, s.notifyMany(ctx, q, notify)
 	}
-	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload)
+	// The function announces the topics itself when it inserted a row.
+	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload, notify)
 	if err != nil {
-		return nil, err
+		return nil, insertError(err)
 	}
-	inserted := make(map[uuid.UUID]bool, n)
+	for i := range out {
+		out[i].ID = rows[i].ID
+	}
+	defer res.Close()
 	for res.Next() {
+		var ord int64
 		var id pgtype.UUID
-		if err := res.Scan(&id); err != nil {
-			res.Close()
+		if err := res.Scan(&ord, &id); err != nil {
 			return nil, err
 		}
-		inserted[id.Bytes] = true
-	}
-	res.Close()
-	if err := res.Err(); err != nil {
-		return nil, err
-	}
-	var dups []int
-	for i, r := range rows {
-		if inserted[r.ID] {
-			out[i].ID = r.ID
-		} else {
-			dups = append(dups, i)
+		if ord < 1 || ord > int64(n) {
+			return nil, fmt.Errorf("outboxpg: enqueue_many returned position %d of %d", ord, n)
 		}
+		out[ord-1] = driver.Inserted{ID: id.Bytes, Duplicate: true}
 	}
-	if len(dups) > 0 {
-		if err := s.resolveDuplicates(ctx, q, rows, dups, out); err != nil {
-			return nil, err
-		}
+	err = res.Err()
+	if err != nil {
+		return nil, insertError(err)
 	}
-	if len(dups) == n {
-		notify = nil // nothing new to announce
-	}
-	return out, s.notifyMany(ctx, q, notify)
+	return out, nil
 }
 
 func (s *store) notifyMany(ctx context.Context, q db.Querier, topics []string) error {
@@ -256,7 +251,7 @@ func (s *store) tryCopy(ctx context.Context, tx any, c columns) (bool, error) {
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation: a dedupe key exists
 		return false, nil
 	}
-	return err == nil, err
+	return err == nil, insertError(err)
 }
 
 // repeatsKey reports whether two rows of a batch share a dedupe key.
@@ -275,45 +270,13 @@ func repeatsKey(c columns) bool {
 	return false
 }
 
-func (s *store) resolveDuplicates(ctx context.Context, q db.Querier, rows []driver.InsertRow, idx []int, out []driver.Inserted) error {
-	ns, tp, dk := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
-	for j, i := range idx {
-		ns[j], tp[j], dk[j] = rows[i].Namespace, rows[i].Topic, *rows[i].DedupeKey
-	}
-	res, err := q.Query(ctx, s.sql.lookupDuplicates, ns, tp, dk)
-	if err != nil {
-		return fmt.Errorf("look up duplicates: %w", err)
-	}
-	defer res.Close()
-	existing := map[[3]string]uuid.UUID{}
-	for res.Next() {
-		var id uuid.UUID
-		var k [3]string
-		if err := res.Scan(&id, &k[0], &k[1], &k[2]); err != nil {
-			return fmt.Errorf("look up duplicates: %w", err)
-		}
-		existing[k] = id
-	}
-	if err := res.Err(); err != nil {
-		return fmt.Errorf("look up duplicates: %w", err)
-	}
-	for _, i := range idx {
-		id, ok := existing[[3]string{rows[i].Namespace, rows[i].Topic, *rows[i].DedupeKey}]
-		if !ok {
-			return fmt.Errorf("row %d: %w", i, driver.ErrInvisibleDuplicate)
-		}
-		out[i] = driver.Inserted{ID: id, Duplicate: true}
-	}
-	return nil
-}
-
 // Claim implements driver.Store.
 func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claimed, error) {
 	// Planned afresh each time (one round trip all the same): a cached
 	// generic plan is built once, from whatever the table looked like then,
 	// and a drain over a million delivered rows ran 0.1x or 0.9x of its
 	// empty-table rate depending on which plan a connection had settled on.
-	rows, err := s.pool.Query(ctx, s.sql.claim, s.args(pgx.QueryExecModeExec, p.MaxAttempts, p.Topics, p.Limit, uuidArg(p.Worker), p.Lease)...)
+	rows, err := s.pool.Query(ctx, s.sql.claim, append([]any{pgx.QueryExecModeExec}, s.args(uuidArg(p.Worker), p.Topics, p.Limit, p.MaxAttempts, p.Lease)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +286,7 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 		var c driver.Claimed
 		var id, tenant, token pgtype.UUID
 		if err := rows.Scan(&id, &c.Namespace, &c.Topic, &tenant, &c.DedupeKey, &c.Payload, &c.Attempts,
-			&token, &c.LockedTill, &c.CreatedAt); err != nil {
+			&token, &c.LockedTill, &c.CreatedAt, &c.Repaired); err != nil {
 			return nil, err
 		}
 		c.ID, c.LeaseToken, c.TenantID = id.Bytes, token.Bytes, ptrUUID(tenant)
@@ -342,21 +305,40 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	return out, nil
 }
 
-var outcomeNames = [...]string{driver.Delivered: "delivered", driver.Retry: "pending", driver.Dead: "dead", driver.Release: "released"}
+var outcomeNames = [...]string{driver.Delivered: "delivered", driver.Retry: "retry", driver.Dead: "dead", driver.Release: "released"}
+
+func outcomeName(k driver.OutcomeKind) string {
+	if int(k) < len(outcomeNames) {
+		return outcomeNames[k]
+	}
+	return "" // refused by the database with P7003
+}
 
 // Complete implements driver.Store.
-func (s *store) Complete(ctx context.Context, tx any, outcomes []driver.Outcome) ([]bool, error) {
+func (s *store) Complete(ctx context.Context, tx any, worker uuid.UUID, outcomes []driver.Outcome) ([]bool, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
-	q, stmt := s.poolQ, s.sql.completeAsync
 	if tx != nil {
-		var err error
-		if q, err = db.AsQuerier(tx); err != nil {
+		if len(outcomes) != 1 {
+			return nil, fmt.Errorf("outboxpg: Complete in a caller's transaction takes one outcome, not %d", len(outcomes))
+		}
+		q, err := db.AsQuerier(tx)
+		if err != nil {
 			return nil, err
 		}
 		// The caller's transaction keeps its own commit mode.
-		stmt = s.sql.complete
+		o := outcomes[0]
+		var errText *string
+		if o.Error != "" {
+			errText = &o.Error
+		}
+		_, err = q.Exec(ctx, s.sql.completeOne, s.args(uuidArg(worker), uuidArg(o.ID), uuidArg(o.LeaseToken),
+			outcomeName(o.Kind), errText, o.Delay.Milliseconds())...)
+		if err != nil {
+			return nil, completeError(err)
+		}
+		return []bool{true}, nil
 	}
 	n := len(outcomes)
 	ids, tokens := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
@@ -364,18 +346,16 @@ func (s *store) Complete(ctx context.Context, tx any, outcomes []driver.Outcome)
 	delays := make([]int64, n)
 	for i := range outcomes {
 		o := &outcomes[i]
-		ids[i], tokens[i], kinds[i], delays[i] = uuidArg(o.ID), uuidArg(o.LeaseToken), outcomeNames[o.Kind], o.Delay.Milliseconds()
+		ids[i], tokens[i], kinds[i], delays[i] = uuidArg(o.ID), uuidArg(o.LeaseToken), outcomeName(o.Kind), o.Delay.Milliseconds()
 		if o.Error != "" {
 			errs[i] = &o.Error
 		}
 	}
-	args := s.args(ids, tokens, kinds, errs, delays)
-	if tx == nil { // on the driver's pool: planned afresh, as the claim is
-		args = append([]any{pgx.QueryExecModeExec}, args...)
-	}
-	rows, err := q.Query(ctx, stmt, args...)
+	// On the driver's pool: planned afresh, as the claim is.
+	args := append([]any{pgx.QueryExecModeExec}, s.args(uuidArg(worker), ids, tokens, kinds, errs, delays)...)
+	rows, err := s.pool.Query(ctx, s.sql.completeAsync, args...)
 	if err != nil {
-		return nil, err
+		return nil, completeError(err)
 	}
 	defer rows.Close()
 	done := make(map[uuid.UUID]bool, n)
@@ -387,13 +367,28 @@ func (s *store) Complete(ctx context.Context, tx any, outcomes []driver.Outcome)
 		done[id.Bytes] = true
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, completeError(err)
 	}
 	settled := make([]bool, n)
 	for i, o := range outcomes {
 		settled[i] = done[o.ID]
 	}
 	return settled, nil
+}
+
+// completeError maps the completion functions' SQLSTATEs to the driver's
+// errors.
+func completeError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "P7002":
+			return fmt.Errorf("%w: %w", driver.ErrLeaseLost, err)
+		case "P7003":
+			return fmt.Errorf("%w: %w", driver.ErrInvalidState, err)
+		}
+	}
+	return err
 }
 
 // InTx implements driver.Store: tx is a pgx.Tx.
@@ -405,7 +400,7 @@ func (s *store) InTx(ctx context.Context, fn func(ctx context.Context, tx any) e
 func (s *store) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept, error) {
 	var all []driver.Swept
 	for {
-		rows, err := s.pool.Query(ctx, s.sql.sweep, s.args(p.MaxAttempts, p.Topics, p.Limit)...)
+		rows, err := s.pool.Query(ctx, s.sql.sweep, s.args(p.Topics, p.MaxAttempts, p.Limit)...)
 		if err != nil {
 			return all, err
 		}
@@ -424,12 +419,12 @@ func (s *store) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept
 func (s *store) Purge(ctx context.Context, p driver.PurgeParams) (int64, error) {
 	var total int64
 	for {
-		tag, err := s.pool.Exec(ctx, s.sql.purge, s.args(p.Retention, p.Topics, p.Limit)...)
-		if err != nil {
+		var n int64
+		if err := s.pool.QueryRow(ctx, s.sql.purge, s.args(p.Topics, p.Retention, p.Limit)...).Scan(&n); err != nil {
 			return total, err
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(p.Limit) {
+		total += n
+		if n < int64(p.Limit) {
 			return total, nil
 		}
 	}
@@ -481,7 +476,7 @@ func (s *store) Depth(ctx context.Context, topics []string) ([]driver.DepthRow, 
 	for rows.Next() {
 		var r driver.DepthRow
 		var age float64
-		if err := rows.Scan(&r.Topic, &r.Pending, &r.Processing, &r.Dead, &age); err != nil {
+		if err := rows.Scan(&r.Topic, &r.Pending, &r.Processing, &r.Dead, &age, &r.Stuck); err != nil {
 			return nil, err
 		}
 		r.OldestDueAge = time.Duration(age * float64(time.Second))
@@ -515,20 +510,32 @@ func filterArgs(f driver.ListFilter) []any {
 
 // List implements driver.Store.
 func (s *store) List(ctx context.Context, f driver.ListFilter) ([]driver.Event, error) {
-	rows, err := s.pool.Query(ctx, s.sql.list, filterArgs(f)...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []driver.Event
-	for rows.Next() {
-		e, err := scanEvent(rows)
+	return withPayloads(s, func(payloads bool) ([]driver.Event, error) {
+		q := s.sql.list
+		if payloads {
+			q = s.sql.listPayload
+		}
+		rows, err := s.pool.Query(ctx, q, filterArgs(f)...)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, e)
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (driver.Event, error) { return scanEvent(r) })
+	})
+}
+
+// withPayloads runs a read that shows payloads when this role may see them
+// (the operator role, or the owner) and hides them otherwise (the reader
+// role). The first refusal is remembered, so a reader pays for it once.
+func withPayloads[T any](s *store, read func(payloads bool) (T, error)) (T, error) {
+	if !s.noPayloads.Load() {
+		out, err := read(true)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			return out, err
+		}
+		s.noPayloads.Store(true)
 	}
-	return out, rows.Err()
+	return read(false)
 }
 
 func scanEvent(row pgx.Row) (driver.Event, error) {
@@ -542,11 +549,32 @@ func scanEvent(row pgx.Row) (driver.Event, error) {
 
 // Get implements driver.Store.
 func (s *store) Get(ctx context.Context, id uuid.UUID) (driver.Event, error) {
-	e, err := scanEvent(s.pool.QueryRow(ctx, s.sql.get, uuidArg(id)))
+	e, err := withPayloads(s, func(payloads bool) (driver.Event, error) {
+		q := s.sql.get
+		if payloads {
+			q = s.sql.getPayload
+		}
+		return scanEvent(s.pool.QueryRow(ctx, q, uuidArg(id)))
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.Event{}, driver.ErrNotFound
 	}
 	return e, err
+}
+
+// History implements driver.Store.
+func (s *store) History(ctx context.Context, id uuid.UUID) ([]driver.Attempt, error) {
+	rows, err := s.pool.Query(ctx, s.sql.history, uuidArg(id))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (driver.Attempt, error) {
+		var a driver.Attempt
+		var worker, token pgtype.UUID
+		err := r.Scan(&a.No, &a.Outcome, &a.Attempt, &worker, &token, &a.ClaimedAt, &a.FinishedAt, &a.Detail, &a.Actor)
+		a.Worker, a.LeaseToken = ptrUUID(worker), ptrUUID(token)
+		return a, err
+	})
 }
 
 // Replay implements driver.Store.
@@ -592,13 +620,25 @@ func (s *store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.Up(ctx)
-	return err
+	if _, err = m.Up(ctx); err != nil {
+		return err
+	}
+	var missing []string
+	if err := s.pool.QueryRow(ctx, qRolesPresent, Roles).Scan(&missing); err != nil {
+		return fmt.Errorf("outboxpg: look up the outbox roles: %w", err)
+	}
+	if len(missing) > 0 && s.opts.Logger != nil {
+		s.opts.Logger.Warn("outbox: the migrating role may not create roles, so these were not created; "+
+			"create them as a superuser (README, \"Least privilege\"), then run SELECT "+
+			pgx.Identifier{s.opts.Schema}.Sanitize()+".modkit_outbox_grant_roles() as the owner",
+			"missing_roles", missing)
+	}
+	return nil
 }
 
 // Fatal implements driver.Store: class 42 (undefined table or column,
 // insufficient privilege, syntax error) cannot be cured by retrying.
 func (s *store) Fatal(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code[:2] == "42"
+	return errors.As(err, &pgErr) && (pgErr.Code[:2] == "42" || pgErr.Code == "3F000") // 3F000: no such schema
 }

@@ -68,9 +68,9 @@ func claim(t *testing.T, s driver.Store, limit, maxAttempts int, worker uuid.UUI
 	return got
 }
 
-func complete(t *testing.T, s driver.Store, outcomes ...driver.Outcome) []bool {
+func complete(t *testing.T, s driver.Store, worker uuid.UUID, outcomes ...driver.Outcome) []bool {
 	t.Helper()
-	settled, err := s.Complete(ctx, nil, outcomes)
+	settled, err := s.Complete(ctx, nil, worker, outcomes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,8 +144,9 @@ func TestClaim(t *testing.T) {
 func TestCompleteDeliveredIsTerminal(t *testing.T) {
 	s, tdb := newStore(t)
 	insertN(t, s, tdb.Provider.Pool, "test", "events", 1)
-	c := claim(t, s, 1, 3, uuid.New())[0]
-	if ok := complete(t, s, outcome(c, driver.Delivered)); !ok[0] {
+	w := uuid.New()
+	c := claim(t, s, 1, 3, w)[0]
+	if ok := complete(t, s, w, outcome(c, driver.Delivered)); !ok[0] {
 		t.Fatal("ack under a live lease refused")
 	}
 	e := get(t, s, c.ID)
@@ -155,7 +156,7 @@ func TestCompleteDeliveredIsTerminal(t *testing.T) {
 	if got := claim(t, s, 1, 3, uuid.New()); len(got) != 0 {
 		t.Fatal("delivered event claimed again")
 	}
-	if ok := complete(t, s, outcome(c, driver.Delivered), outcome(c, driver.Retry)); ok[0] || ok[1] {
+	if ok := complete(t, s, w, outcome(c, driver.Delivered), outcome(c, driver.Retry)); ok[0] || ok[1] {
 		t.Fatal("second ack or nack after ack accepted")
 	}
 	if e2 := get(t, s, c.ID); e2.Status != "delivered" || !e2.UpdatedAt.Equal(e.UpdatedAt) {
@@ -175,7 +176,7 @@ func TestFencingStaleWorker(t *testing.T) {
 
 	expireLease(t, pool, ca.ID)
 	// Expired but not yet reclaimed: A's lease is gone already.
-	if ok := complete(t, a, outcome(ca, driver.Delivered)); ok[0] {
+	if ok := complete(t, a, workerA, outcome(ca, driver.Delivered)); ok[0] {
 		t.Fatal("ack on an expired lease accepted")
 	}
 	cb := claim(t, b, 1, 3, workerB)
@@ -184,21 +185,25 @@ func TestFencingStaleWorker(t *testing.T) {
 	}
 	before := get(t, a, ca.ID)
 	for _, k := range []driver.OutcomeKind{driver.Delivered, driver.Retry, driver.Dead, driver.Release} {
-		if ok := complete(t, a, outcome(ca, k)); ok[0] {
+		if ok := complete(t, a, workerA, outcome(ca, k)); ok[0] {
 			t.Fatalf("stale A outcome %d accepted", k)
 		}
 	}
 	// The token fences, not the worker: B's own id with a wrong token fails.
 	forged := cb[0]
 	forged.LeaseToken = uuid.New()
-	if ok := complete(t, b, outcome(forged, driver.Delivered)); ok[0] {
+	if ok := complete(t, b, workerB, outcome(forged, driver.Delivered)); ok[0] {
 		t.Fatal("outcome with a wrong token accepted")
 	}
 	if after := get(t, a, ca.ID); after.Status != "processing" || *after.LockedBy != workerB ||
 		!after.UpdatedAt.Equal(before.UpdatedAt) || after.Attempts != 2 {
 		t.Fatalf("stale worker changed the row: %+v", after)
 	}
-	if ok := complete(t, b, outcome(cb[0], driver.Delivered)); !ok[0] {
+	// The worker fences too: A's id with B's live token fails.
+	if ok := complete(t, a, workerA, outcome(cb[0], driver.Delivered)); ok[0] {
+		t.Fatal("another worker's outcome under B's token accepted")
+	}
+	if ok := complete(t, b, workerB, outcome(cb[0], driver.Delivered)); !ok[0] {
 		t.Fatal("B's ack refused")
 	}
 	if e := get(t, a, ca.ID); e.Status != "delivered" {
@@ -209,12 +214,13 @@ func TestFencingStaleWorker(t *testing.T) {
 func TestCompleteMixedOutcomes(t *testing.T) {
 	s, tdb := newStore(t)
 	insertN(t, s, tdb.Provider.Pool, "test", "events", 5)
-	got := claim(t, s, 5, 3, uuid.New())
+	w := uuid.New()
+	got := claim(t, s, 5, 3, w)
 	stale := got[4]
 	stale.LeaseToken = uuid.New()
 	retry := outcome(got[1], driver.Retry)
 	retry.Delay = 90 * time.Second
-	ok := complete(t, s, outcome(got[0], driver.Delivered), retry, outcome(got[2], driver.Dead),
+	ok := complete(t, s, w, outcome(got[0], driver.Delivered), retry, outcome(got[2], driver.Dead),
 		outcome(got[3], driver.Release), outcome(stale, driver.Delivered))
 	want := []string{"delivered", "pending", "dead", "pending"}
 	for i, w := range want {
@@ -329,11 +335,12 @@ func TestAsyncCommitStaysInTheStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	insertN(t, s, pool, "test", "events", 3)
-	got := claim(t, s, 10, 3, uuid.New())
+	w := uuid.New()
+	got := claim(t, s, 10, 3, w)
 	if len(got) != 3 {
 		t.Fatalf("claimed %d", len(got))
 	}
-	complete(t, s, outcome(got[0], driver.Delivered))
+	complete(t, s, w, outcome(got[0], driver.Delivered))
 	var setting string
 	if err := pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&setting); err != nil {
 		t.Fatal(err)
@@ -351,7 +358,8 @@ func TestTestClock(t *testing.T) {
 	at := time.Now().Add(24 * time.Hour).Truncate(time.Microsecond)
 	s := open(t, pool, driver.Options{Now: func() time.Time { return at }})
 	insertN(t, s, pool, "test", "events", 1)
-	c := claim(t, s, 1, 3, uuid.New())[0]
+	w := uuid.New()
+	c := claim(t, s, 1, 3, w)[0]
 	if !c.LockedTill.Equal(at.Add(30 * time.Second)) {
 		t.Fatalf("lease until %v, want the test clock %v plus 30s", c.LockedTill, at)
 	}
@@ -363,7 +371,7 @@ func TestTestClock(t *testing.T) {
 	if len(again) != 1 || again[0].Attempts != 2 {
 		t.Fatalf("after the clock passed the lease: %+v", again)
 	}
-	if ok := complete(t, s, outcome(c, driver.Delivered)); ok[0] {
+	if ok := complete(t, s, w, outcome(c, driver.Delivered)); ok[0] {
 		t.Fatal("the expired lease's outcome was accepted")
 	}
 }

@@ -1,0 +1,404 @@
+package outboxpg_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
+)
+
+// loginAs creates a login role that is a member of group (one of the outbox
+// roles), and returns a pool connected as it to tdb's database. The role is
+// dropped when the test ends.
+func loginAs(t *testing.T, tdb *pgtest.DB, group string) *pgxpool.Pool {
+	t.Helper()
+	name := strings.TrimPrefix(group, "modkit_outbox_") + "_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	password := uuid.NewString()
+	admin := tdb.Provider.Pool
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s",
+		pgx.Identifier{name}.Sanitize(), password, pgx.Identifier{group}.Sanitize())); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, password
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		if _, err := admin.Exec(ctx, "DROP ROLE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Errorf("drop role %s: %v", name, err)
+		}
+	})
+	return pool
+}
+
+// denied fails the test unless err is SQLSTATE 42501 (insufficient
+// privilege).
+func denied(t *testing.T, what string, err error) {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("%s: got %v, want permission denied (42501)", what, err)
+	}
+}
+
+func mustExec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func rows(n int, ns, tp string) []driver.InsertRow {
+	out := make([]driver.InsertRow, n)
+	for i := range out {
+		out[i] = driver.InsertRow{ID: uuid.Must(uuid.NewV7()), Namespace: ns, Topic: tp, Payload: []byte(`{"secret":"s3cr3t"}`)}
+	}
+	return out
+}
+
+// Each role does its job through the driver and gets 42501 for everything
+// else.
+func TestRolesLeastPrivilege(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	owner := open(t, tdb.Provider.Pool, driver.Options{})
+
+	// Producer: enqueues one, a few (the function) and many (COPY), but
+	// reads nothing and writes nothing else.
+	prodPool := loginAs(t, tdb, outboxpg.RoleProducer)
+	prod := open(t, prodPool, driver.Options{})
+	key := "k1"
+	one := rows(1, "test", "events")
+	one[0].DedupeKey = &key
+	if _, err := prod.Insert(ctx, prodPool, one, []string{topic}); err != nil {
+		t.Fatalf("producer enqueue: %v", err)
+	}
+	dup := rows(1, "test", "events")
+	dup[0].DedupeKey = &key
+	if got, err := prod.Insert(ctx, prodPool, dup, nil); err != nil || !got[0].Duplicate || got[0].ID != one[0].ID {
+		t.Fatalf("producer duplicate: %+v %v", got, err)
+	}
+	if _, err := prod.Insert(ctx, prodPool, rows(5, "test", "events"), nil); err != nil {
+		t.Fatalf("producer batch: %v", err)
+	}
+	if _, err := prod.Insert(ctx, prodPool, rows(100, "test", "events"), nil); err != nil {
+		t.Fatalf("producer COPY batch: %v", err)
+	}
+	_, err := prodPool.Exec(ctx, "SELECT payload FROM modkit_outbox_events")
+	denied(t, "producer SELECT payload", err)
+	_, err = prodPool.Exec(ctx, "SELECT dedupe_key FROM modkit_outbox_events")
+	denied(t, "producer SELECT dedupe_key", err)
+	_, err = prodPool.Exec(ctx, `INSERT INTO modkit_outbox_events (id, namespace, topic, payload, status, locked_until)
+		VALUES (gen_random_uuid(), 'test', 'events', '{}', 'processing', 'infinity')`)
+	denied(t, "producer INSERT of a processing row", err)
+	_, err = prodPool.Exec(ctx, "UPDATE modkit_outbox_events SET status = 'dead'")
+	denied(t, "producer UPDATE", err)
+	_, err = prod.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 1, MaxAttempts: 3, Worker: uuid.New(), Lease: time.Minute})
+	denied(t, "producer claim", err)
+	_, err = prod.List(ctx, driver.ListFilter{Limit: 10})
+	denied(t, "producer list", err)
+
+	// Dispatcher: claims, completes, sweeps; no table access, no enqueue,
+	// no listing.
+	dispPool := loginAs(t, tdb, outboxpg.RoleDispatcher)
+	disp := open(t, dispPool, driver.Options{})
+	w := uuid.New()
+	got, err := disp.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 3, MaxAttempts: 3, Worker: w, Lease: time.Minute})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("dispatcher claim: %d, %v", len(got), err)
+	}
+	if ok := complete(t, disp, w, outcome(got[0], driver.Delivered), outcome(got[1], driver.Retry), outcome(got[2], driver.Dead)); !ok[0] || !ok[1] || !ok[2] {
+		t.Fatalf("dispatcher complete: %v", ok)
+	}
+	if _, err := disp.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 3, Limit: 10}); err != nil {
+		t.Fatalf("dispatcher sweep: %v", err)
+	}
+	if _, err := disp.Depth(ctx, []string{topic}); err != nil {
+		t.Fatalf("dispatcher depth: %v", err)
+	}
+	_, err = dispPool.Exec(ctx, "UPDATE modkit_outbox_events SET status = 'dead' WHERE namespace = 'billing'")
+	denied(t, "dispatcher UPDATE", err)
+	_, err = dispPool.Exec(ctx, "DELETE FROM modkit_outbox_events")
+	denied(t, "dispatcher DELETE", err)
+	_, err = disp.Insert(ctx, dispPool, rows(1, "test", "events"), nil)
+	denied(t, "dispatcher enqueue", err)
+	_, err = disp.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "dispatcher"})
+	denied(t, "dispatcher replay", err)
+
+	// Reader: stats, lists and history without payloads; nothing else.
+	readPool := loginAs(t, tdb, outboxpg.RoleReader)
+	read := open(t, readPool, driver.Options{})
+	listed, err := read.List(ctx, driver.ListFilter{Limit: 1000})
+	if err != nil || len(listed) != 106 {
+		t.Fatalf("reader list: %d events, %v", len(listed), err)
+	}
+	for _, e := range listed {
+		if e.Payload != nil {
+			t.Fatalf("reader saw a payload: %s", e.Payload)
+		}
+	}
+	if e, err := read.Get(ctx, got[2].ID); err != nil || e.Payload != nil || e.Status != "dead" {
+		t.Fatalf("reader get: %+v %v", e, err)
+	}
+	if h, err := read.History(ctx, got[2].ID); err != nil || len(h) != 1 || h[0].Outcome != "dead" {
+		t.Fatalf("reader history: %+v %v", h, err)
+	}
+	if _, err := read.Stats(ctx); err != nil {
+		t.Fatalf("reader stats: %v", err)
+	}
+	_, err = read.Insert(ctx, readPool, rows(1, "test", "events"), nil)
+	denied(t, "reader enqueue", err)
+	_, err = read.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "reader"})
+	denied(t, "reader replay", err)
+	_, err = readPool.Exec(ctx, "SELECT * FROM modkit_outbox_attempts")
+	denied(t, "reader SELECT ledger", err)
+
+	// Operator: payloads, replay (recorded with its session user), purge.
+	opPool := loginAs(t, tdb, outboxpg.RoleOperator)
+	op := open(t, opPool, driver.Options{})
+	if e, err := op.Get(ctx, got[2].ID); err != nil || !strings.Contains(string(e.Payload), "s3cr3t") {
+		t.Fatalf("operator get: %+v %v", e, err)
+	}
+	ids, err := op.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "alice"})
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("operator replay: %v %v", ids, err)
+	}
+	var opUser string
+	if err := opPool.QueryRow(ctx, "SELECT session_user").Scan(&opUser); err != nil {
+		t.Fatal(err)
+	}
+	h, err := owner.History(ctx, got[2].ID)
+	if err != nil || len(h) != 2 || h[1].Outcome != "replayed" || h[1].Actor != opUser || !strings.Contains(h[1].Detail, "alice") {
+		t.Fatalf("history after the operator's replay: %+v %v", h, err)
+	}
+	if _, err := op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: time.Hour, Limit: 10}); err != nil {
+		t.Fatalf("operator purge: %v", err)
+	}
+	_, err = opPool.Exec(ctx, "DELETE FROM modkit_outbox_events")
+	denied(t, "operator DELETE", err)
+
+	// The ledger refuses UPDATE, DELETE and TRUNCATE from every runtime
+	// role (no privilege) and from the owner (the append-only trigger).
+	for name, pool := range map[string]*pgxpool.Pool{"producer": prodPool, "dispatcher": dispPool, "reader": readPool, "operator": opPool} {
+		for _, stmt := range []string{"UPDATE modkit_outbox_attempts SET detail = 'x'", "DELETE FROM modkit_outbox_attempts", "TRUNCATE modkit_outbox_attempts"} {
+			_, err := pool.Exec(ctx, stmt)
+			denied(t, name+": "+stmt, err)
+		}
+	}
+	for _, stmt := range []string{"UPDATE modkit_outbox_attempts SET detail = 'x'", "DELETE FROM modkit_outbox_attempts", "TRUNCATE modkit_outbox_attempts"} {
+		_, err := tdb.Provider.Pool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "P0001" {
+			t.Fatalf("owner: %s: got %v, want the append-only trigger's P0001", stmt, err)
+		}
+	}
+}
+
+// A runtime role may not move the functions' clock (it could claim early or
+// steal leases with it).
+func TestTestClockOwnerOnly(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	dispPool := loginAs(t, tdb, outboxpg.RoleDispatcher)
+	disp := open(t, dispPool, driver.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	_, err := disp.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 1, MaxAttempts: 3, Worker: uuid.New(), Lease: time.Minute})
+	denied(t, "dispatcher with a test clock", err)
+}
+
+// Objects that shadow the outbox's tables and functions, in a schema
+// earlier on the caller's search_path or in pg_temp, change nothing the
+// functions do.
+func TestSearchPathShadowing(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	admin := tdb.Provider.Pool
+	mustExec(t, admin, "CREATE SCHEMA evil")
+	mustExec(t, admin, "CREATE TABLE evil.modkit_outbox_events (LIKE public.modkit_outbox_events INCLUDING ALL)")
+	mustExec(t, admin, "CREATE TABLE evil.modkit_outbox_attempts (LIKE public.modkit_outbox_attempts)")
+	mustExec(t, admin, `CREATE FUNCTION evil.modkit_outbox_clock(p_now timestamptz) RETURNS timestamptz
+		LANGUAGE sql AS $$ SELECT 'infinity'::timestamptz $$`)
+	mustExec(t, admin, `CREATE FUNCTION evil.gen_random_uuid() RETURNS uuid
+		LANGUAGE sql AS $$ SELECT '00000000-0000-0000-0000-000000000001'::uuid $$`)
+	mustExec(t, admin, "GRANT USAGE ON SCHEMA evil TO PUBLIC")
+	mustExec(t, admin, "GRANT ALL ON ALL TABLES IN SCHEMA evil TO PUBLIC")
+
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = "evil, pg_temp, public"
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "CREATE TEMP TABLE modkit_outbox_events (LIKE public.modkit_outbox_events INCLUDING ALL)")
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := open(t, pool, driver.Options{})
+	if _, err := s.Insert(ctx, pool, rows(3, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	w := uuid.New()
+	got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 3, MaxAttempts: 3, Worker: w, Lease: time.Minute})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("claim: %d %v", len(got), err)
+	}
+	for _, c := range got {
+		if c.LeaseToken == uuid.MustParse("00000000-0000-0000-0000-000000000001") || c.LockedTill.After(time.Now().Add(time.Hour)) {
+			t.Fatalf("a shadowing function ran: %+v", c)
+		}
+	}
+	complete(t, s, w, outcome(got[0], driver.Delivered))
+	var real, shadow, temp, shadowLedger int
+	if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM public.modkit_outbox_events),
+		(SELECT count(*) FROM evil.modkit_outbox_events), (SELECT count(*) FROM evil.modkit_outbox_attempts)`).Scan(&real, &shadow, &shadowLedger); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_temp.modkit_outbox_events").Scan(&temp); err != nil {
+		t.Fatal(err)
+	}
+	if real != 3 || shadow != 0 || temp != 0 || shadowLedger != 0 {
+		t.Fatalf("rows: public %d, evil %d, temp %d, evil ledger %d; want 3, 0, 0, 0", real, shadow, temp, shadowLedger)
+	}
+}
+
+// Store B cannot settle store A's lease, even with A's token: the batch
+// path records nothing, and a single outcome in a transaction fails with
+// ErrLeaseLost (SQLSTATE P7002). An outcome a worker may not record is
+// ErrInvalidState (P7003).
+func TestSettleChecksTheWorker(t *testing.T) {
+	a, tdb := newStore(t)
+	b := open(t, tdb.NewPool(t), driver.Options{})
+	pool := tdb.Provider.Pool
+	insertN(t, a, pool, "test", "events", 1)
+	workerA, workerB := uuid.New(), uuid.New()
+	ca := claim(t, a, 1, 3, workerA)[0]
+	for _, k := range []driver.OutcomeKind{driver.Delivered, driver.Retry, driver.Dead, driver.Release} {
+		if ok := complete(t, b, workerB, outcome(ca, k)); ok[0] {
+			t.Fatalf("B recorded outcome %d under A's lease", k)
+		}
+	}
+	err := b.InTx(ctx, func(ctx context.Context, tx any) error {
+		_, err := b.Complete(ctx, tx, workerB, []driver.Outcome{outcome(ca, driver.Delivered)})
+		return err
+	})
+	if !errors.Is(err, driver.ErrLeaseLost) {
+		t.Fatalf("B's single outcome in a transaction: %v, want ErrLeaseLost", err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "P7002" {
+		t.Fatalf("want SQLSTATE P7002, got %v", err)
+	}
+	err = a.InTx(ctx, func(ctx context.Context, tx any) error {
+		_, err := a.Complete(ctx, tx, workerA, []driver.Outcome{{ID: ca.ID, LeaseToken: ca.LeaseToken, Kind: driver.OutcomeKind(99)}})
+		return err
+	})
+	if !errors.Is(err, driver.ErrInvalidState) {
+		t.Fatalf("an invalid outcome: %v, want ErrInvalidState", err)
+	}
+	if e := get(t, a, ca.ID); e.Status != "processing" || *e.LockedBy != workerA {
+		t.Fatalf("refused outcomes changed the event: %+v", e)
+	}
+	if h, _ := a.History(ctx, ca.ID); len(h) != 0 {
+		t.Fatalf("refused outcomes left history: %+v", h)
+	}
+	err = a.InTx(ctx, func(ctx context.Context, tx any) error {
+		_, err := a.Complete(ctx, tx, workerA, []driver.Outcome{outcome(ca, driver.Delivered)})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("A's own outcome in a transaction: %v", err)
+	}
+}
+
+// Every outcome appends one ledger row in the same write; lease repair (by
+// a claim or the sweeper) appends lease_expired; replays and sweeps are
+// recorded; attempt numbers are gap-free; last_error stays bounded however
+// many sweeps and replays happen.
+func TestLedger(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	id := insertN(t, s, pool, "test", "events", 1)[0]
+	w1, w2 := uuid.New(), uuid.New()
+
+	c := claim(t, s, 1, 3, w1)[0]
+	complete(t, s, w1, driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Retry, Error: "timeout"})
+	mustExec(t, pool, "UPDATE modkit_outbox_events SET next_attempt_at = now() WHERE id = $1", id)
+	c = claim(t, s, 1, 3, w1)[0]
+	expireLease(t, pool, id)
+	c2 := claim(t, s, 1, 3, w2)[0] // repairs w1's lease
+	if !c2.Repaired || c2.Attempts != 3 {
+		t.Fatalf("reclaim after expiry: %+v", c2)
+	}
+	expireLease(t, pool, id)
+	swept, err := s.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 3, Limit: 10})
+	if err != nil || len(swept) != 1 || swept[0].Repaired {
+		t.Fatalf("sweep: %+v %v", swept, err)
+	}
+	h, err := s.History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		outcome string
+		attempt int
+		worker  uuid.UUID
+	}{{"retry", 1, w1}, {"lease_expired", 2, w1}, {"lease_expired", 3, w2}, {"swept", 0, uuid.Nil}}
+	if len(h) != len(want) {
+		t.Fatalf("history: %+v", h)
+	}
+	for i, w := range want {
+		a := h[i]
+		worker := uuid.Nil
+		if a.Worker != nil {
+			worker = *a.Worker
+		}
+		if a.No != i+1 || a.Outcome != w.outcome || a.Attempt != w.attempt || worker != w.worker {
+			t.Fatalf("history row %d: %+v, want %+v", i, a, w)
+		}
+	}
+	if h[0].Detail != "timeout" || h[0].ClaimedAt == nil || h[0].LeaseToken == nil {
+		t.Fatalf("retry row: %+v", h[0])
+	}
+	_ = c
+
+	// 30 replay/sweep cycles: history grows by two rows each, last_error
+	// does not grow.
+	for i := 0; i < 30; i++ {
+		if _, err := s.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{id}, By: "op"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 0, Limit: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := get(t, s, id)
+	if e.Status != "dead" || e.LastError == nil || len(*e.LastError) > 4096 {
+		t.Fatalf("after 30 cycles: status %s, last_error %d bytes", e.Status, len(*e.LastError))
+	}
+	h, _ = s.History(ctx, id)
+	if len(h) != 4+60 {
+		t.Fatalf("history after 30 cycles: %d rows, want 64", len(h))
+	}
+	for i, a := range h {
+		if a.No != i+1 {
+			t.Fatalf("attempt numbers not gap-free at %d: %+v", i, a)
+		}
+	}
+}
