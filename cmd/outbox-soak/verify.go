@@ -228,9 +228,11 @@ func (r *report) print() {
 	fmt.Fprintf(&b, "duplicates due to   %d kills, %d restarts, %d unexplained\n", r.byKill, r.byRestart, r.unattributed)
 	if r.byKill > 0 {
 		fmt.Fprintf(&b, "  kills             the killed dispatcher had published but not yet recorded the outcome; another claimed the event\n"+
-			"                    when its lease expired. %d of them were written by the server after the process was dead\n"+
-			"                    (its insert was in flight at the SIGKILL; PostgreSQL still ran and committed it, at most\n"+
-			"                    %v after the process was seen dead; the allowance is one lease, %v)\n",
+			"                    when its lease expired\n")
+	}
+	if r.byKillInFlight > 0 {
+		fmt.Fprintf(&b, "                    (%d of them written by the server after the process was dead: the insert was in flight at\n"+
+			"                    the SIGKILL and PostgreSQL still ran and committed it, at most %v after the death; allowance: one lease, %v)\n",
 			r.byKillInFlight, r.maxInFlightLag.Round(time.Millisecond), r.lease)
 	}
 	if r.byRestart > 0 {
