@@ -22,7 +22,7 @@ bench: ## Run the benchmark program and print its table (BENCHFLAGS=-help for op
 	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
 
 .PHONY: soak
-soak: ## Run the soak test: dispatcher processes killed, PostgreSQL restarted, nothing lost (SOAKFLAGS=-help)
+soak: ## Run the soak test: dispatchers killed, PostgreSQL restarted, nothing lost (SOAKFLAGS='-preset harsh', -help)
 	$(GO) run ./cmd/outbox-soak $(SOAKFLAGS)
 
 .PHONY: lint

@@ -37,10 +37,13 @@ var soakTopic = outbox.Topic{Namespace: "soak", Topic: "events"}
 // itself), so the statement reads it from the event's row: the token of the
 // unexpired lease this dispatcher holds on the event for this attempt. It
 // records NULL when that lease has already ended; such a lease can no
-// longer mark the event delivered, so the audit checks lose nothing.
-const recordDelivery = `INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid)
+// longer mark the event delivered, so the audit checks lose nothing. $5 is
+// the dispatcher's clock just before it hands the insert to its pool: the
+// server may run the insert after this process is dead (see
+// attributeDuplicates), but never sent after it.
+const recordDelivery = `INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid, sent_at)
 SELECT $1, (SELECT lease_token FROM modkit_outbox_events
-	WHERE id = $1 AND status = 'processing' AND locked_by = $2 AND attempts = $3 AND locked_until > now()), $3, $4`
+	WHERE id = $1 AND status = 'processing' AND locked_by = $2 AND attempts = $3 AND locked_until > now()), $3, $4, $5`
 
 // payload is what producers put in each event.
 type payload struct {
@@ -79,7 +82,7 @@ func runChild(ctx context.Context, o options) error {
 		}
 		// The publish's own work, so that kills land inside publishes too.
 		time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-		if _, err := pool.Exec(ctx, recordDelivery, d.ID, workerID, d.Attempt, pid); err != nil {
+		if _, err := pool.Exec(ctx, recordDelivery, d.ID, workerID, d.Attempt, pid, time.Now()); err != nil {
 			return fmt.Errorf("record delivery: %w", err)
 		}
 		return nil

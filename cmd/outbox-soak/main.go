@@ -32,7 +32,12 @@
 // Usage:
 //
 //	make soak SOAKFLAGS='-duration 1m'
+//	make soak SOAKFLAGS='-preset harsh -seed 77'
 //	go run ./cmd/outbox-soak -duration 10m -dispatchers 4 -rate 500 -kill-every 5s
+//
+// -preset harsh is the schedule of issue 18 (a SIGKILL every ~2s, a restart
+// every ~12s, a 1s lease, 5 dispatchers, 600 events/s, for 2 minutes);
+// flags given with it override its values.
 package main
 
 import (
@@ -40,9 +45,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -63,6 +71,53 @@ type options struct {
 	seed         uint64
 	child        bool
 	verbose      bool
+	preset       string
+}
+
+// presets are named schedules: flag name to value. "harsh" is issue 18's
+// schedule: a SIGKILL every ~2s, a PostgreSQL restart every ~12s and a 1s
+// lease, so that kills often land inside publishes and outcome writes.
+var presets = map[string]map[string]string{
+	"default": {},
+	"harsh": {
+		"duration": "2m", "kill-every": "2s", "restart-every": "12s", "lease": "1s",
+		"dispatchers": "5", "rate": "600", "producers": "6", "max-attempts": "3",
+	},
+}
+
+func presetHelp() string {
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(presets)) {
+		fmt.Fprintf(&b, "\n  %-8s", name+":")
+		if len(presets[name]) == 0 {
+			b.WriteString(" the flags' defaults")
+		}
+		for _, flag := range slices.Sorted(maps.Keys(presets[name])) {
+			fmt.Fprintf(&b, " -%s %s", flag, presets[name][flag])
+		}
+	}
+	return b.String()
+}
+
+// applyPreset sets the preset's values for the flags not given explicitly.
+func (o *options) applyPreset(fs *flag.FlagSet) error {
+	if o.preset == "" {
+		return nil
+	}
+	values, ok := presets[o.preset]
+	if !ok {
+		return fmt.Errorf("-preset %q: unknown (default, harsh)", o.preset)
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	for name, value := range values {
+		if !explicit[name] {
+			if err := fs.Set(name, value); err != nil {
+				return fmt.Errorf("-preset %s: %w", o.preset, err)
+			}
+		}
+	}
+	return nil
 }
 
 func parseFlags(args []string) (options, error) {
@@ -82,7 +137,11 @@ func parseFlags(args []string) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the fault schedule (0: random)")
 	fs.BoolVar(&o.child, "child", false, "run as a dispatcher process (internal: the soak starts these itself)")
 	fs.BoolVar(&o.verbose, "v", false, "print progress and the dispatchers' warnings as they happen")
+	fs.StringVar(&o.preset, "preset", "", "a named schedule; flags given explicitly override its values:"+presetHelp())
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if err := o.applyPreset(fs); err != nil {
 		return o, err
 	}
 	switch {

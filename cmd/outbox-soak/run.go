@@ -40,8 +40,8 @@ func run(ctx context.Context, o options) (bool, error) {
 		logf("external server: PostgreSQL restarts disabled")
 		o.restartEvery = 0
 	}
-	logf("soak: %v on %s; %d dispatchers, %d events/s (every %d-th poison), kills every ~%v, restarts every ~%v, lease %v, seed %d",
-		o.duration, tgt.server, o.dispatchers, o.rate, o.poisonEvery, o.killEvery, o.restartEvery, o.lease, o.seed)
+	logf("soak%s: %v on %s; %d dispatchers, %d producers, %d events/s (every %d-th poison), kills every ~%v, restarts every ~%v, lease %v, max attempts %d, seed %d",
+		presetNote(o.preset), o.duration, tgt.server, o.dispatchers, o.producers, o.rate, o.poisonEvery, o.killEvery, o.restartEvery, o.lease, o.maxAttempts, o.seed)
 
 	pool, err := pgxpool.New(ctx, tgt.dsn)
 	if err != nil {
@@ -80,6 +80,7 @@ func run(ctx context.Context, o options) (bool, error) {
 
 	r := verify(ctx, pool, o, incidents)
 	r.elapsed = time.Since(start)
+	r.seed = o.seed
 	r.generations = sup.gens
 	r.logDir = sup.logDir
 	r.producerRetries = prod.retries.Load()
@@ -298,6 +299,13 @@ func (p *producers) enqueue(ctx context.Context, pool *pgxpool.Pool, pl payload)
 		case <-t.C:
 		}
 	}
+}
+
+func presetNote(preset string) string {
+	if preset == "" {
+		return ""
+	}
+	return " (preset " + preset + ")"
 }
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

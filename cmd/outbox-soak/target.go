@@ -41,7 +41,9 @@ CREATE TABLE soak_deliveries (
 	lease_token uuid, -- NULL: made after its lease had ended (see recordDelivery)
 	attempt     int NOT NULL,
 	pid         int NOT NULL,
-	at          timestamptz NOT NULL DEFAULT clock_timestamp()
+	sent_at     timestamptz NOT NULL, -- the dispatcher's clock just before it sent the insert
+	started_at  timestamptz NOT NULL DEFAULT statement_timestamp(), -- the server began the insert
+	at          timestamptz NOT NULL DEFAULT clock_timestamp()  -- the server made the row
 );
 CREATE INDEX ON soak_deliveries (event_id);
 CREATE TABLE soak_audit (

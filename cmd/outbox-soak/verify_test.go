@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// TestAttributeDuplicates: the kill window takes in a delivery the server
+// began after the killed process had died (issue 18) as long as it ran under
+// the process's lease, and still calls a duplicate unexplained when no fault
+// accounts for it.
+func TestAttributeDuplicates(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	if _, err := pool.Exec(ctx, soakDDL); err != nil {
+		t.Fatal(err)
+	}
+	const lease = time.Second
+	t0 := time.Now().Truncate(time.Millisecond)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	kill := func(pid int) incident { return incident{kind: "kill", pid: pid, begin: ms(0), end: ms(5)} }
+	type delivery struct {
+		pid               int
+		leased            bool
+		sent, started, at time.Time
+		againAt           time.Time // the second delivery, by another process
+	}
+	cases := map[string]delivery{
+		"kill":                          {pid: 100, leased: true, sent: ms(-10), started: ms(-5), at: ms(-5), againAt: ms(1000)},
+		"kill, in flight":               {pid: 101, leased: true, sent: ms(-3), started: ms(20), at: ms(20), againAt: ms(1020)},
+		"in flight, no lease":           {pid: 102, leased: false, sent: ms(-3), started: ms(20), at: ms(20), againAt: ms(1020)},
+		"begun a lease after the death": {pid: 103, leased: true, sent: ms(-3), started: ms(1100), at: ms(1100), againAt: ms(2500)},
+		"redelivered before the kill":   {pid: 104, leased: true, sent: ms(-1500), started: ms(-1500), at: ms(-1500), againAt: ms(-500)},
+		"restart":                       {pid: 105, leased: true, sent: ms(59_900), started: ms(59_900), at: ms(59_900), againAt: ms(61_000)},
+	}
+	incidents := []incident{kill(100), kill(101), kill(102), kill(103), kill(104),
+		{kind: "restart", begin: ms(60_000), end: ms(60_200)}}
+	for _, d := range cases {
+		id := uuid.New()
+		var token *uuid.UUID
+		if d.leased {
+			tok := uuid.New()
+			token = &tok
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid, sent_at, started_at, at)
+			VALUES ($1, $2, 1, $3, $4, $5, $6), ($1, gen_random_uuid(), 2, 999, $7, $7, $7)`,
+			id, token, d.pid, d.sent, d.started, d.at, d.againAt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &report{lease: lease}
+	r.attributeDuplicates(ctx, pool, options{lease: lease}, incidents)
+	got := [5]int{r.extraDeliveries, r.byKill, r.byKillInFlight, r.byRestart, r.unattributed}
+	if want := [5]int{6, 2, 1, 1, 3}; got != want {
+		t.Fatalf("extra, by kill, of which in flight, by restart, unexplained = %v, want %v; failures %q", got, want, r.failures)
+	}
+	if len(r.failures) != 1 {
+		t.Fatalf("want one failure naming the unexplained duplicates, got %q", r.failures)
+	}
+}
