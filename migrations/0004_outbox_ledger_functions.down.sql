@@ -33,4 +33,5 @@ ALTER TABLE modkit_outbox_events
     DROP CONSTRAINT modkit_outbox_events_tenant_key_check,
     DROP CONSTRAINT modkit_outbox_events_dedupe_key_length_check,
     DROP CONSTRAINT modkit_outbox_events_name_pattern_check,
-    DROP COLUMN ledger_seq;
+    DROP COLUMN ledger_seq,
+    DROP COLUMN claimed_at;

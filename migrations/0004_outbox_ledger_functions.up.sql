@@ -16,6 +16,9 @@
 -- attempt numbers are allocated in the same row update as the outcome and are
 -- gap-free without scanning the ledger.
 ALTER TABLE modkit_outbox_events ADD COLUMN ledger_seq int NOT NULL DEFAULT 0;
+-- When the current or last claim began (the ledger's claimed_at); written by
+-- the claim in the same row update, kept by the outcome.
+ALTER TABLE modkit_outbox_events ADD COLUMN claimed_at timestamptz NULL;
 
 -- Database-side checks matching the Go validation. NOT VALID: rows written
 -- before this migration are not re-checked, every new or updated row is.
@@ -208,7 +211,7 @@ BEGIN
     RETURN QUERY
     WITH due AS (
         SELECT e.id, e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
-            e.updated_at AS old_claimed_at, e.attempts AS old_attempts, e.ledger_seq AS old_seq
+            e.claimed_at AS old_claimed_at, e.attempts AS old_attempts, e.ledger_seq AS old_seq
         FROM @s.modkit_outbox_events e
         WHERE e.status IN ('pending', 'processing')
           AND ((e.status = 'pending' AND e.next_attempt_at <= v_now)
@@ -226,18 +229,25 @@ BEGIN
             locked_until = v_now + p_lease,
             lease_token = gen_random_uuid(),
             ledger_seq = e.ledger_seq + (d.old_status = 'processing')::int,
+            claimed_at = v_now,
             updated_at = v_now
         FROM due d WHERE e.id = d.id
+        -- The old lease's columns travel in RETURNING: joining two CTEs
+        -- would be planned from the stale estimate of one processing row,
+        -- as a nested loop over the whole batch.
         RETURNING e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, e.payload, e.attempts,
-            e.lease_token, e.locked_until, e.created_at, d.old_status = 'processing' AS repaired),
+            e.lease_token, e.locked_until, e.created_at, d.old_status = 'processing' AS repaired,
+            d.old_seq, d.old_attempts, d.old_worker, d.old_token, d.old_claimed_at),
     repair AS (
         INSERT INTO @s.modkit_outbox_attempts
             (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
-        SELECT d.id, d.old_seq + 1, u.namespace, u.topic, 'lease_expired', d.old_attempts, d.old_worker, d.old_token,
-            d.old_claimed_at, v_now, 'the lease expired before an outcome was recorded; claimed again'
-        FROM due d JOIN upd u ON u.id = d.id
-        WHERE d.old_status = 'processing')
-    SELECT * FROM upd;
+        SELECT u.id, u.old_seq + 1, u.namespace, u.topic, 'lease_expired', u.old_attempts, u.old_worker, u.old_token,
+            u.old_claimed_at, v_now, 'the lease expired before an outcome was recorded; claimed again'
+        FROM upd u
+        WHERE u.repaired)
+    SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.payload, u.attempts,
+        u.lease_token, u.locked_until, u.created_at, u.repaired
+    FROM upd u;
 END $$;
 
 -- Record outcomes ('delivered', 'retry', 'dead', 'released') of p_worker's
@@ -260,35 +270,29 @@ BEGIN
             USING ERRCODE = 'P7003', HINT = 'use delivered, retry, dead or released';
     END IF;
     RETURN QUERY
-    WITH a AS (
-        SELECT * FROM unnest(p_ids, p_tokens, p_outcomes, p_errors, p_delays_ms) AS a(id, token, outcome, err, delay_ms)),
-    cur AS (
-        SELECT e.id, e.attempts, e.updated_at AS claimed_at, e.namespace, e.topic, a.token, a.outcome,
-            left(a.err, 8192) AS err, greatest(coalesce(a.delay_ms, 0), 0) AS delay_ms
-        FROM @s.modkit_outbox_events e JOIN a ON e.id = a.id
-        WHERE e.lease_token = a.token AND e.locked_by = p_worker AND e.status = 'processing' AND e.locked_until > v_now),
-    upd AS (
+    WITH upd AS (
         UPDATE @s.modkit_outbox_events AS e SET
-            status = CASE c.outcome WHEN 'delivered' THEN 'delivered' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
-            attempts = CASE c.outcome WHEN 'released' THEN e.attempts - 1 ELSE e.attempts END,
-            next_attempt_at = CASE c.outcome
-                WHEN 'retry' THEN v_now + c.delay_ms * interval '1 millisecond'
+            status = CASE a.outcome WHEN 'delivered' THEN 'delivered' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
+            attempts = CASE a.outcome WHEN 'released' THEN e.attempts - 1 ELSE e.attempts END,
+            next_attempt_at = CASE a.outcome
+                WHEN 'retry' THEN v_now + greatest(coalesce(a.delay_ms, 0), 0) * interval '1 millisecond'
                 WHEN 'released' THEN v_now
                 ELSE e.next_attempt_at END,
-            last_error = CASE WHEN c.outcome IN ('retry', 'dead') THEN c.err ELSE e.last_error END,
+            last_error = CASE WHEN a.outcome IN ('retry', 'dead') THEN left(a.err, 8192) ELSE e.last_error END,
             locked_by = NULL, locked_until = NULL, lease_token = NULL,
             ledger_seq = e.ledger_seq + 1,
             updated_at = v_now
-        FROM cur c
-        WHERE e.id = c.id AND e.lease_token = c.token AND e.locked_by = p_worker
+        FROM unnest(p_ids, p_tokens, p_outcomes, p_errors, p_delays_ms) AS a(id, token, outcome, err, delay_ms)
+        WHERE e.id = a.id AND e.lease_token = a.token AND e.locked_by = p_worker
           AND e.status = 'processing' AND e.locked_until > v_now
-        RETURNING e.id, e.ledger_seq),
+        RETURNING e.id, e.ledger_seq, e.namespace, e.topic, a.outcome, a.token, e.claimed_at,
+            CASE a.outcome WHEN 'released' THEN e.attempts + 1 ELSE e.attempts END AS attempt,
+            CASE WHEN a.outcome IN ('retry', 'dead') THEN left(a.err, 8192) END AS err),
     ledger AS (
         INSERT INTO @s.modkit_outbox_attempts
             (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
-        SELECT u.id, u.ledger_seq, c.namespace, c.topic, c.outcome, c.attempts, p_worker, c.token, c.claimed_at, v_now,
-            CASE WHEN c.outcome IN ('retry', 'dead') THEN c.err END
-        FROM upd u JOIN cur c ON c.id = u.id)
+        SELECT u.id, u.ledger_seq, u.namespace, u.topic, u.outcome, u.attempt, p_worker, u.token, u.claimed_at, v_now, u.err
+        FROM upd u)
     SELECT u.id FROM upd u;
 END $$;
 
@@ -324,7 +328,7 @@ BEGIN
     RETURN QUERY
     WITH due AS (
         SELECT e.id, e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
-            e.updated_at AS old_claimed_at, e.attempts, e.ledger_seq AS old_seq, e.last_error AS old_error,
+            e.claimed_at AS old_claimed_at, e.attempts, e.ledger_seq AS old_seq, e.last_error AS old_error,
             e.attempts >= p_max_attempts AS exhausted
         FROM @s.modkit_outbox_events e
         WHERE e.status IN ('pending', 'processing')
@@ -348,17 +352,18 @@ BEGIN
             ledger_seq = e.ledger_seq + (d.old_status = 'processing')::int + d.exhausted::int,
             updated_at = v_now
         FROM due d WHERE e.id = d.id
-        RETURNING e.id, e.namespace, e.topic, e.last_error, NOT d.exhausted AS repaired),
+        RETURNING e.id, e.namespace, e.topic, e.last_error, NOT d.exhausted AS repaired, d.exhausted,
+            d.old_status, d.old_seq, d.attempts, d.old_worker, d.old_token, d.old_claimed_at),
     ledger AS (
         INSERT INTO @s.modkit_outbox_attempts
             (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
-        SELECT d.id, d.old_seq + 1, u.namespace, u.topic, 'lease_expired', d.attempts, d.old_worker, d.old_token,
-            d.old_claimed_at, v_now, 'the lease expired before an outcome was recorded; repaired by the sweeper'
-        FROM due d JOIN upd u ON u.id = d.id WHERE d.old_status = 'processing'
+        SELECT u.id, u.old_seq + 1, u.namespace, u.topic, 'lease_expired', u.attempts, u.old_worker, u.old_token,
+            u.old_claimed_at, v_now, 'the lease expired before an outcome was recorded; repaired by the sweeper'
+        FROM upd u WHERE u.old_status = 'processing'
         UNION ALL
-        SELECT d.id, d.old_seq + 1 + (d.old_status = 'processing')::int, u.namespace, u.topic, 'swept', NULL, NULL, NULL,
+        SELECT u.id, u.old_seq + 1 + (u.old_status = 'processing')::int, u.namespace, u.topic, 'swept', NULL, NULL, NULL,
             NULL, v_now, u.last_error
-        FROM due d JOIN upd u ON u.id = d.id WHERE d.exhausted)
+        FROM upd u WHERE u.exhausted)
     SELECT u.id, u.namespace || ':' || u.topic, u.repaired FROM upd u;
 END $$;
 

@@ -42,17 +42,17 @@ func classify(sql string) queryKind {
 	switch {
 	case strings.HasPrefix(sql, "LISTEN"):
 		return kindListen
-	case strings.Contains(sql, outboxpg.LeadersTableName):
+	case strings.Contains(sql, outboxpg.LeadersTableName), strings.Contains(sql, "modkit_outbox_elect("), strings.Contains(sql, "modkit_outbox_resign("):
 		return kindMaintenance
-	case strings.Contains(sql, "lease_token = gen_random_uuid()"):
+	case strings.Contains(sql, "lease_token = gen_random_uuid()"), strings.Contains(sql, "modkit_outbox_claim("):
 		return kindClaim
-	case strings.Contains(sql, "AS a(id, token, outcome"):
+	case strings.Contains(sql, "AS a(id, token, outcome"), strings.Contains(sql, "modkit_outbox_complete("):
 		return kindComplete
-	case strings.Contains(sql, "status = 'dead',") && strings.Contains(sql, "SKIP LOCKED"):
+	case strings.Contains(sql, "modkit_outbox_sweep("):
 		return kindSweep
-	case strings.HasPrefix(sql, "DELETE FROM"):
+	case strings.Contains(sql, "modkit_outbox_purge("):
 		return kindPurge
-	case strings.Contains(sql, "count(*) FILTER"):
+	case strings.Contains(sql, "modkit_outbox_depth("):
 		return kindDepth
 	}
 	return kindOther

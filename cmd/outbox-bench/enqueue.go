@@ -118,6 +118,10 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	direct, err := b.newDirectClient(b.t.admin, outbox.Config{})
+	if err != nil {
+		return err
+	}
 	variants := []enqueueVariant{
 		{"Client.Enqueue", func(ctx context.Context, tx pgx.Tx, seq int64) error {
 			_, err := lib.Enqueue(ctx, tx, b.src.message("enqueue", seq))
@@ -134,6 +138,10 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 			_, err := quiet.Enqueue(ctx, tx, b.src.message("enqueue-quiet", seq))
 			return err
 		}},
+		{"Client.Enqueue on the direct path", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			_, err := direct.Enqueue(ctx, tx, b.src.message("enqueue-direct", seq))
+			return err
+		}},
 	}
 	rates, err := b.enqueueVariants(ctx, producers, dur, variants)
 	if err != nil {
@@ -146,6 +154,10 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 		roundsNote(rates[0], rates[1])
 	b.add(r)
 	b.add(roundsRow("enqueue", "same, Config.DisableNotify", rates[2], rates[1], 0))
+	r = roundsRow("enqueue", "function path vs direct path", rates[0], rates[3], 0.85)
+	r.Note = "Baseline: Client.Enqueue on the write path before migration 0004 (a plain INSERT … ON CONFLICT, no SECURITY DEFINER function; cmd/outbox-bench/direct.go)." +
+		roundsNote(rates[0], rates[3])
+	b.add(r)
 	return nil
 }
 

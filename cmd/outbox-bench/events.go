@@ -22,11 +22,11 @@ var benchTopic = outbox.Topic{Namespace: "bench", Topic: "events"}
 var insertColumns = []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload", "status", "attempts"}
 
 // eventSource makes events of the one shape all workloads use: a tenant, a
-// dedupe key "<tenant hex>/<run>/<seq>" (so the dedupe index is maintained
+// dedupe key "<tenant id>/<run>/<seq>" (so the dedupe index is maintained
 // as in real use) and a JSON payload of about the configured size.
 type eventSource struct {
 	tenant    uuid.UUID
-	tenantHex string
+	tenantKey string
 	pad       string
 }
 
@@ -35,7 +35,7 @@ func newEventSource(payloadSize int) *eventSource {
 	// {"seq":1234567,"kind":"usage_snapshot","pad":""} is about 48 bytes.
 	return &eventSource{
 		tenant:    tenant,
-		tenantHex: strings.ReplaceAll(tenant.String(), "-", ""),
+		tenantKey: tenant.String(), // the canonical spelling the database requires
 		pad:       strings.Repeat("x", max(0, payloadSize-48)),
 	}
 }
@@ -45,7 +45,7 @@ func (s *eventSource) payload(seq int64) string {
 }
 
 func (s *eventSource) key(run string, seq int64) string {
-	return s.tenantHex + "/" + run + "/" + strconv.FormatInt(seq, 10)
+	return s.tenantKey + "/" + run + "/" + strconv.FormatInt(seq, 10)
 }
 
 // message is event seq of run, for the library.
@@ -121,7 +121,7 @@ FROM generate_series($6::bigint, $7::bigint) AS g,
 
 // historyKeys is the LIKE pattern of the dedupe keys of the rows
 // insertDelivered writes (which it builds from the same prefix).
-func (s *eventSource) historyKeys() string { return s.tenantHex + "/history/%" }
+func (s *eventSource) historyKeys() string { return s.tenantKey + "/history/%" }
 
 // deleteAllButHistory empties the table but for the delivered history that
 // insertDelivered wrote, and the maintenance leases with it, so that the

@@ -52,9 +52,9 @@ func (c *sqlCapture) find(marker string) (string, error) {
 
 // Markers that pick the library's statements out of a sqlCapture.
 const (
-	claimMarker        = "lease_token = gen_random_uuid()"
-	completeMarker     = "AS a(id, token, outcome"
-	enqueueBatchMarker = "WITH ORDINALITY"
+	claimMarker        = "modkit_outbox_claim("
+	completeMarker     = "modkit_outbox_complete("
+	enqueueBatchMarker = "modkit_outbox_enqueue_many("
 )
 
 // librarySQL learns the library's claim and outcome statements by claiming

@@ -131,7 +131,7 @@ func roundsRow(workload, measure string, lib, base series, minRatio float64) row
 	r.Values["baseline_per_s"], r.Values["ratio"] = base.median(), ratio
 	r.Runs["baseline_per_s"], r.Runs["ratio"] = base, perRound
 	if minRatio > 0 {
-		r.Target = fmt.Sprintf("≥ %.1f×", minRatio)
+		r.Target = "≥ " + strconv.FormatFloat(minRatio, 'f', -1, 64) + "×"
 		r.Met = ptr(ratio >= minRatio)
 	}
 	return r
