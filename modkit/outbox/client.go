@@ -155,7 +155,8 @@ func (c *Client) Migrate(ctx context.Context) error {
 func (c *Client) Admin() *Admin { return c.admin }
 
 // Enqueue writes msg through tx, the caller's own transaction or connection
-// (any modkit/db Runner: pgx, bun or database/sql). The event becomes
+// (a modkit/db Runner: a pgx.Tx or pool as it is, a bun or database/sql
+// handle wrapped with db.SQL). The event becomes
 // visible to dispatchers when tx commits, and vanishes if it rolls back.
 //
 // A message whose (Namespace, Topic, DedupeKey) matches an existing row is
