@@ -284,7 +284,8 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	}()
 
 	completerDone := make(chan struct{})
-	go func() { defer close(completerDone); d.completer(flushCtx, results) }()
+	due := newDueTimes()
+	go func() { defer close(completerDone); d.completer(flushCtx, results, due) }()
 	var helpers sync.WaitGroup
 	if !d.cfg.PollOnly {
 		helpers.Add(1)
@@ -293,7 +294,7 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	helpers.Add(1)
 	go func() { defer helpers.Done(); d.maintenance(ctx) }()
 
-	err := d.claimer(ctx, ready, pool, wake)
+	err := d.claimer(ctx, ready, pool, wake, due)
 	cancelRun()
 	stopNow() // the claimer may also have ended on its own
 	stopStarted := *stopAt.Load()
