@@ -53,8 +53,12 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 				}
 				return nil
 			case err != nil:
+				if !isReady && notMigrated(err) {
+					return fmt.Errorf("outbox dispatcher cannot claim: %w", &notMigratedError{schema: d.c.cfg.Schema, err: err})
+				}
 				if !isReady && d.c.store.Fatal(err) {
-					return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run? see Client.Migrate)", d.c.cfg.Schema, err)
+					return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run, and may this role "+
+						"read and write the outbox tables? see Client.Migrate)", d.c.cfg.Schema, err)
 				}
 				d.setClaimErr(err)
 				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -222,11 +223,50 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 	return out, nil
 }
 
+// ErrNotMigrated matches errors of calls that found the outbox's tables (or
+// schema, or functions) missing from Config.Schema: run Client.Migrate, add
+// outbox.WithMigrations to the fx app, or apply the files in migrations/
+// with your own tool, before the first enqueue or dispatcher start.
+var ErrNotMigrated = errors.New("outbox: the outbox is not migrated")
+
+// notMigratedError wraps a driver error that says the outbox's objects are
+// missing, so that it matches both ErrNotMigrated and the cause.
+type notMigratedError struct {
+	schema string
+	err    error
+}
+
+func (e *notMigratedError) Error() string {
+	return fmt.Sprintf("%v: %v (the outbox tables are missing from schema %q: run Client.Migrate, "+
+		"or add outbox.WithMigrations to the fx app, or apply modkit's migrations/ with your tool, before enqueueing or dispatching)",
+		ErrNotMigrated, e.err, e.schema)
+}
+
+func (e *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.err} }
+
+// notMigrated reports whether err says the outbox's objects do not exist:
+// PostgreSQL's undefined_table (42P01), undefined_function (42883) or
+// invalid_schema_name (3F000). The outbox's own statements name only its
+// own objects, so these mean the migrations have not run.
+func notMigrated(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "42P01", "42883", "3F000":
+		return true
+	}
+	return false
+}
+
 // enqueueError turns driver failures into errors that say what to do.
 func (c *Client) enqueueError(what string, err error) error {
 	switch {
 	case errors.Is(err, db.ErrUnsupportedRunner):
 		return fmt.Errorf("outbox: %s: %w", what, err)
+	case notMigrated(err):
+		return fmt.Errorf("outbox: %s: %w", what, &notMigratedError{schema: c.cfg.Schema, err: err})
 	case errors.Is(err, driver.ErrInvisibleDuplicate):
 		return fmt.Errorf("outbox: %s: %w (REPEATABLE READ or SERIALIZABLE isolation, or it was just purged); retry the transaction", what, err)
 	case c.store.Fatal(err):
