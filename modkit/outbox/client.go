@@ -152,6 +152,9 @@ func (c *Client) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// Config returns the configuration in force, defaults filled in.
+func (c *Client) Config() Config { return c.cfg }
+
 // Admin returns the client's operator API.
 func (c *Client) Admin() *Admin { return c.admin }
 
