@@ -49,7 +49,8 @@ type DispatcherConfig struct {
 	// LeaseDuration/5, at most 5s. Must be below LeaseDuration.
 	LeaseHeadroom time.Duration
 	// PollInterval is how often the dispatcher looks for due events when
-	// nothing wakes it. At most LeaseDuration/3, so that a live lease is
+	// nothing wakes it (a notification, or a retry it scheduled itself
+	// falling due). At most LeaseDuration/3, so that a live lease is
 	// never taken for a crashed one. Default 1s (or LeaseDuration/3).
 	PollInterval time.Duration
 	// Concurrency bounds the publish calls in flight across all topics.
