@@ -252,15 +252,20 @@ func (e *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.e
 // invalid_schema_name (3F000). The outbox's own statements name only its
 // own objects, so these mean the migrations have not run.
 func notMigrated(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
+	switch pgCode(err) {
 	case "42P01", "42883", "3F000":
 		return true
 	}
 	return false
+}
+
+// pgCode is the SQLSTATE of a PostgreSQL error in err's chain, or "".
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }
 
 // enqueueError turns driver failures into errors that say what to do.
@@ -270,6 +275,8 @@ func (c *Client) enqueueError(what string, err error) error {
 		return fmt.Errorf("outbox: %s: %w", what, err)
 	case notMigrated(err):
 		return fmt.Errorf("outbox: %s: %w", what, &notMigratedError{schema: c.cfg.Schema, err: err})
+	case pgCode(err) == "25P02": // in_failed_sql_transaction
+		return fmt.Errorf("outbox: %s: %w (an earlier statement of this transaction failed: roll it back and retry the whole transaction)", what, err)
 	case errors.Is(err, driver.ErrInvisibleDuplicate):
 		return fmt.Errorf("outbox: %s: %w (REPEATABLE READ or SERIALIZABLE isolation, or it was just purged); retry the transaction", what, err)
 	case c.store.Fatal(err):

@@ -45,3 +45,22 @@ func TestNotMigratedSaysWhatToDo(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Enqueueing in a transaction that an earlier statement broke says to roll
+// it back, instead of PostgreSQL's bare "current transaction is aborted".
+func TestEnqueueInFailedTransactionSaysRollBack(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	tx, err := tdb.Provider.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	_, err = c.Enqueue(ctx, tx, msg(1))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25P02" || !strings.Contains(err.Error(), "roll it back") {
+		t.Fatalf("enqueue in an aborted transaction: %v", err)
+	}
+}
