@@ -1,11 +1,13 @@
 package outboxtest_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
@@ -51,5 +53,39 @@ func TestDrain(t *testing.T) {
 	// Nothing left: Drain returns at once with nothing.
 	if again := outboxtest.Drain(t, c, rec.Publisher(placed)); len(again) != 0 {
 		t.Fatalf("second drain published %+v", again)
+	}
+}
+
+// Drain serves transactional handlers too, and a Recorder can be waited on
+// while a dispatcher of one's own runs.
+func TestDrainHandleTxAndRecorderWait(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (order_id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, c, pool, shipped, `{"id":"o-1"}`)
+	published := outboxtest.Drain(t, c, outbox.Publisher{Topic: shipped,
+		HandleTx: func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+			_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1::jsonb->>'id')`, string(d.Payload))
+			return err
+		}})
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM shipments WHERE order_id = 'o-1'`).Scan(&n); err != nil || n != 1 || len(published) != 1 {
+		t.Fatalf("handled %d shipments (%v), published %d", n, err, len(published))
+	}
+
+	rec := outboxtest.NewRecorder()
+	d, err := c.NewDispatcher(outbox.DispatcherConfig{}, rec.Publisher(placed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(ctx) })
+	enqueue(t, c, pool, placed, `{"id":"o-2"}`)
+	if got := rec.Wait(t, 1); string(got[0].Payload) != `{"id": "o-2"}` {
+		t.Fatalf("recorded %+v", got)
 	}
 }
