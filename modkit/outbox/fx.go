@@ -25,7 +25,9 @@ import (
 // Module all the same.
 //
 // Add WithMigrations to have the app migrate the outbox (and, optionally,
-// its own tables) when it starts.
+// its own tables) when it starts. A start hook of your own that migrates is
+// not enough: fx runs the hooks in the order the modules were wired, so the
+// dispatcher's may come first and find no tables.
 //
 // A module contributes a publisher like this:
 //
