@@ -8,7 +8,9 @@
 //   - Runner is "the caller's connection or transaction, whatever library
 //     opened it": modkit calls that take one (outbox Enqueue, for example)
 //     run their SQL through it, so their writes commit or roll back with
-//     the caller's. AsQuerier adapts one to a small common interface.
+//     the caller's. pgx values are Runners as they are; SQL wraps a
+//     database/sql or bun handle; anything else does not compile.
+//     AsQuerier adapts one to a small common interface.
 //   - InTx runs a function in a pgx transaction: commit on nil, rollback on
 //     error or panic.
 //   - Migrator applies versioned NNNN_name.up.sql / .down.sql files

@@ -94,7 +94,7 @@ var migrationFile = regexp.MustCompile(`^(\d+)_([A-Za-z0-9_]+)\.(up|down)\.sql$`
 // database.
 func NewMigrator(pool *pgxpool.Pool, cfg MigratorConfig) (*Migrator, error) {
 	if pool == nil {
-		return nil, errors.New("modkit/db: NewMigrator needs a pool")
+		return nil, errors.New("modkit/db: NewMigrator needs a pool: pass the *pgxpool.Pool, for example Provider.Pool")
 	}
 	if cfg.Schema == "" {
 		cfg.Schema = SchemaDefault

@@ -78,7 +78,8 @@ func open(ctx context.Context, cfg Config) (*Provider, error) {
 // Ping checks that the database answers.
 func (p *Provider) Ping(ctx context.Context) error {
 	if err := p.Pool.Ping(ctx); err != nil {
-		return fmt.Errorf("modkit/db: connect to %s: %w", redactDSN(p.Pool.Config()), err)
+		return fmt.Errorf("modkit/db: connect to %s: %w (check Config.DSN, for example DATABASE_URL, and that the server accepts connections)",
+			redactDSN(p.Pool.Config()), err)
 	}
 	return nil
 }

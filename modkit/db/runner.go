@@ -11,26 +11,32 @@ import (
 	"github.com/uptrace/bun"
 )
 
-// Runner is the caller's own connection or transaction, whatever library the
-// caller uses. Calls that take a Runner run their SQL through it, so the work
-// joins the caller's transaction: it becomes visible on commit and vanishes on
-// rollback.
+// Runner is the caller's own connection or transaction. Calls that take a
+// Runner run their SQL through it, so the work joins the caller's
+// transaction: it becomes visible on commit and vanishes on rollback.
 //
-// Accepted values:
+// Runner is pgx's method set, so pgx values are Runners as they are:
+// pgx.Tx, *pgxpool.Pool, *pgxpool.Conn and *pgx.Conn. database/sql and bun
+// values go through SQL, which checks their type at compile time too:
 //
-//   - pgx: pgx.Tx, *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn (anything with
-//     pgx's Exec, Query and QueryRow methods);
-//   - bun: bun.Tx, *bun.Tx, *bun.DB, bun.Conn, or any of them held in a bun.IDB;
-//   - database/sql: *sql.Tx, *sql.DB, *sql.Conn (anything with ExecContext,
-//     QueryContext and QueryRowContext that passes $1-style arguments through).
+//	client.Enqueue(ctx, tx, msg)         // tx is a pgx.Tx
+//	client.Enqueue(ctx, db.SQL(tx), msg) // tx is a bun.Tx, a *sql.Tx, a bun.IDB, …
 //
-// Any other value makes the call fail with ErrUnsupportedRunner before any SQL
-// runs.
-type Runner = any
+// Passing anything else (a *sql.Tx without SQL, a string) does not compile.
+// Go offers no single interface that both pgx and database/sql types
+// satisfy, and a type union cannot name interfaces such as pgx.Tx, hence
+// the adapter for the second family. A nil Runner, or SQL of a nil pointer,
+// makes the call fail with ErrUnsupportedRunner before any SQL runs.
+type Runner interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
-// ErrUnsupportedRunner is returned when a Runner is not one of the accepted
-// connection or transaction types.
-var ErrUnsupportedRunner = errors.New("modkit/db: unsupported runner: pass a pgx.Tx, *pgxpool.Pool, *pgx.Conn, bun.Tx, bun.IDB, *sql.Tx or *sql.DB")
+// ErrUnsupportedRunner is returned when a Runner is nil or wraps a nil
+// handle, or when AsQuerier is given a value of no supported type.
+var ErrUnsupportedRunner = errors.New("modkit/db: unsupported runner: pass a pgx.Tx, *pgxpool.Pool or *pgx.Conn, " +
+	"or wrap a database/sql or bun handle (*sql.Tx, *sql.DB, bun.Tx, bun.IDB, …) with db.SQL")
 
 // Querier is the small common surface that every Runner is adapted to. SQL
 // uses PostgreSQL's $1, $2, … placeholders whatever the driver.
@@ -69,14 +75,6 @@ func (noRowsError) Is(target error) bool {
 	return target == pgx.ErrNoRows || target == sql.ErrNoRows
 }
 
-// PgxQuerier is the method set shared by pgx.Tx, *pgxpool.Pool,
-// *pgxpool.Conn and *pgx.Conn.
-type PgxQuerier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // SQLQuerier is the method set shared by *sql.DB, *sql.Tx and *sql.Conn.
 type SQLQuerier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
@@ -84,44 +82,77 @@ type SQLQuerier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// AsQuerier adapts a Runner. bun values are unwrapped to the database/sql
-// handle they embed, because bun's own query methods rewrite ? placeholders
-// and inline arguments.
-func AsQuerier(r Runner) (Querier, error) {
+// AsQuerier adapts a Runner, or a value that reached a driver untyped (an
+// engine's driver receives runners as any): pgx values, SQL's result, and
+// the database/sql and bun handles themselves. bun values are unwrapped to
+// the database/sql handle they embed, because bun's own query methods
+// rewrite ? placeholders and inline arguments.
+func AsQuerier(r any) (Querier, error) {
 	switch v := r.(type) {
 	case nil:
 		return nil, fmt.Errorf("%w (got nil)", ErrUnsupportedRunner)
 	case Querier:
 		return v, nil
-	case PgxQuerier:
+	case sqlRunner:
+		if v.err != nil {
+			return nil, v.err
+		}
+		return sqlQuerier{v.q}, nil
+	case Runner:
 		return pgxQuerier{v}, nil
-	case bun.Tx:
-		return sqlQuerier{v.Tx}, nil
-	case *bun.Tx:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *bun.Tx)", ErrUnsupportedRunner)
-		}
-		return sqlQuerier{v.Tx}, nil
-	case *bun.DB:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *bun.DB)", ErrUnsupportedRunner)
-		}
-		return sqlQuerier{v.DB}, nil
-	case bun.Conn:
-		return sqlQuerier{v.Conn}, nil
-	case *bun.Conn:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *bun.Conn)", ErrUnsupportedRunner)
-		}
-		return sqlQuerier{v.Conn}, nil
 	case SQLQuerier:
-		return sqlQuerier{v}, nil
+		q, err := unwrapSQL(v)
+		if err != nil {
+			return nil, err
+		}
+		return sqlQuerier{q}, nil
 	default:
 		return nil, fmt.Errorf("%w (got %T)", ErrUnsupportedRunner, r)
 	}
 }
 
-type pgxQuerier struct{ q PgxQuerier }
+// unwrapSQL returns the database/sql handle under a bun value, and q itself
+// for a database/sql one.
+func unwrapSQL(q SQLQuerier) (SQLQuerier, error) {
+	switch v := q.(type) {
+	case nil:
+		return nil, fmt.Errorf("%w (got nil)", ErrUnsupportedRunner)
+	case bun.Tx:
+		return v.Tx, nil
+	case *bun.Tx:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *bun.Tx)", ErrUnsupportedRunner)
+		}
+		return v.Tx, nil
+	case *bun.DB:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *bun.DB)", ErrUnsupportedRunner)
+		}
+		return v.DB, nil
+	case bun.Conn:
+		return v.Conn, nil
+	case *bun.Conn:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *bun.Conn)", ErrUnsupportedRunner)
+		}
+		return v.Conn, nil
+	case *sql.Tx:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *sql.Tx)", ErrUnsupportedRunner)
+		}
+	case *sql.DB:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *sql.DB)", ErrUnsupportedRunner)
+		}
+	case *sql.Conn:
+		if v == nil {
+			return nil, fmt.Errorf("%w (got nil *sql.Conn)", ErrUnsupportedRunner)
+		}
+	}
+	return q, nil
+}
+
+type pgxQuerier struct{ q Runner }
 
 func (p pgxQuerier) Exec(ctx context.Context, sql string, args ...any) (int64, error) {
 	tag, err := p.q.Exec(ctx, sql, args...)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -46,7 +48,7 @@ func runnerKinds() []runnerKind {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return tx, tx.Commit, tx.Rollback
+			return db.SQL(tx), tx.Commit, tx.Rollback
 		}},
 		{"bun.IDB(tx)", func(t *testing.T, p *db.Provider) (db.Runner, func() error, func() error) {
 			tx, err := p.Bun.BeginTx(ctx, nil)
@@ -54,21 +56,21 @@ func runnerKinds() []runnerKind {
 				t.Fatal(err)
 			}
 			var idb bun.IDB = &tx
-			return idb, tx.Commit, tx.Rollback
+			return db.SQL(idb), tx.Commit, tx.Rollback
 		}},
 		{"bun.IDB(db)", func(t *testing.T, p *db.Provider) (db.Runner, func() error, func() error) {
 			var idb bun.IDB = p.Bun
-			return idb, nil, nil
+			return db.SQL(idb), nil, nil
 		}},
 		{"*sql.Tx", func(t *testing.T, p *db.Provider) (db.Runner, func() error, func() error) {
 			tx, err := p.SQL.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return tx, tx.Commit, tx.Rollback
+			return db.SQL(tx), tx.Commit, tx.Rollback
 		}},
 		{"*sql.DB", func(t *testing.T, p *db.Provider) (db.Runner, func() error, func() error) {
-			return p.SQL, nil, nil
+			return db.SQL(p.SQL), nil, nil
 		}},
 	}
 }
@@ -156,6 +158,68 @@ func TestAsQuerierRejectsUnsupported(t *testing.T) {
 	for _, r := range []any{nil, 42, "postgres://", (*bun.Tx)(nil), (*bun.DB)(nil)} {
 		if _, err := db.AsQuerier(r); !errors.Is(err, db.ErrUnsupportedRunner) {
 			t.Errorf("AsQuerier(%#v): want ErrUnsupportedRunner, got %v", r, err)
+		}
+	}
+}
+
+// Every supported handle is a Runner at compile time: pgx values as they
+// are, database/sql and bun values through db.SQL.
+var (
+	_ db.Runner = pgx.Tx(nil)
+	_ db.Runner = (*pgxpool.Pool)(nil)
+	_ db.Runner = (*pgxpool.Conn)(nil)
+	_ db.Runner = (*pgx.Conn)(nil)
+	_ db.Runner = db.SQL((*sql.Tx)(nil))
+	_ db.Runner = db.SQL((*sql.DB)(nil))
+	_ db.Runner = db.SQL((*sql.Conn)(nil))
+	_ db.Runner = db.SQL(bun.Tx{})
+	_ db.Runner = db.SQL(bun.IDB(nil))
+)
+
+// db.SQL's result works as a pgx-shaped Runner when called directly.
+func TestSQLRunnerMethods(t *testing.T) {
+	ctx := context.Background()
+	p := pgtest.NewDB(t).Provider
+	for name, r := range map[string]db.Runner{"*sql.DB": db.SQL(p.SQL), "*bun.DB": db.SQL(p.Bun)} {
+		t.Run(name, func(t *testing.T) {
+			table := pgx.Identifier{"probe_" + strings.NewReplacer("*", "", ".", "_").Replace(name)}.Sanitize()
+			if _, err := r.Exec(ctx, "CREATE TABLE "+table+" (v int)"); err != nil {
+				t.Fatal(err)
+			}
+			tag, err := r.Exec(ctx, "INSERT INTO "+table+" VALUES ($1), ($2)", 1, 2)
+			if err != nil || tag.RowsAffected() != 2 {
+				t.Fatalf("Exec: %v rows, %v", tag.RowsAffected(), err)
+			}
+			rows, err := r.Query(ctx, "SELECT v FROM "+table+" WHERE v >= $1 ORDER BY v", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fds := rows.FieldDescriptions(); len(fds) != 1 || fds[0].Name != "v" {
+				t.Fatalf("FieldDescriptions: %+v", fds)
+			}
+			var got []any
+			for rows.Next() {
+				vals, err := rows.Values()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, vals...)
+			}
+			rows.Close()
+			if rows.Err() != nil || len(got) != 2 || got[0] != int64(1) || got[1] != int64(2) {
+				t.Fatalf("Query: %v, %v", got, rows.Err())
+			}
+			if err := r.QueryRow(ctx, "SELECT v FROM "+table+" WHERE false").Scan(new(int)); !errors.Is(err, pgx.ErrNoRows) {
+				t.Fatalf("QueryRow with no row: %v, want pgx.ErrNoRows", err)
+			}
+		})
+	}
+	for _, r := range []db.Runner{db.SQL(nil), db.SQL((*sql.Tx)(nil)), db.SQL((*bun.Tx)(nil))} {
+		if _, err := r.Exec(ctx, "SELECT 1"); !errors.Is(err, db.ErrUnsupportedRunner) {
+			t.Errorf("Exec through %#v: %v, want ErrUnsupportedRunner", r, err)
+		}
+		if _, err := db.AsQuerier(r); !errors.Is(err, db.ErrUnsupportedRunner) {
+			t.Errorf("AsQuerier(%#v): %v, want ErrUnsupportedRunner", r, err)
 		}
 	}
 }

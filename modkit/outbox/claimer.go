@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -17,13 +19,25 @@ import (
 // It claims while it knows of due work and there is room, then waits for
 // room, a wake-up, a re-check or the poll timer. A wake-up opens a wake
 // window (WakeWindow) in which it re-checks at short, growing intervals;
-// each claim that finds events extends the window.
-func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool, wake <-chan struct{}) error {
+// each claim that finds events extends the window. A retry recorded by the
+// completer arms a timer for its due time, which opens a wake window too,
+// so a retry is claimed when it falls due rather than at the next poll.
+func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool, wake <-chan struct{}, due *dueTimes) error {
 	poll := time.NewTimer(d.cfg.PollInterval)
 	defer poll.Stop()
 	recheck := time.NewTimer(time.Hour)
 	recheck.Stop()
 	defer recheck.Stop()
+	dueTimer := time.NewTimer(time.Hour)
+	dueTimer.Stop()
+	defer dueTimer.Stop()
+	var armedFor time.Time // when dueTimer fires; zero when stopped
+	armDue := func() {
+		if next, ok := due.earliest(); ok && (armedFor.IsZero() || next.Before(armedFor)) {
+			armedFor = next
+			resetTimer(dueTimer, time.Until(next))
+		}
+	}
 	var hotUntil time.Time // end of the wake window
 	recheckIn := d.cfg.WakeRecheck
 	isReady, wantClaim, errDelay := false, true, time.Duration(0)
@@ -39,8 +53,12 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 				}
 				return nil
 			case err != nil:
+				if !isReady && notMigrated(err) {
+					return fmt.Errorf("outbox dispatcher cannot claim: %w", &notMigratedError{schema: d.c.cfg.Schema, err: err})
+				}
 				if !isReady && d.c.store.Fatal(err) {
-					return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run? see Client.Migrate)", d.c.cfg.Schema, err)
+					return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run, and may this role "+
+						"read and write the outbox tables? see Client.Migrate)", d.c.cfg.Schema, err)
 				}
 				d.setClaimErr(err)
 				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
@@ -92,6 +110,15 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			hotUntil, recheckIn = time.Now().Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
 		case <-recheck.C:
 			wantClaim = true
+		case <-due.added:
+			armDue()
+		case <-dueTimer.C:
+			now := time.Now()
+			armedFor = time.Time{}
+			due.popDue(now)
+			armDue()
+			wantClaim = true
+			hotUntil, recheckIn = now.Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
 		case <-poll.C:
 			wantClaim = true
 			resetTimer(poll, d.cfg.PollInterval)
@@ -126,4 +153,63 @@ func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed) {
 		d.log.Warn("could not give back events claimed while stopping; they are delivered again when their lease ends",
 			"count", len(got), "error", err)
 	}
+}
+
+// dueTimesMax bounds the retry due times a dispatcher remembers; retries
+// beyond it wait for the poll.
+const dueTimesMax = 4096
+
+// dueTimes holds the due times of the retries this dispatcher recorded, for
+// the claimer's wake-up timer.
+type dueTimes struct {
+	mu    sync.Mutex
+	times timeHeap
+	// added is signalled (without blocking) when a time is added.
+	added chan struct{}
+}
+
+func newDueTimes() *dueTimes { return &dueTimes{added: make(chan struct{}, 1)} }
+
+func (q *dueTimes) add(t time.Time) {
+	q.mu.Lock()
+	if len(q.times) < dueTimesMax {
+		heap.Push(&q.times, t)
+	}
+	q.mu.Unlock()
+	select {
+	case q.added <- struct{}{}:
+	default:
+	}
+}
+
+func (q *dueTimes) earliest() (time.Time, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.times) == 0 {
+		return time.Time{}, false
+	}
+	return q.times[0], true
+}
+
+// popDue forgets the times at or before now.
+func (q *dueTimes) popDue(now time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.times) > 0 && !q.times[0].After(now) {
+		heap.Pop(&q.times)
+	}
+}
+
+// timeHeap is a min-heap of times (container/heap).
+type timeHeap []time.Time
+
+func (h timeHeap) Len() int           { return len(h) }
+func (h timeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h timeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *timeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *timeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -151,11 +152,15 @@ func (c *Client) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// Config returns the configuration in force, defaults filled in.
+func (c *Client) Config() Config { return c.cfg }
+
 // Admin returns the client's operator API.
 func (c *Client) Admin() *Admin { return c.admin }
 
 // Enqueue writes msg through tx, the caller's own transaction or connection
-// (any modkit/db Runner: pgx, bun or database/sql). The event becomes
+// (a modkit/db Runner: a pgx.Tx or pool as it is, a bun or database/sql
+// handle wrapped with db.SQL). The event becomes
 // visible to dispatchers when tx commits, and vanishes if it rolls back.
 //
 // A message whose (Namespace, Topic, DedupeKey) matches an existing row is
@@ -221,11 +226,57 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 	return out, nil
 }
 
+// ErrNotMigrated matches errors of calls that found the outbox's tables (or
+// schema, or functions) missing from Config.Schema: run Client.Migrate, add
+// outbox.WithMigrations to the fx app, or apply the files in migrations/
+// with your own tool, before the first enqueue or dispatcher start.
+var ErrNotMigrated = errors.New("outbox: the outbox is not migrated")
+
+// notMigratedError wraps a driver error that says the outbox's objects are
+// missing, so that it matches both ErrNotMigrated and the cause.
+type notMigratedError struct {
+	schema string
+	err    error
+}
+
+func (e *notMigratedError) Error() string {
+	return fmt.Sprintf("%v: %v (the outbox tables are missing from schema %q: run Client.Migrate, "+
+		"or add outbox.WithMigrations to the fx app, or apply modkit's migrations/ with your tool, before enqueueing or dispatching)",
+		ErrNotMigrated, e.err, e.schema)
+}
+
+func (e *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.err} }
+
+// notMigrated reports whether err says the outbox's objects do not exist:
+// PostgreSQL's undefined_table (42P01), undefined_function (42883) or
+// invalid_schema_name (3F000). The outbox's own statements name only its
+// own objects, so these mean the migrations have not run.
+func notMigrated(err error) bool {
+	switch pgCode(err) {
+	case "42P01", "42883", "3F000":
+		return true
+	}
+	return false
+}
+
+// pgCode is the SQLSTATE of a PostgreSQL error in err's chain, or "".
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
 // enqueueError turns driver failures into errors that say what to do.
 func (c *Client) enqueueError(what string, err error) error {
 	switch {
 	case errors.Is(err, db.ErrUnsupportedRunner):
 		return fmt.Errorf("outbox: %s: %w", what, err)
+	case notMigrated(err):
+		return fmt.Errorf("outbox: %s: %w", what, &notMigratedError{schema: c.cfg.Schema, err: err})
+	case pgCode(err) == "25P02": // in_failed_sql_transaction
+		return fmt.Errorf("outbox: %s: %w (an earlier statement of this transaction failed: roll it back and retry the whole transaction)", what, err)
 	case errors.Is(err, driver.ErrInvisibleDuplicate), errors.Is(err, driver.ErrSerialization):
 		return fmt.Errorf("outbox: %s: %w: %w", what, ErrConflict, err)
 	case c.store.Fatal(err):

@@ -39,7 +39,7 @@ type Outcome struct {
 	Error string
 }
 
-func (d *Dispatcher) completer(ctx context.Context, results <-chan result) {
+func (d *Dispatcher) completer(ctx context.Context, results <-chan result, due *dueTimes) {
 	batch := make([]result, 0, completeMaxBatch)
 	for first := range results {
 		batch = append(batch[:0], first)
@@ -55,7 +55,7 @@ func (d *Dispatcher) completer(ctx context.Context, results <-chan result) {
 				break drain
 			}
 		}
-		d.settle(ctx, batch)
+		d.settle(ctx, batch, due)
 	}
 }
 
@@ -85,7 +85,7 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	return o, out
 }
 
-func (d *Dispatcher) settle(ctx context.Context, batch []result) {
+func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) {
 	outcomes := make([]driver.Outcome, 0, len(batch))
 	reports := make([]Outcome, 0, len(batch))
 	kept := batch[:0:0]
@@ -110,11 +110,17 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result) {
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		// The database sets each retry's next_attempt_at from its clock
+		// during Complete: a wake-up at start+delay may come a little early,
+		// and the wake window it opens re-checks until the retry is due.
+		start := time.Now()
 		settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
 		if err == nil {
 			for i, ok := range settled {
 				if !ok {
 					reports[i] = Outcome{LeaseLost: true, Abandoned: reports[i].Abandoned}
+				} else if outcomes[i].Kind == driver.Retry {
+					due.add(start.Add(outcomes[i].Delay))
 				}
 				d.record(kept[i], reports[i])
 			}

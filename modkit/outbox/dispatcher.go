@@ -49,7 +49,8 @@ type DispatcherConfig struct {
 	// LeaseDuration/5, at most 5s. Must be below LeaseDuration.
 	LeaseHeadroom time.Duration
 	// PollInterval is how often the dispatcher looks for due events when
-	// nothing wakes it. At most LeaseDuration/3, so that a live lease is
+	// nothing wakes it (a notification, or a retry it scheduled itself
+	// falling due). At most LeaseDuration/3, so that a live lease is
 	// never taken for a crashed one. Default 1s (or LeaseDuration/3).
 	PollInterval time.Duration
 	// Concurrency bounds the publish calls in flight across all topics.
@@ -284,7 +285,8 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	}()
 
 	completerDone := make(chan struct{})
-	go func() { defer close(completerDone); d.completer(flushCtx, results) }()
+	due := newDueTimes()
+	go func() { defer close(completerDone); d.completer(flushCtx, results, due) }()
 	var helpers sync.WaitGroup
 	if !d.cfg.PollOnly {
 		helpers.Add(1)
@@ -293,7 +295,7 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	helpers.Add(1)
 	go func() { defer helpers.Done(); d.maintenance(ctx) }()
 
-	err := d.claimer(ctx, ready, pool, wake)
+	err := d.claimer(ctx, ready, pool, wake, due)
 	cancelRun()
 	stopNow() // the claimer may also have ended on its own
 	stopStarted := *stopAt.Load()

@@ -2,7 +2,8 @@
 // and reliably tell someone about it.
 //
 // A module writes its domain rows and an event in one transaction, through
-// whatever it already uses (pgx, bun or database/sql). A Dispatcher, run as
+// whatever it already uses (a pgx.Tx as it is; a bun or database/sql
+// transaction wrapped with db.SQL). A Dispatcher, run as
 // a lifecycle task in an fx app (see Module) or on its own, claims due events
 // in batches under a lease, hands each to the Publisher that the owning
 // module registered for its (namespace, topic), and records the outcome:
@@ -31,6 +32,11 @@
 //	d, err := client.NewDispatcher(outbox.DispatcherConfig{}, outbox.Publisher{
 //		Topic: outbox.Topic{Namespace: "mini-chat", Topic: "usage_snapshot"}, Publish: sendToBilling})
 //	err = d.Start(ctx) // … d.Stop(ctx) at shutdown
+//
+// In an fx app, Module provides the Client and runs the dispatcher, and
+// WithMigrations migrates before anything starts. TypedTopic binds a topic
+// to a Go payload type on both sides. Package outboxtest holds the helpers
+// for a module's tests (RequireEnqueued, Drain, a per-test database).
 //
 // # Guarantees
 //
@@ -74,12 +80,16 @@
 //
 // # Failure modes
 //
+//   - Not migrated: enqueues and dispatcher starts fail with an error
+//     matching ErrNotMigrated that says how to migrate.
 //   - Database unavailable: claims and outcome writes are retried with
 //     capped backoff, and Health reports failing claims; events whose
 //     outcomes could not be recorded before their lease ended are delivered
 //     again.
 //   - Lost notifications: LISTEN is only a wake-up. Polling every
 //     PollInterval always runs, and a lost LISTEN connection is re-opened.
+//     Retries need neither: the dispatcher that scheduled one wakes itself
+//     when it falls due.
 //   - Publisher panics are recovered, logged with a stack, and count as a
 //     failed attempt.
 //   - A publisher that ignores its context: see topic isolation above. Its

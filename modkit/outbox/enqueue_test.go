@@ -42,7 +42,7 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return tx, tx.Commit, tx.Rollback
+			return db.SQL(tx), tx.Commit, tx.Rollback
 		}},
 		{"bun.IDB", func() (db.Runner, func() error, func() error) {
 			tx, err := p.Bun.BeginTx(ctx, nil)
@@ -50,14 +50,14 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 				t.Fatal(err)
 			}
 			var idb bun.IDB = &tx
-			return idb, tx.Commit, tx.Rollback
+			return db.SQL(idb), tx.Commit, tx.Rollback
 		}},
 		{"*sql.Tx", func() (db.Runner, func() error, func() error) {
 			tx, err := p.SQL.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return tx, tx.Commit, tx.Rollback
+			return db.SQL(tx), tx.Commit, tx.Rollback
 		}},
 	}
 	for _, k := range kinds {
@@ -97,7 +97,7 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 		})
 	}
 	// Connections (autocommit) work too.
-	for name, r := range map[string]db.Runner{"pool": p.Pool, "*sql.DB": p.SQL, "*bun.DB": p.Bun} {
+	for name, r := range map[string]db.Runner{"pool": p.Pool, "*sql.DB": db.SQL(p.SQL), "*bun.DB": db.SQL(p.Bun)} {
 		res, err := c.Enqueue(ctx, r, msg(2))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -106,8 +106,12 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 			t.Fatalf("%s: row not visible", name)
 		}
 	}
-	if _, err := c.Enqueue(ctx, "not a runner", msg(3)); !errors.Is(err, db.ErrUnsupportedRunner) {
-		t.Fatalf("unsupported runner: %v", err)
+	// A wrong type does not compile; a nil runner (or a wrapped nil handle)
+	// is refused before any SQL runs.
+	for _, r := range []db.Runner{nil, db.SQL((*sql.Tx)(nil)), db.SQL((*bun.DB)(nil))} {
+		if _, err := c.Enqueue(ctx, r, msg(3)); !errors.Is(err, db.ErrUnsupportedRunner) {
+			t.Fatalf("runner %#v: %v, want ErrUnsupportedRunner", r, err)
+		}
 	}
 }
 
@@ -560,7 +564,7 @@ func TestEnqueueBatchLarge(t *testing.T) {
 		},
 		"pool": func(f func(db.Runner) error) error { return f(pool) },
 		"bun.Tx": func(f func(db.Runner) error) error {
-			return tdb.Provider.Bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return f(tx) })
+			return tdb.Provider.Bun.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return f(db.SQL(tx)) })
 		},
 	}
 	for name, run := range runners {

@@ -1,7 +1,11 @@
 package outbox
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
+	"reflect"
+	"runtime"
 
 	"go.uber.org/fx"
 
@@ -16,8 +20,14 @@ import (
 // the *Client (for enqueues and Admin) and a *Dispatcher for the
 // publishers, which starts with the app (the start waits until it is ready)
 // and stops with it; if it fails on its own, it asks the app to shut down.
-// With no publisher registered the *Dispatcher is nil and nothing runs: a
-// service that only enqueues includes Module all the same.
+// With no publisher registered the *Dispatcher is nil, nothing runs and
+// Module says so once in the log: a service that only enqueues includes
+// Module all the same.
+//
+// Add WithMigrations to have the app migrate the outbox (and, optionally,
+// its own tables) when it starts. A start hook of your own that migrates is
+// not enough: fx runs the hooks in the order the modules were wired, so the
+// dispatcher's may come first and find no tables.
 //
 // A module contributes a publisher like this:
 //
@@ -33,19 +43,120 @@ var Module = fx.Module("modkit-outbox",
 	}),
 )
 
+// WithMigrations makes the app apply the outbox's migrations (into
+// Config.Schema) when it starts, followed by the application's own sets
+// given as app (each run by a modkit/db Migrator on the *db.Provider's
+// pool; give each set its own MigratorConfig.Table). They run after the
+// database is reachable and before the start hook of anything built from
+// the outbox *Client, the dispatcher included, whatever order the modules
+// are listed in. Add it once, next to Module:
+//
+//	fx.New(db.Module, outbox.Module, outbox.WithMigrations(db.MigratorConfig{
+//		Schema: "shop", FS: shopMigrations, Table: "shop_schema_migrations",
+//	}), …)
+//
+// Migrations are safe to run from several replicas at once (an advisory
+// lock serialises them) and do nothing when the schema is up to date. They
+// run within fx's start timeout. A migration that fails stops the app from
+// starting, with the migrator's error.
+func WithMigrations(app ...db.MigratorConfig) fx.Option {
+	return fx.Module("modkit-outbox-migrations",
+		fx.Supply(appMigrations(app)),
+		fx.Provide(newFxMigrations),
+		fx.Invoke(func(*fxMigrations) {}),
+	)
+}
+
+// appMigrations carries WithMigrations' app sets into the graph.
+type appMigrations []db.MigratorConfig
+
+// fxMigrations stands for "the migrations hook is registered": the *Client
+// depends on it, so every start hook registered by something built from the
+// client comes after the migrations.
+type fxMigrations struct{}
+
+type fxMigrationsParams struct {
+	fx.In
+	Lifecycle fx.Lifecycle
+	DB        *db.Provider
+	App       appMigrations
+	Config    Config       `optional:"true"`
+	Logger    *slog.Logger `optional:"true"`
+}
+
+func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
+	cfg := p.Config
+	if cfg.Logger == nil {
+		cfg.Logger = p.Logger
+	}
+	// A client of its own: the graph's *Client depends on this hook.
+	client, err := New(outboxpg.New(p.DB.Pool), cfg)
+	if err != nil {
+		return nil, err
+	}
+	migrators := make([]*db.Migrator, len(p.App))
+	for i, mc := range p.App {
+		if mc.Logger == nil {
+			mc.Logger = client.cfg.Logger
+		}
+		if migrators[i], err = db.NewMigrator(p.DB.Pool, mc); err != nil {
+			return nil, fmt.Errorf("outbox.WithMigrations: app migrations %d (table %q): %w", i, mc.Table, err)
+		}
+	}
+	p.Lifecycle.Append(fx.Hook{OnStart: func(ctx context.Context) error {
+		if err := client.Migrate(ctx); err != nil {
+			return err
+		}
+		for i, m := range migrators {
+			if _, err := m.Up(ctx); err != nil {
+				return fmt.Errorf("outbox.WithMigrations: app migrations %d (table %q): %w", i, p.App[i].Table, err)
+			}
+		}
+		return nil
+	}})
+	return &fxMigrations{}, nil
+}
+
 const publisherGroup = "outbox_publishers"
 
-// AsPublisher annotates a constructor returning a Publisher so that Module
-// collects it.
+var publisherType = reflect.TypeFor[Publisher]()
+
+// AsPublisher annotates a constructor so that Module collects the Publisher
+// it returns. The constructor must be a function returning a Publisher, or
+// a Publisher and an error; its parameters come from the graph. Anything
+// else makes the app fail at construction with an error naming it.
 func AsPublisher(constructor any) any {
+	if err := checkPublisherConstructor(constructor); err != nil {
+		return fx.Annotate(func() (Publisher, error) { return Publisher{}, err }, fx.ResultTags(`group:"`+publisherGroup+`"`))
+	}
 	return fx.Annotate(constructor, fx.ResultTags(`group:"`+publisherGroup+`"`))
+}
+
+func checkPublisherConstructor(constructor any) error {
+	v := reflect.ValueOf(constructor)
+	if v.Kind() != reflect.Func || v.IsNil() {
+		return configError("outbox.AsPublisher(%T): pass a constructor function returning outbox.Publisher "+
+			"(or outbox.Publisher and an error)", constructor)
+	}
+	t := v.Type()
+	errType := reflect.TypeFor[error]()
+	if (t.NumOut() == 1 || t.NumOut() == 2 && t.Out(1) == errType) && t.Out(0) == publisherType {
+		return nil
+	}
+	name := "constructor"
+	if f := runtime.FuncForPC(v.Pointer()); f != nil {
+		name = f.Name()
+	}
+	return configError("outbox.AsPublisher(%s): the constructor is a %s; it must return outbox.Publisher "+
+		"(or outbox.Publisher and an error)", name, t)
 }
 
 type fxClientParams struct {
 	fx.In
-	DB     *db.Provider
-	Config Config       `optional:"true"`
-	Logger *slog.Logger `optional:"true"`
+	DB         *db.Provider
+	Config     Config        `optional:"true"`
+	Logger     *slog.Logger  `optional:"true"`
+	Migrations *fxMigrations `optional:"true"`
 }
 
 func newFxClient(p fxClientParams) (*Client, error) {
@@ -65,6 +176,8 @@ type fxDispatcherParams struct {
 
 func newFxDispatcher(p fxDispatcherParams) (*Dispatcher, error) {
 	if len(p.Publishers) == 0 {
+		p.Client.cfg.Logger.Info("outbox: no publisher registered (outbox.AsPublisher), so no dispatcher runs in this app; "+
+			"its events wait for a dispatcher in another service", "component", "outbox")
 		return nil, nil
 	}
 	return p.Client.NewDispatcher(p.Config, p.Publishers...)

@@ -3,10 +3,15 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 
@@ -75,10 +80,11 @@ func TestFxModuleWithTwoPublishingModules(t *testing.T) {
 }
 
 // A service that only enqueues includes Module with no publisher: the app
-// starts and stops, no dispatcher runs (the *Dispatcher is nil), and the
-// *Client enqueues with the Config from the graph.
+// starts and stops, no dispatcher runs (the *Dispatcher is nil), the log
+// says so once, and the *Client enqueues with the Config from the graph.
 func TestFxModuleWithoutPublishers(t *testing.T) {
 	tdb := pgtest.NewDB(t)
+	logs := &recordingHandler{}
 	var (
 		d      *outbox.Dispatcher
 		client *outbox.Client
@@ -87,7 +93,7 @@ func TestFxModuleWithoutPublishers(t *testing.T) {
 	app := fxtest.New(t,
 		fx.Supply(db.Config{DSN: tdb.DSN}),
 		fx.Supply(outbox.Config{MaxPayloadBytes: 64}),
-		fx.Supply(quietLog),
+		fx.Supply(slog.New(logs)),
 		db.Module,
 		outbox.Module,
 		fx.Populate(&d, &client, &p),
@@ -110,6 +116,9 @@ func TestFxModuleWithoutPublishers(t *testing.T) {
 		t.Fatalf("payload above the supplied Config's limit: %v, want ErrPayloadTooLarge", err)
 	}
 	app.RequireStop()
+	if n := logs.count("no publisher registered"); n != 1 {
+		t.Fatalf("%d log records say that no dispatcher runs, want 1: %q", n, logs.messages())
+	}
 	// Nothing delivered it: it waits, pending, for a dispatcher elsewhere.
 	if e := get(t, clientOn(t, tdb.Provider.Pool, outbox.Config{}), res.ID); e.Status != outbox.StatusPending || e.Attempts != 0 {
 		t.Fatalf("event after the app ran: %+v", e)
@@ -133,4 +142,116 @@ func TestFxModuleRejectsDuplicatePublishers(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, `"one"`) || !strings.Contains(msg, `"two"`) {
 		t.Fatalf("the error must name both publishers: %s", msg)
 	}
+}
+
+// An app that lists its modules in the "wrong" order, with a module whose
+// own start hook enqueues listed first, migrates first: the outbox into a
+// schema no one migrated yet, then the app's own set, then that module's
+// hook runs, then the dispatcher starts and delivers the event.
+func TestFxWithMigrationsRunsBeforeAnyStartHook(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	topic := outbox.Topic{Namespace: "shop", Topic: "order_placed"}
+	appFS := fstest.MapFS{
+		"0001_orders.up.sql":   {Data: []byte(`CREATE TABLE orders (id bigint PRIMARY KEY)`)},
+		"0001_orders.down.sql": {Data: []byte(`DROP TABLE orders`)},
+	}
+	delivered := make(chan outbox.Delivery, 1)
+	orders := fx.Module("orders",
+		fx.Invoke(func(lc fx.Lifecycle, c *outbox.Client, p *db.Provider) {
+			lc.Append(fx.Hook{OnStart: func(ctx context.Context) error {
+				return db.InTx(ctx, p.Pool, func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO shop.orders (id) VALUES (1)`); err != nil {
+						return err
+					}
+					_, err := c.Enqueue(ctx, tx, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(`{"order":1}`)})
+					return err
+				})
+			}})
+		}),
+		fx.Provide(outbox.AsPublisher(func() outbox.Publisher {
+			return outbox.Publisher{Topic: topic, Publish: func(_ context.Context, d outbox.Delivery) error { delivered <- d; return nil }}
+		})),
+	)
+	app := fxtest.New(t,
+		orders,
+		outbox.Module,
+		outbox.WithMigrations(db.MigratorConfig{Schema: "shop", FS: appFS, Table: "shop_schema_migrations"}),
+		db.Module,
+		fx.Supply(outbox.Config{Schema: "fresh_outbox"}),
+		fx.Supply(outbox.DispatcherConfig{PollInterval: 50 * time.Millisecond}),
+		fx.Supply(db.Config{DSN: tdb.DSN}),
+		fx.Supply(quietLog),
+		fx.NopLogger,
+	)
+	app.RequireStart()
+	select {
+	case d := <-delivered:
+		if string(d.Payload) != `{"order": 1}` {
+			t.Fatalf("delivered %s", d.Payload)
+		}
+	case <-time.After(guard):
+		t.Fatal("the event enqueued by a start hook was not delivered")
+	}
+	app.RequireStop()
+}
+
+// A publisher constructor of the wrong shape fails the app at construction,
+// with an error naming it, instead of leaving the topic without publisher.
+func TestFxAsPublisherRejectsWrongShape(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	for _, tc := range []struct {
+		name        string
+		constructor any
+		want        []string
+	}{
+		{"returns a Topic", topicConstructor, []string{"topicConstructor", "func() outbox.Topic", "must return outbox.Publisher"}},
+		{"not a function", outbox.Publisher{}, []string{"outbox.Publisher", "constructor function"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app := fx.New(fx.Supply(tdb.Provider), outbox.Module, fx.Provide(outbox.AsPublisher(tc.constructor)), fx.NopLogger)
+			err := app.Err()
+			if !errors.Is(err, outbox.ErrInvalidConfig) {
+				t.Fatalf("app error %v, want ErrInvalidConfig", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error must say %q: %v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func topicConstructor() outbox.Topic { return testTopic }
+
+// recordingHandler is a slog.Handler that keeps every record's message.
+type recordingHandler struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs = append(h.msgs, r.Message)
+	return nil
+}
+
+func (h *recordingHandler) messages() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.msgs)
+}
+
+func (h *recordingHandler) count(substr string) int {
+	n := 0
+	for _, m := range h.messages() {
+		if strings.Contains(m, substr) {
+			n++
+		}
+	}
+	return n
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
@@ -60,7 +61,7 @@ func enqueueN(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, n int) []uuid.
 
 // enqueueTopic enqueues n events of topic through r, the caller's runner,
 // and returns their ids.
-func enqueueTopic(t *testing.T, c *outbox.Client, r any, topic outbox.Topic, n int) []uuid.UUID {
+func enqueueTopic(t *testing.T, c *outbox.Client, r db.Runner, topic outbox.Topic, n int) []uuid.UUID {
 	t.Helper()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {

@@ -14,6 +14,7 @@ import (
 	"github.com/uptrace/bun"
 
 	"github.com/modkit-go/modkit/examples/minichat/events"
+	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
@@ -139,7 +140,7 @@ func (s *Service) enqueueUsage(ctx context.Context, tx bun.Tx, turn *Turn) (outb
 	if err != nil {
 		return outbox.Enqueued{}, err
 	}
-	ev, err := s.outbox.Enqueue(ctx, tx, msg) // a bun.Tx is a db.Runner
+	ev, err := s.outbox.Enqueue(ctx, db.SQL(tx), msg) // db.SQL makes the bun.Tx a db.Runner
 	if err != nil {
 		return outbox.Enqueued{}, fmt.Errorf("enqueue usage event: %w", err)
 	}

@@ -1,0 +1,31 @@
+// Package outboxtest helps a module test what it puts in the outbox,
+// against a real PostgreSQL, without reading the outbox's tables itself.
+//
+//   - Main (from TestMain) and NewDB / NewClient: a freshly migrated
+//     database per test, on the server in TEST_DATABASE_URL or DATABASE_URL
+//     (the role needs CREATEDB), or on a throwaway PostgreSQL started from
+//     the local server binaries when neither is set.
+//   - RequireEnqueued / RequireEnqueuedTx and RequireNotEnqueued /
+//     RequireNotEnqueuedTx: assert that a topic has (or has not) an event,
+//     optionally matching its payload, dedupe key or tenant; the Tx forms
+//     look inside the caller's uncommitted transaction.
+//   - Recorder: a capturing publisher.
+//   - Drain: runs a dispatcher until the outbox has nothing left to deliver
+//     for the given publishers, and returns what they published.
+//
+// A module's test:
+//
+//	func TestMain(m *testing.M) { outboxtest.Main(m) }
+//
+//	func TestPlaceOrder(t *testing.T) {
+//		client, tdb := outboxtest.NewClient(t, outbox.Config{})
+//		orders := NewOrders(tdb.Provider, client)
+//		if err := orders.Place(ctx, "o-1"); err != nil {
+//			t.Fatal(err)
+//		}
+//		outboxtest.RequireEnqueued(t, client, OrderPlaced.Topic(), outboxtest.Payload(OrderPlacedEvent{OrderID: "o-1"}))
+//		rec := outboxtest.NewRecorder()
+//		delivered := outboxtest.Drain(t, client, rec.Publisher(OrderPlaced.Topic()))
+//		…
+//	}
+package outboxtest

@@ -1,0 +1,125 @@
+package outboxtest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// Drain runs a dispatcher of c for pubs until none of their topics has an
+// event left to deliver (pending or processing), stops it, and returns the
+// deliveries that were published: those whose Publish (or HandleTx)
+// returned nil, in the order they returned. Events that fail are retried
+// after a millisecond or so, three attempts in all, then dead-lettered:
+// check them with c.Admin(). Other topics' events are left alone.
+//
+// It fails t if the dispatcher cannot start or the topics are not drained
+// within WaitTimeout.
+func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
+	t.Helper()
+	ctx := context.Background()
+	var (
+		mu        sync.Mutex
+		published []outbox.Delivery
+	)
+	record := func(d outbox.Delivery) {
+		mu.Lock()
+		published = append(published, d)
+		mu.Unlock()
+	}
+	wrapped := make([]outbox.Publisher, len(pubs))
+	topics := map[outbox.Topic]bool{}
+	for i, p := range pubs {
+		topics[p.Topic] = true
+		if publish := p.Publish; publish != nil {
+			p.Publish = func(ctx context.Context, d outbox.Delivery) error {
+				err := publish(ctx, d)
+				if err == nil {
+					record(d)
+				}
+				return err
+			}
+		}
+		if handle := p.HandleTx; handle != nil {
+			p.HandleTx = func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+				err := handle(ctx, tx, d)
+				if err == nil {
+					record(d)
+				}
+				return err
+			}
+		}
+		wrapped[i] = p
+	}
+	outcome := make(chan struct{}, 1)
+	d, err := c.NewDispatcher(outbox.DispatcherConfig{
+		PollInterval:  10 * time.Millisecond,
+		Retry:         outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
+		MaxAttempts:   3,
+		SweepInterval: 100 * time.Millisecond,
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnOutcome: func(outbox.Delivery, outbox.Outcome) {
+			select {
+			case outcome <- struct{}{}:
+			default:
+			}
+		},
+	}, wrapped...)
+	if err != nil {
+		fatal(t, "drain: %v", err)
+	}
+	if err := d.Start(ctx); err != nil {
+		fatal(t, "drain: start the dispatcher: %v", err)
+	}
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			if err := d.Stop(ctx); err != nil {
+				t.Logf("outboxtest: drain: stop the dispatcher: %v", err)
+			}
+		}
+	}
+	defer stop()
+	timeout := time.NewTimer(WaitTimeout)
+	defer timeout.Stop()
+	for {
+		left, err := undelivered(ctx, c, topics)
+		if err != nil {
+			fatal(t, "drain: %v", err)
+		}
+		if left == 0 {
+			break
+		}
+		select {
+		case <-outcome:
+		case <-timeout.C:
+			fatal(t, "drain: %d event(s) of %d topic(s) still pending or processing after %v", left, len(topics), WaitTimeout)
+		}
+	}
+	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	return published
+}
+
+// undelivered counts the topics' pending and processing events.
+func undelivered(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]bool) (int64, error) {
+	stats, err := c.Admin().Stats(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, s := range stats.Topics {
+		if topics[s.Topic] {
+			n += s.Pending + s.Processing
+		}
+	}
+	return n, nil
+}

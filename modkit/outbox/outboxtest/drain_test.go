@@ -1,0 +1,91 @@
+package outboxtest_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
+)
+
+// Drain delivers every event of its publishers' topics, retries included,
+// returns the successful publishes and leaves other topics alone.
+func TestDrain(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	for _, id := range []string{"o-1", "o-2", "o-3"} {
+		enqueue(t, c, pool, placed, `{"id":"`+id+`"}`)
+	}
+	enqueue(t, c, pool, shipped, `{"id":"o-1"}`)
+	rec := outboxtest.NewRecorder()
+	var flaky uuid.UUID
+	rec.Fail = func(d outbox.Delivery) error {
+		if string(d.Payload) == `{"id": "o-2"}` && d.Attempt == 1 {
+			flaky = d.ID
+			return errors.New("broker busy")
+		}
+		return nil
+	}
+	published := outboxtest.Drain(t, c, rec.Publisher(placed))
+	if len(published) != 3 {
+		t.Fatalf("published %d events, want 3: %+v", len(published), published)
+	}
+	calls := rec.Deliveries()
+	if len(calls) != 4 {
+		t.Fatalf("recorded %d publish calls, want 4 (one retry)", len(calls))
+	}
+	if i := slices.IndexFunc(published, func(d outbox.Delivery) bool { return d.ID == flaky }); i < 0 || published[i].Attempt != 2 {
+		t.Fatalf("the retried event: %+v", published)
+	}
+	for _, e := range outboxtest.RequireEnqueued(t, c, placed) {
+		if e.Status != outbox.StatusDelivered {
+			t.Errorf("event %s is %s after Drain", e.ID, e.Status)
+		}
+	}
+	if e := outboxtest.RequireEnqueued(t, c, shipped); e[0].Status != outbox.StatusPending {
+		t.Fatalf("another topic's event was touched: %+v", e[0])
+	}
+	// Nothing left: Drain returns at once with nothing.
+	if again := outboxtest.Drain(t, c, rec.Publisher(placed)); len(again) != 0 {
+		t.Fatalf("second drain published %+v", again)
+	}
+}
+
+// Drain serves transactional handlers too, and a Recorder can be waited on
+// while a dispatcher of one's own runs.
+func TestDrainHandleTxAndRecorderWait(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (order_id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, c, pool, shipped, `{"id":"o-1"}`)
+	published := outboxtest.Drain(t, c, outbox.Publisher{Topic: shipped,
+		HandleTx: func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+			_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1::jsonb->>'id')`, string(d.Payload))
+			return err
+		}})
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM shipments WHERE order_id = 'o-1'`).Scan(&n); err != nil || n != 1 || len(published) != 1 {
+		t.Fatalf("handled %d shipments (%v), published %d", n, err, len(published))
+	}
+
+	rec := outboxtest.NewRecorder()
+	d, err := c.NewDispatcher(outbox.DispatcherConfig{}, rec.Publisher(placed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop(ctx) })
+	enqueue(t, c, pool, placed, `{"id":"o-2"}`)
+	if got := rec.Wait(t, 1); string(got[0].Payload) != `{"id": "o-2"}` {
+		t.Fatalf("recorded %+v", got)
+	}
+}

@@ -1,0 +1,76 @@
+package outboxtest
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// WaitTimeout bounds Recorder.Wait and Drain: reaching it fails the test.
+// It only catches hangs; nothing is expected to come near it.
+var WaitTimeout = time.Minute
+
+// Recorder is a capturing publisher: its Publishers record every call and
+// succeed, or return what Fail says. It is safe for concurrent use.
+type Recorder struct {
+	// Fail, if set, decides each publish's result: return nil to succeed,
+	// an error to have the dispatcher retry (or outbox.Permanent(err) to
+	// dead-letter). Set it before the dispatcher starts.
+	Fail func(d outbox.Delivery) error
+
+	mu      sync.Mutex
+	calls   []outbox.Delivery
+	changed chan struct{}
+}
+
+// NewRecorder returns an empty Recorder.
+func NewRecorder() *Recorder { return &Recorder{changed: make(chan struct{})} }
+
+// Publisher returns a Publisher of topic that records each delivery.
+func (r *Recorder) Publisher(topic outbox.Topic) outbox.Publisher {
+	return outbox.Publisher{Topic: topic, Name: "outboxtest.Recorder " + topic.String(),
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			var err error
+			if r.Fail != nil {
+				err = r.Fail(d)
+			}
+			r.mu.Lock()
+			r.calls = append(r.calls, d)
+			close(r.changed)
+			r.changed = make(chan struct{})
+			r.mu.Unlock()
+			return err
+		}}
+}
+
+// Deliveries returns every publish call recorded so far, in call order,
+// failed attempts included (Delivery.Attempt tells them apart).
+func (r *Recorder) Deliveries() []outbox.Delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+// Wait blocks until at least n publish calls are recorded and returns
+// them; it fails t after WaitTimeout.
+func (r *Recorder) Wait(t TB, n int) []outbox.Delivery {
+	t.Helper()
+	timeout := time.NewTimer(WaitTimeout)
+	defer timeout.Stop()
+	for {
+		r.mu.Lock()
+		got, changed := slices.Clone(r.calls), r.changed
+		r.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			fatal(t, "waited %v for %d publish calls, got %d", WaitTimeout, n, len(got))
+		}
+	}
+}

@@ -1,0 +1,261 @@
+package outboxtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/db"
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// Matcher narrows the events an assertion considers. Build one with
+// Payload, PayloadJSON, PayloadWhere, DedupeKey or Tenant; an assertion
+// given several requires all of them.
+type Matcher struct {
+	desc  string
+	match func(outbox.Event) bool
+}
+
+// String describes the matcher, as failure messages show it.
+func (m Matcher) String() string { return m.desc }
+
+// Payload matches events whose payload is the JSON encoding of want,
+// compared as JSON values (key order, spacing and number spelling do not
+// matter).
+func Payload(want any) Matcher {
+	raw, err := json.Marshal(want)
+	if err != nil {
+		return Matcher{desc: fmt.Sprintf("payload %#v (which cannot be encoded as JSON: %v)", want, err),
+			match: func(outbox.Event) bool { return false }}
+	}
+	return payloadJSON(raw)
+}
+
+// PayloadJSON matches events whose payload equals the JSON document want,
+// compared as JSON values.
+func PayloadJSON(want string) Matcher { return payloadJSON([]byte(want)) }
+
+func payloadJSON(want []byte) Matcher {
+	w, err := decodeJSON(want)
+	desc := "payload " + string(want)
+	if err != nil {
+		return Matcher{desc: desc + " (not valid JSON: " + err.Error() + ")", match: func(outbox.Event) bool { return false }}
+	}
+	return Matcher{desc: desc, match: func(e outbox.Event) bool {
+		got, err := decodeJSON(e.Payload)
+		return err == nil && reflect.DeepEqual(got, w)
+	}}
+}
+
+func decodeJSON(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return normaliseNumbers(v), nil
+}
+
+// normaliseNumbers rewrites json.Numbers in a canonical spelling, so that
+// 1.0 and 1 compare equal, as they do in jsonb.
+func normaliseNumbers(v any) any {
+	switch x := v.(type) {
+	case json.Number:
+		if i, err := x.Int64(); err == nil {
+			return i
+		}
+		if f, err := x.Float64(); err == nil {
+			if f == float64(int64(f)) {
+				return int64(f)
+			}
+			return f
+		}
+		return x.String()
+	case []any:
+		for i := range x {
+			x[i] = normaliseNumbers(x[i])
+		}
+	case map[string]any:
+		for k := range x {
+			x[k] = normaliseNumbers(x[k])
+		}
+	}
+	return v
+}
+
+// PayloadWhere matches events whose payload decodes (encoding/json) into a
+// T for which f returns true. desc says what it checks, for failure
+// messages.
+func PayloadWhere[T any](desc string, f func(T) bool) Matcher {
+	return Matcher{desc: desc, match: func(e outbox.Event) bool {
+		var v T
+		return json.Unmarshal(e.Payload, &v) == nil && f(v)
+	}}
+}
+
+// DedupeKey matches events with that dedupe key.
+func DedupeKey(key string) Matcher {
+	return Matcher{desc: fmt.Sprintf("dedupe key %q", key), match: func(e outbox.Event) bool {
+		return e.DedupeKey != nil && *e.DedupeKey == key
+	}}
+}
+
+// Tenant matches events of that tenant.
+func Tenant(id uuid.UUID) Matcher {
+	return Matcher{desc: "tenant " + id.String(), match: func(e outbox.Event) bool {
+		return e.TenantID != nil && *e.TenantID == id
+	}}
+}
+
+// RequireEnqueued fails t unless at least one committed event of topic
+// matches every matcher, and returns the matching events, oldest first.
+// Events count whatever their status: a dispatcher may already have
+// delivered them.
+func RequireEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) []outbox.Event {
+	t.Helper()
+	return requireEnqueued(t, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
+}
+
+// RequireEnqueuedTx is RequireEnqueued seen from inside tx, the caller's
+// transaction (or connection): it also sees the events tx enqueued and has
+// not committed yet.
+func RequireEnqueuedTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Topic, match ...Matcher) []outbox.Event {
+	t.Helper()
+	return requireEnqueued(t, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
+}
+
+// RequireNotEnqueued fails t if a committed event of topic matches every
+// matcher (with no matcher: if the topic has any event).
+func RequireNotEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) {
+	t.Helper()
+	requireNotEnqueued(t, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
+}
+
+// RequireNotEnqueuedTx is RequireNotEnqueued seen from inside tx, the
+// caller's transaction (or connection).
+func RequireNotEnqueuedTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Topic, match ...Matcher) {
+	t.Helper()
+	requireNotEnqueued(t, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
+}
+
+func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) []outbox.Event {
+	t.Helper()
+	all, err := load()
+	if err != nil {
+		fatal(t, "list events of %s: %v", topic, err)
+	}
+	found := filter(all, match)
+	if len(found) == 0 {
+		if len(all) == 0 {
+			fatal(t, "no event of %s was enqueued%s (the topic has none)", topic, describe(match))
+		}
+		fatal(t, "no event of %s was enqueued%s; the topic has %d other event(s):%s", topic, describe(match), len(all), summary(all))
+	}
+	return found
+}
+
+func requireNotEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) {
+	t.Helper()
+	all, err := load()
+	if err != nil {
+		fatal(t, "list events of %s: %v", topic, err)
+	}
+	if found := filter(all, match); len(found) > 0 {
+		fatal(t, "%d event(s) of %s were enqueued%s, want none:%s", len(found), topic, describe(match), summary(found))
+	}
+}
+
+func filter(events []outbox.Event, match []Matcher) []outbox.Event {
+	var out []outbox.Event
+next:
+	for _, e := range events {
+		for _, m := range match {
+			if !m.match(e) {
+				continue next
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// committedEvents lists every event of topic through the client's Admin.
+func committedEvents(c *outbox.Client, topic outbox.Topic) ([]outbox.Event, error) {
+	ctx := context.Background()
+	var out []outbox.Event
+	f := outbox.EventFilter{Namespace: topic.Namespace, Topic: topic.Topic, Limit: 1000}
+	for {
+		page, err := c.Admin().List(ctx, f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page.Events...)
+		if page.NextPage == "" {
+			return out, nil
+		}
+		f.After = page.NextPage
+	}
+}
+
+// eventsTx lists every event of topic through tx. The outbox's Admin reads
+// on its own connections, so this one query is written here, against the
+// table of the client's schema.
+func eventsTx(c *outbox.Client, tx db.Runner, topic outbox.Topic) ([]outbox.Event, error) {
+	q, err := db.AsQuerier(tx)
+	if err != nil {
+		return nil, err
+	}
+	table := pgx.Identifier{c.Config().Schema, "modkit_outbox_events"}.Sanitize()
+	rows, err := q.Query(context.Background(), `SELECT id::text, namespace, topic, tenant_id::text, dedupe_key, payload::text,
+	status, attempts, next_attempt_at, locked_by::text, locked_until, last_error, created_at, updated_at
+FROM `+table+` WHERE namespace = $1 AND topic = $2 ORDER BY created_at, id`, topic.Namespace, topic.Topic)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []outbox.Event
+	for rows.Next() {
+		var (
+			e                    outbox.Event
+			id, payload, status  string
+			tenant, lockedBy     *string
+			lockedUntil          *time.Time
+			dedupeKey, lastError *string
+		)
+		if err := rows.Scan(&id, &e.Namespace, &e.Topic, &tenant, &dedupeKey, &payload, &status, &e.Attempts,
+			&e.NextAttemptAt, &lockedBy, &lockedUntil, &lastError, &e.CreatedAt, &e.UpdatedAt); err != nil {
+			return nil, err
+		}
+		if e.ID, err = uuid.Parse(id); err != nil {
+			return nil, err
+		}
+		if e.TenantID, err = parseOptionalUUID(tenant); err != nil {
+			return nil, err
+		}
+		if e.LockedBy, err = parseOptionalUUID(lockedBy); err != nil {
+			return nil, err
+		}
+		e.Payload, e.Status, e.DedupeKey, e.LockedUntil, e.LastError = []byte(payload), outbox.Status(status), dedupeKey, lockedUntil, lastError
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+func parseOptionalUUID(s *string) (*uuid.UUID, error) {
+	if s == nil {
+		return nil, nil
+	}
+	id, err := uuid.Parse(*s)
+	if err != nil {
+		return nil, err
+	}
+	return &id, nil
+}

@@ -1,0 +1,113 @@
+package outboxtest_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/modkit-go/modkit/modkit/db"
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
+)
+
+var (
+	ctx     = context.Background()
+	placed  = outbox.Topic{Namespace: "shop", Topic: "order_placed"}
+	shipped = outbox.Topic{Namespace: "shop", Topic: "order_shipped"}
+)
+
+type order struct {
+	ID    string `json:"id"`
+	Cents int    `json:"cents"`
+}
+
+func enqueue(t *testing.T, c *outbox.Client, r db.Runner, topic outbox.Topic, payload string, edit ...func(*outbox.Message)) {
+	t.Helper()
+	m := outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(payload)}
+	for _, e := range edit {
+		e(&m)
+	}
+	if _, err := c.Enqueue(ctx, r, m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRequireEnqueued(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	tenant := uuid.New()
+	enqueue(t, c, pool, placed, `{"id":"o-1","cents":100}`)
+	enqueue(t, c, pool, placed, `{"cents":250, "id":"o-2"}`, func(m *outbox.Message) {
+		m.TenantID, m.DedupeKey = &tenant, outbox.Key(tenant.String()+"/o-2")
+	})
+
+	if got := outboxtest.RequireEnqueued(t, c, placed); len(got) != 2 {
+		t.Fatalf("all events of the topic: %d, want 2", len(got))
+	}
+	for name, m := range map[string]outboxtest.Matcher{
+		"Payload":      outboxtest.Payload(order{ID: "o-2", Cents: 250}),
+		"PayloadJSON":  outboxtest.PayloadJSON(`{"id": "o-2", "cents": 250.0}`),
+		"PayloadWhere": outboxtest.PayloadWhere("cents above 200", func(o order) bool { return o.Cents > 200 }),
+		"DedupeKey":    outboxtest.DedupeKey(tenant.String() + "/o-2"),
+		"Tenant":       outboxtest.Tenant(tenant),
+	} {
+		got := outboxtest.RequireEnqueued(t, c, placed, m)
+		if len(got) != 1 || got[0].TenantID == nil || *got[0].TenantID != tenant {
+			t.Errorf("%s: %+v, want the one event of o-2", name, got)
+		}
+	}
+	outboxtest.RequireNotEnqueued(t, c, shipped)
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Payload(order{ID: "o-3"}))
+
+	// Failures say what was looked for and what is there.
+	msg := failure(t, func(t outboxtest.TB) {
+		outboxtest.RequireEnqueued(t, c, placed, outboxtest.Payload(order{ID: "o-9", Cents: 1}))
+	})
+	for _, want := range []string{"shop/order_placed", `payload {"id":"o-9","cents":1}`, "2 other event(s)", `"o-1"`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("RequireEnqueued's failure must mention %s: %q", want, msg)
+		}
+	}
+	if msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireEnqueued(t, c, shipped) }); !strings.Contains(msg, "the topic has none") {
+		t.Errorf("RequireEnqueued on an empty topic: %q", msg)
+	}
+	msg = failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Tenant(tenant)) })
+	if !strings.Contains(msg, "1 event(s) of shop/order_placed") || !strings.Contains(msg, "o-2") {
+		t.Errorf("RequireNotEnqueued's failure: %q", msg)
+	}
+}
+
+// The Tx forms see the caller's uncommitted events, through any runner, in
+// the client's schema; the plain forms see only committed ones.
+func TestRequireEnqueuedTx(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{Schema: "shop_outbox"})
+	p := tdb.Provider
+	err := db.InTx(ctx, p.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		enqueue(t, c, tx, placed, `{"id":"o-1"}`)
+		got := outboxtest.RequireEnqueuedTx(t, c, tx, placed, outboxtest.PayloadJSON(`{"id":"o-1"}`))
+		if len(got) != 1 || got[0].Status != outbox.StatusPending || got[0].Attempts != 0 {
+			t.Fatalf("uncommitted event seen from its transaction: %+v", got)
+		}
+		outboxtest.RequireNotEnqueued(t, c, placed)
+		outboxtest.RequireNotEnqueuedTx(t, c, tx, shipped)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequireEnqueued(t, c, placed)
+
+	bunTx, err := p.Bun.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, c, db.SQL(bunTx), shipped, `{"id":"o-1"}`)
+	outboxtest.RequireEnqueuedTx(t, c, db.SQL(bunTx), shipped)
+	if err := bunTx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequireNotEnqueued(t, c, shipped)
+}

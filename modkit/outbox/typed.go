@@ -1,0 +1,87 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+
+	"github.com/modkit-go/modkit/modkit/db"
+)
+
+// TypedTopic binds a topic to the Go type of its payload, T, which is
+// encoded as JSON with encoding/json. Declare one per topic, next to T, and
+// use it on both sides:
+//
+//	var OrderPlaced = outbox.NewTypedTopic[OrderPlacedEvent]("shop", "order_placed")
+//
+//	_, err := OrderPlaced.Enqueue(ctx, client, tx, OrderPlacedEvent{OrderID: id})
+//
+//	OrderPlaced.Publisher(func(ctx context.Context, d outbox.TypedDelivery[OrderPlacedEvent]) error {
+//		return notifyWarehouse(ctx, d.Value.OrderID)
+//	})
+//
+// For a dedupe key or a tenant, build the Message with Message and set them
+// before enqueueing it. The zero TypedTopic has no topic: enqueues and
+// publishers built from it are refused.
+type TypedTopic[T any] struct{ topic Topic }
+
+// NewTypedTopic returns the typed topic (namespace, topic) for payloads of
+// type T. The names are checked when the topic is used (Enqueue, or the
+// dispatcher's registration of its Publisher).
+func NewTypedTopic[T any](namespace, topic string) TypedTopic[T] {
+	return TypedTopic[T]{topic: Topic{Namespace: namespace, Topic: topic}}
+}
+
+// Topic returns the (namespace, topic) pair.
+func (tt TypedTopic[T]) Topic() Topic { return tt.topic }
+
+// Message encodes v as the payload of a Message of this topic. Set
+// DedupeKey or TenantID on it as needed, then pass it to Client.Enqueue or
+// EnqueueBatch. An error (matching ErrInvalidPayload) means v cannot be
+// encoded as JSON.
+func (tt TypedTopic[T]) Message(v T) (Message, error) {
+	payload, err := json.Marshal(v)
+	if err != nil {
+		return Message{}, &ValidationError{Field: "Payload", Kind: ErrInvalidPayload,
+			Reason: fmt.Sprintf("encoding %s as JSON for %s failed: %v", reflect.TypeFor[T](), tt.topic, err)}
+	}
+	return Message{Namespace: tt.topic.Namespace, Topic: tt.topic.Topic, Payload: payload}, nil
+}
+
+// Enqueue encodes v and enqueues it through c in tx, as Client.Enqueue does.
+func (tt TypedTopic[T]) Enqueue(ctx context.Context, c *Client, tx db.Runner, v T) (Enqueued, error) {
+	m, err := tt.Message(v)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	return c.Enqueue(ctx, tx, m)
+}
+
+// TypedDelivery is a Delivery with its payload decoded into Value. The
+// raw bytes stay in Delivery.Payload.
+type TypedDelivery[T any] struct {
+	Delivery
+	// Value is Payload decoded with encoding/json.
+	Value T
+}
+
+// Publisher returns the Publisher of this topic that decodes each payload
+// into a T and calls publish. A payload that does not decode into T can
+// never succeed: it is dead-lettered at once (a Permanent error naming the
+// type) without calling publish.
+func (tt TypedTopic[T]) Publisher(publish func(ctx context.Context, d TypedDelivery[T]) error) Publisher {
+	typeName := reflect.TypeFor[T]().String()
+	p := Publisher{Topic: tt.topic, Name: fmt.Sprintf("TypedTopic[%s] %s", typeName, tt.topic)}
+	if publish == nil {
+		return p // refused by NewDispatcher: neither Publish nor HandleTx
+	}
+	p.Publish = func(ctx context.Context, d Delivery) error {
+		td := TypedDelivery[T]{Delivery: d}
+		if err := json.Unmarshal(d.Payload, &td.Value); err != nil {
+			return Permanent(fmt.Errorf("decoding the payload of event %s into %s: %w", d.ID, typeName, err))
+		}
+		return publish(ctx, td)
+	}
+	return p
+}

@@ -1,0 +1,87 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+type orderPlaced struct {
+	OrderID string `json:"order_id"`
+	Cents   int64  `json:"cents"`
+}
+
+var orderPlacedTopic = outbox.NewTypedTopic[orderPlaced]("shop", "order_placed")
+
+// A typed topic encodes T at enqueue and hands the publisher T decoded,
+// with the raw payload still there; a payload that does not decode into T
+// is dead-lettered at once without reaching the publisher.
+func TestTypedTopic(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	first, err := orderPlacedTopic.Enqueue(ctx, c, pool, orderPlaced{OrderID: "o-1", Cents: 1250})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := orderPlacedTopic.Message(orderPlaced{OrderID: "o-2", Cents: 99})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.DedupeKey = outbox.Key("order/o-2")
+	second, err := c.Enqueue(ctx, pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := c.Enqueue(ctx, pool, m); err != nil || !again.AlreadyEnqueued {
+		t.Fatalf("the typed message's dedupe key: %+v %v", again, err)
+	}
+	topic := orderPlacedTopic.Topic()
+	bad, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(`"not an order"`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	got := make(chan outbox.TypedDelivery[orderPlaced], 3)
+	log := newOutcomeLog()
+	startDispatcher(t, c, testConfig(log), orderPlacedTopic.Publisher(func(_ context.Context, d outbox.TypedDelivery[orderPlaced]) error {
+		got <- d
+		return nil
+	}))
+	log.waitFor(t, "three outcomes", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m) == 3 })
+	close(got)
+	want := map[uuid.UUID]orderPlaced{first.ID: {"o-1", 1250}, second.ID: {"o-2", 99}}
+	for d := range got {
+		if d.Value != want[d.ID] || !strings.Contains(string(d.Payload), `"order_id"`) {
+			t.Errorf("delivery %s: value %+v, payload %s; want %+v", d.ID, d.Value, d.Payload, want[d.ID])
+		}
+		delete(want, d.ID)
+	}
+	if len(want) != 0 {
+		t.Fatalf("not delivered: %v", want)
+	}
+	e := get(t, c, bad.ID)
+	if e.Status != outbox.StatusDead || e.Attempts != 1 || e.LastError == nil || !strings.Contains(*e.LastError, "outbox_test.orderPlaced") {
+		t.Fatalf("undecodable payload: %+v", e)
+	}
+}
+
+// The zero TypedTopic names no topic: it is refused on both sides.
+func TestTypedTopicZeroValueRefused(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	var zero outbox.TypedTopic[orderPlaced]
+	if _, err := zero.Enqueue(ctx, c, tdb.Provider.Pool, orderPlaced{}); !errors.Is(err, outbox.ErrInvalidNamespace) {
+		t.Fatalf("enqueue through the zero TypedTopic: %v, want ErrInvalidNamespace", err)
+	}
+	pub := zero.Publisher(func(context.Context, outbox.TypedDelivery[orderPlaced]) error { return nil })
+	if _, err := c.NewDispatcher(outbox.DispatcherConfig{}, pub); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("dispatcher for the zero TypedTopic: %v, want ErrInvalidConfig", err)
+	}
+	if _, err := outbox.NewTypedTopic[func()]("shop", "funcs").Message(func() {}); !errors.Is(err, outbox.ErrInvalidPayload) {
+		t.Fatalf("unencodable value: %v, want ErrInvalidPayload", err)
+	}
+}

@@ -1,0 +1,66 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// Enqueueing or dispatching before the migrations ran fails with
+// ErrNotMigrated, the PostgreSQL error still reachable, and a message that
+// names the schema and the three ways to migrate.
+func TestNotMigratedSaysWhatToDo(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	c := clientOn(t, tdb.Provider.Pool, outbox.Config{Schema: "not_yet", Logger: quietLog})
+	check := func(what string, err error) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, outbox.ErrNotMigrated) || !errors.As(err, &pgErr) {
+			t.Fatalf("%s: %v, want ErrNotMigrated wrapping the PostgreSQL error", what, err)
+		}
+		for _, hint := range []string{`"not_yet"`, "Client.Migrate", "outbox.WithMigrations", "migrations/"} {
+			if !strings.Contains(err.Error(), hint) {
+				t.Errorf("%s: the error must mention %s: %v", what, hint, err)
+			}
+		}
+	}
+	_, err := c.Enqueue(ctx, tdb.Provider.Pool, msg(1))
+	check("Enqueue", err)
+	_, err = c.EnqueueBatch(ctx, tdb.Provider.Pool, []outbox.Message{msg(1), msg(2)})
+	check("EnqueueBatch", err)
+	d, err := c.NewDispatcher(outbox.DispatcherConfig{Logger: quietLog},
+		outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("Dispatcher.Start", d.Start(ctx))
+	// A migrated database is not reported as unmigrated.
+	if _, err := clientOn(t, tdb.Provider.Pool, outbox.Config{}).Enqueue(ctx, tdb.Provider.Pool, msg(3)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Enqueueing in a transaction that an earlier statement broke says to roll
+// it back, instead of PostgreSQL's bare "current transaction is aborted".
+func TestEnqueueInFailedTransactionSaysRollBack(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	tx, err := tdb.Provider.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	_, err = c.Enqueue(ctx, tx, msg(1))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25P02" || !strings.Contains(err.Error(), "roll it back") {
+		t.Fatalf("enqueue in an aborted transaction: %v", err)
+	}
+}
