@@ -73,4 +73,3 @@ func runServe(ctx context.Context, e env, args []string) error {
 	}
 	return nil
 }
-
