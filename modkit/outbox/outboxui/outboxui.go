@@ -6,7 +6,7 @@
 //	mux.Handle("/outbox/", http.StripPrefix("/outbox", ui))
 //
 // It shows per-topic depth, the age of the oldest due event, throughput and
-// dead counts; a chart of throughput and delivery latency over the last
+// dead counts; the health of the dispatchers given in Options.Dispatchers; a chart of throughput and delivery latency over the last
 // hour; the events with filters; and each event's detail. Everything it
 // serves is embedded: no CDN, no script from elsewhere.
 //
@@ -70,6 +70,10 @@ type Options struct {
 	By string
 	// Logger receives a record of every action. Default slog.Default().
 	Logger *slog.Logger
+	// Dispatchers of this process to show with their Health on the
+	// overview, when the dashboard is mounted in the application that runs
+	// them. Optional.
+	Dispatchers []*outbox.Dispatcher
 }
 
 //go:embed assets
@@ -121,7 +125,9 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	h.mux.HandleFunc("GET /{$}", h.overview)
 	h.mux.HandleFunc("GET /events", h.events)
 	h.mux.HandleFunc("GET /events/{id}", h.event)
-	h.mux.Handle("GET /assets/", http.FileServerFS(assets))
+	h.mux.HandleFunc("GET /assets/style.css", func(w http.ResponseWriter, r *http.Request) {
+		http.ServeFileFS(w, r, assets, "assets/style.css")
+	})
 	h.mux.HandleFunc("POST /login", h.action(false, h.login))
 	h.mux.HandleFunc("POST /logout", h.action(false, h.logout))
 	h.mux.HandleFunc("POST /replay", h.action(true, h.replay))

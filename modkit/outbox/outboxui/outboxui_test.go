@@ -207,15 +207,7 @@ func TestDashboardInChromium(t *testing.T) {
 	if n := count(t, ctx, p, "svg#chart rect.bar"); n != 1 {
 		t.Errorf("chart bars: %d, want 1 (one minute with a delivery)", n)
 	}
-	shot, err := p.Screenshot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shotPath := filepath.Join(t.ArtifactDir(), "overview.png")
-	if err := os.WriteFile(shotPath, shot, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot of the overview: %s", shotPath)
+	screenshot(t, ctx, p, "overview.png")
 
 	// A filter narrows the list.
 	if err := p.Click(ctx, `header nav a[href$="events"]`); err != nil {
@@ -232,6 +224,7 @@ func TestDashboardInChromium(t *testing.T) {
 	if n := count(t, ctx, p, "#events tbody tr[data-id]"); n != 1 {
 		t.Fatalf("dead events of shop: %d rows, want 1", n)
 	}
+	screenshot(t, ctx, p, "events-dead.png")
 
 	// The event's detail opens, payload hidden.
 	if err := p.Click(ctx, "#events a.id"); err != nil {
@@ -309,6 +302,7 @@ func TestDashboardInChromium(t *testing.T) {
 	if got := text(t, ctx, p, "#status"); got != "pending" {
 		t.Fatalf("status after replay: %q", got)
 	}
+	screenshot(t, ctx, p, "event-replayed.png")
 	deliver(t, w, orders, w.deadOrder)
 	if err := p.Navigate(ctx, detail); err != nil {
 		t.Fatal(err)
@@ -319,6 +313,21 @@ func TestDashboardInChromium(t *testing.T) {
 	if s := w.status(t, w.deadMail); s != outbox.StatusDead {
 		t.Fatalf("another dead event changed to %s", s)
 	}
+}
+
+// screenshot saves a PNG of the page among the test's artifacts (go test
+// -artifacts keeps them).
+func screenshot(t *testing.T, ctx context.Context, p *browser.Page, name string) {
+	t.Helper()
+	shot, err := p.Screenshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.ArtifactDir(), name)
+	if err := os.WriteFile(path, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
 }
 
 // deliver runs a dispatcher on topic until id is delivered.
@@ -406,5 +415,32 @@ func TestDashboardGuards(t *testing.T) {
 		t.Fatalf("unknown event: %v %v", resp, err)
 	} else {
 		resp.Body.Close()
+	}
+}
+
+// TestDashboardDispatchers shows the health of the dispatchers of the
+// process on the overview.
+func TestDashboardDispatchers(t *testing.T) {
+	w := newWorld(t)
+	d, err := w.client.NewDispatcher(outbox.DispatcherConfig{Logger: quiet},
+		outbox.Publisher{Topic: mails, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := serve(t, w, outboxui.Options{Dispatchers: []*outbox.Dispatcher{d}})
+	row := `<tr data-worker="` + d.Config().WorkerID.String() + `" class="`
+	if body, _ := get(t, newJar(), base); !strings.Contains(body, row+`stopped"`) {
+		t.Fatalf("a dispatcher not started:\n%s", body)
+	}
+	if err := d.Start(bg); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.Stop(bg); err != nil {
+			t.Error(err)
+		}
+	}()
+	if body, _ := get(t, newJar(), base); !strings.Contains(body, row+`running"`) {
+		t.Fatalf("a running dispatcher:\n%s", body)
 	}
 }

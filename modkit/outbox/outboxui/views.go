@@ -30,6 +30,14 @@ type overviewData struct {
 	Chart            template.HTML
 	Series           outbox.Series
 	LastP50, LastP95 time.Duration
+	Dispatchers      []dispatcherRow
+}
+
+// dispatcherRow is one dispatcher's health on the overview.
+type dispatcherRow struct {
+	WorkerID string
+	State    string // running, degraded or stopped
+	outbox.Health
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -62,6 +70,17 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		if p.Delivered > 0 {
 			d.LastP50, d.LastP95 = p.LatencyP50, p.LatencyP95
 		}
+	}
+	for _, disp := range h.opts.Dispatchers {
+		hl := disp.Health()
+		row := dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: "stopped", Health: hl}
+		switch {
+		case hl.Degraded:
+			row.State = "degraded"
+		case hl.Running:
+			row.State = "running"
+		}
+		d.Dispatchers = append(d.Dispatchers, row)
 	}
 	h.render(w, http.StatusOK, "overview.html", h.newPage(w, r, "Outbox", d))
 }
