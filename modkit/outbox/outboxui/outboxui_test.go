@@ -411,6 +411,16 @@ func TestDashboardGuards(t *testing.T) {
 	if s := w.status(t, w.deadOrder); s != outbox.StatusPending {
 		t.Fatalf("after replay: %s", s)
 	}
+	for path, want := range map[string]int{"assets/style.css": http.StatusOK, "assets/overview.html": http.StatusNotFound} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
 	if resp, err := http.Get(base + "events/" + uuid.NewString()); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Fatalf("unknown event: %v %v", resp, err)
 	} else {
