@@ -219,7 +219,7 @@ func TestExitCodes(t *testing.T) {
 			t.Errorf("%v: exit %d, want %d with %q in stderr:\n%s", c.args, r.code, c.code, c.hint, r.stderr)
 		}
 	}
-	if r := cli(t, f.dsn, "stats", "--help"); r.code != exitOK || !strings.Contains(r.stdout, "Examples:") {
+	if r := cli(t, f.dsn, "stats", "--help"); r.code != exitOK || !strings.Contains(r.stdout, "Examples:") || strings.Contains(r.stdout, f.dsn) {
 		t.Errorf("stats --help: %+v", r)
 	}
 	if r := cli(t, f.dsn, "help", "dead"); r.code != exitOK || !strings.Contains(r.stdout, "--dry-run") {

@@ -26,12 +26,15 @@ type cmdFlags struct {
 	databaseURL, schema string
 	connectTimeout      time.Duration
 	usage, examples     string
+	getenv              func(string) string
 }
 
 func newFlags(e env, name, usage, examples string) *cmdFlags {
-	f := &cmdFlags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), usage: usage, examples: examples}
+	f := &cmdFlags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), usage: usage, examples: examples, getenv: e.getenv}
 	f.SetOutput(io.Discard)
-	f.StringVar(&f.databaseURL, "database-url", e.getenv("DATABASE_URL"), "PostgreSQL URL or DSN (default $DATABASE_URL)")
+	// The default is read after parsing, so that --help never prints the
+	// URL (and its password).
+	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL or DSN (default $DATABASE_URL)")
 	f.StringVar(&f.schema, "schema", "public", "schema holding the outbox tables")
 	f.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
 	return f
@@ -71,6 +74,9 @@ func (f *cmdFlags) parse(e env, args []string) ([]string, error) {
 
 // connect opens a pool on the database and checks that it answers.
 func (f *cmdFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if f.databaseURL == "" {
+		f.databaseURL = f.getenv("DATABASE_URL")
+	}
 	if f.databaseURL == "" {
 		return nil, usageErr("no database: set DATABASE_URL or pass --database-url")
 	}

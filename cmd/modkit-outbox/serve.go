@@ -20,7 +20,7 @@ const serveExamples = `  modkit-outbox serve                                  # 
 func runServe(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "serve", "serve [flags]", serveExamples)
 	addr := f.String("addr", "127.0.0.1:8080", "address to listen on; the dashboard has no accounts, so keep it private")
-	token := f.String("token", e.getenv("MODKIT_OUTBOX_TOKEN"), "operator token that enables replay and purge (default $MODKIT_OUTBOX_TOKEN; prefer the variable: flags show in ps)")
+	token := f.String("token", "", "operator token that enables replay and purge (default $MODKIT_OUTBOX_TOKEN; prefer the variable: flags show in ps)")
 	payloads := f.Bool("show-payloads", false, "show event payloads (they may hold personal data)")
 	pos, err := f.parse(e, args)
 	if err != nil {
@@ -28,6 +28,9 @@ func runServe(ctx context.Context, e env, args []string) error {
 	}
 	if len(pos) > 0 {
 		return usageErr("serve takes no arguments (got %q)", pos)
+	}
+	if *token == "" {
+		*token = e.getenv("MODKIT_OUTBOX_TOKEN")
 	}
 	c, pool, err := f.client(ctx)
 	if err != nil {
