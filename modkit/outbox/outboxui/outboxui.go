@@ -282,23 +282,39 @@ func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
 	redirect(w, r, "./", "Signed out.")
 }
 
+// replayMax caps the ids one replay form may carry (a page of events).
+const replayMax = 100
+
 func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PostForm.Get("id"))
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "Replay needs an event id.")
+	raw := r.PostForm["id"]
+	if len(raw) == 0 || len(raw) > replayMax {
+		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Replay needs 1 to %d event ids.", replayMax))
 		return
 	}
-	done, err := h.admin.ReplayDead(r.Context(), h.opts.By, outbox.EventFilter{}, id)
+	ids := make([]uuid.UUID, len(raw))
+	for i, v := range raw {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Replay: %q is not an event id.", v))
+			return
+		}
+		ids[i] = id
+	}
+	done, err := h.admin.ReplayDead(r.Context(), h.opts.By, outbox.EventFilter{}, ids...)
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Replay failed: "+err.Error())
 		return
 	}
-	h.log.Info("outboxui: replay", "event", id, "replayed", len(done), "remote", r.RemoteAddr)
+	h.log.Info("outboxui: replay", "events", ids, "replayed", len(done), "remote", r.RemoteAddr)
+	if len(ids) > 1 {
+		redirect(w, r, "events?status=dead", fmt.Sprintf("Replayed %d of %d events; they are pending again.", len(done), len(ids)))
+		return
+	}
 	flash := "Event replayed: it is pending again."
 	if len(done) == 0 {
 		flash = "Nothing replayed: the event is no longer dead."
 	}
-	redirect(w, r, "events/"+id.String(), flash)
+	redirect(w, r, "events/"+ids[0].String(), flash)
 }
 
 func (h *handler) purge(w http.ResponseWriter, r *http.Request) {

@@ -405,11 +405,22 @@ func TestDashboardGuards(t *testing.T) {
 	if _, err := w.client.Admin().Get(bg, w.delivered); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("the delivered event survived the purge: %v", err)
 	}
-	if code, body := post(t, jar, base+"replay", url.Values{"csrf": {csrf}, "id": {w.deadOrder.String()}}, ""); code != http.StatusSeeOther {
+	// The list of dead events offers to replay the page, which replays
+	// every event on it.
+	if body, _ := get(t, jar, base+"events?status=dead"); !strings.Contains(body, `id="replay-page"`) {
+		t.Fatalf("no page replay on the dead list:\n%s", body)
+	}
+	if code, _ := post(t, jar, base+"replay", url.Values{"csrf": {csrf}, "id": {"nope"}}, ""); code != http.StatusBadRequest {
+		t.Fatalf("replay of a bad id: %d", code)
+	}
+	ids := url.Values{"csrf": {csrf}, "id": {w.deadOrder.String(), w.deadMail.String()}}
+	if code, body := post(t, jar, base+"replay", ids, ""); code != http.StatusSeeOther {
 		t.Fatalf("replay: %d %s", code, body)
 	}
-	if s := w.status(t, w.deadOrder); s != outbox.StatusPending {
-		t.Fatalf("after replay: %s", s)
+	for _, id := range []uuid.UUID{w.deadOrder, w.deadMail} {
+		if s := w.status(t, id); s != outbox.StatusPending {
+			t.Fatalf("after replay %s is %s", id, s)
+		}
 	}
 	for path, want := range map[string]int{"assets/style.css": http.StatusOK, "assets/overview.html": http.StatusNotFound} {
 		resp, err := http.Get(base + path)
