@@ -124,15 +124,14 @@ func (b *Browser) read() {
 				delete(b.pending, m.ID)
 			}
 		} else {
-			kept := b.waiters[:0]
 			for _, w := range b.waiters {
 				if w.method == m.Method && w.session == m.SessionID {
-					close(w.ch)
-				} else {
-					kept = append(kept, w)
+					select {
+					case w.ch <- struct{}{}:
+					default: // the subscriber has not taken the last ones yet
+					}
 				}
 			}
-			b.waiters = kept
 		}
 		b.mu.Unlock()
 	}
@@ -184,14 +183,24 @@ func (b *Browser) call(ctx context.Context, session, method string, params any, 
 	}
 }
 
-// expect registers interest in the next event method of session; register
-// before the command that causes it.
-func (b *Browser) expect(session, method string) chan struct{} {
-	w := &waiter{session: session, method: method, ch: make(chan struct{})}
+// subscribe delivers the occurrences of the event method of session on
+// the returned channel until cancel is called; subscribe before the
+// command that causes the event.
+func (b *Browser) subscribe(session, method string) (ch chan struct{}, cancel func()) {
+	w := &waiter{session: session, method: method, ch: make(chan struct{}, 16)}
 	b.mu.Lock()
 	b.waiters = append(b.waiters, w)
 	b.mu.Unlock()
-	return w.ch
+	return w.ch, func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for i, x := range b.waiters {
+			if x == w {
+				b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
+				return
+			}
+		}
+	}
 }
 
 // Close shuts the browser down and removes its profile.
@@ -237,7 +246,12 @@ func (b *Browser) NewPage(ctx context.Context) (*Page, error) {
 	if err := b.call(ctx, p.session, "Page.enable", nil, nil); err != nil {
 		return nil, err
 	}
-	return p, b.call(ctx, p.session, "Runtime.enable", nil, nil)
+	if err := b.call(ctx, p.session, "Runtime.enable", nil, nil); err != nil {
+		return nil, err
+	}
+	// Let the blank page finish loading, so that its load event cannot be
+	// taken for the next page's.
+	return p, p.Eval(ctx, `new Promise(r => document.readyState === "complete" ? r(true) : addEventListener("load", () => r(true)))`, nil)
 }
 
 func (p *Page) wait(ctx context.Context, ch chan struct{}, what string) error {
@@ -251,9 +265,11 @@ func (p *Page) wait(ctx context.Context, ch chan struct{}, what string) error {
 	}
 }
 
-// Navigate loads url and waits for its load event.
+// Navigate loads url and waits for its load event. url must be the
+// address the page ends at (no redirect), written as the browser writes it.
 func (p *Page) Navigate(ctx context.Context, url string) error {
-	loaded := p.b.expect(p.session, "Page.loadEventFired")
+	loaded, cancel := p.b.subscribe(p.session, "Page.loadEventFired")
+	defer cancel()
 	var res struct {
 		ErrorText string `json:"errorText"`
 	}
@@ -263,7 +279,20 @@ func (p *Page) Navigate(ctx context.Context, url string) error {
 	if res.ErrorText != "" {
 		return fmt.Errorf("browser: navigate to %s: %s", url, res.ErrorText)
 	}
-	return p.wait(ctx, loaded, "the load of "+url)
+	// A load event of the page before can still be on its way: wait until
+	// the document loaded is the one asked for.
+	for {
+		if err := p.wait(ctx, loaded, "the load of "+url); err != nil {
+			return err
+		}
+		var state struct{ Href, Ready string }
+		if err := p.Eval(ctx, `({Href: location.href, Ready: document.readyState})`, &state); err != nil {
+			return err
+		}
+		if state.Href == url && state.Ready == "complete" {
+			return nil
+		}
+	}
 }
 
 // Eval evaluates a JavaScript expression and stores its JSON value in out
@@ -311,7 +340,8 @@ func (p *Page) Text(ctx context.Context, selector string) (string, error) {
 // submit button or a link, a form's submit) and waits for that page to
 // load.
 func (p *Page) Do(ctx context.Context, js string) error {
-	loaded := p.b.expect(p.session, "Page.loadEventFired")
+	loaded, cancel := p.b.subscribe(p.session, "Page.loadEventFired")
+	defer cancel()
 	if err := p.Eval(ctx, js, nil); err != nil {
 		return err
 	}
