@@ -405,6 +405,17 @@ func TestDashboardGuards(t *testing.T) {
 	if _, err := w.client.Admin().Get(bg, w.delivered); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("the delivered event survived the purge: %v", err)
 	}
+	if body, _ := get(t, jar, base+"events?since=1h&namespace=shop"); strings.Count(body, `<tr data-id=`) != 2 { // the delivered one was purged
+		t.Fatalf("shop events of the last hour:\n%s", body)
+	}
+	if code, _ := post(t, jar, base+"events?since=yesterday", nil, ""); code != http.StatusMethodNotAllowed {
+		t.Fatalf("POST to the list: %d", code)
+	}
+	if resp, err := http.Get(base + "events?since=yesterday"); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a bad since: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	// The list of dead events offers to replay the page, which replays
 	// every event on it.
 	if body, _ := get(t, jar, base+"events?status=dead"); !strings.Contains(body, `id="replay-page"`) {

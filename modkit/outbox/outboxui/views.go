@@ -89,6 +89,8 @@ type eventsData struct {
 	Filter   outbox.EventFilter
 	Tenant   string
 	Statuses []outbox.Status
+	Since    string // "", or a duration: events created in the last Since
+	Ranges   []string
 	Events   []outbox.Event
 	Next     string // query string of the next page, "" on the last
 }
@@ -107,6 +109,15 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		}
 		f.TenantID = &id
 	}
+	if d.Since = q.Get("since"); d.Since != "" {
+		ago, err := time.ParseDuration(d.Since)
+		if err != nil || ago <= 0 {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Since %q is not a positive duration such as 1h.", d.Since))
+			return
+		}
+		f.CreatedAfter = time.Now().Add(-ago)
+	}
+	d.Ranges = []string{"15m", "1h", "24h", "168h"}
 	d.Filter = f
 	page, err := h.admin.List(r.Context(), f)
 	if errors.Is(err, outbox.ErrInvalidConfig) || errors.Is(err, outbox.ErrInvalidCursor) {
