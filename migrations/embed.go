@@ -1,8 +1,10 @@
 // Package migrations holds the versioned SQL that creates and evolves the
 // modkit tables. Files follow the golang-migrate naming
 // (NNNN_name.up.sql / NNNN_name.down.sql) and contain no transaction control
-// statements, so golang-migrate, goose (with its sqlfile adapter) or atlas can
-// run them too. The statements use unqualified table names: they land in the
+// statements, so golang-migrate can run them as they are. goose cannot (it
+// wants one file per version with -- +goose Up/Down sections): `modkit-outbox
+// migrate sql --format goose` writes that layout, and --format plain one
+// script for psql. The statements use unqualified table names: they land in the
 // first schema of the search_path, which the modkit migrator sets to its
 // configured schema.
 //

@@ -173,6 +173,17 @@ func readMigrations(fsys fs.FS) ([]Migration, error) {
 // Migrations lists the known migrations in version order.
 func (m *Migrator) Migrations() []Migration { return slices.Clone(m.migrations) }
 
+// ReadMigrations reads and checks the NNNN_name.up.sql / .down.sql pairs at
+// the root of fsys (migrations.FS for modkit's own), in version order,
+// without a database: tools use it to print or convert the migrations.
+func ReadMigrations(fsys fs.FS) ([]Migration, error) { return readMigrations(fsys) }
+
+// UpSQL is the text of the migration's .up.sql file.
+func (m Migration) UpSQL() string { return m.up }
+
+// DownSQL is the text of the migration's .down.sql file.
+func (m Migration) DownSQL() string { return m.down }
+
 // Up applies every migration not yet applied, in version order, and returns
 // the ones it applied. Running it again applies nothing.
 func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {

@@ -108,20 +108,83 @@
 // # Operations
 //
 // Client.Admin has Stats, List (pending, dead, … with filters and paging),
-// Get, ReplayDead (by id or filter) and Purge. Dispatcher.Health says
-// whether a dispatcher is degraded and why.
+// Get, ReplayDead (by id or filter), Purge, Series (throughput and delivery
+// latency per bucket, for charts) and Settled (recent outcomes, to follow
+// deliveries). Dispatcher.Health says whether a dispatcher is degraded and
+// why.
 //
-// The dispatcher reports OpenTelemetry metrics through the global
-// MeterProvider, scope "github.com/modkit-go/modkit/modkit/outbox":
+// The command modkit-outbox (go install
+// github.com/modkit-go/modkit/cmd/modkit-outbox@latest) drives Admin from
+// the shell: migrate, stats, events list/show, dead replay, purge, tail,
+// and serve, which runs the dashboard of package
+// modkit/outbox/outboxui. That dashboard is an http.Handler you can also
+// mount in your own server.
 //
-//	outbox.events.delivered, .retried, .dead, .released, .lease_lost   counters, by namespace and topic
-//	outbox.publish.abandoned                                          counter, by namespace and topic
-//	outbox.publish.duration, outbox.delivery.lag                      histograms, seconds
-//	outbox.claim.errors, outbox.listener.reconnects                   counters
-//	outbox.pending.depth, outbox.processing.depth, outbox.dead.count,
-//	outbox.pending.oldest_age                                         gauges by namespace and topic, from the
-//	                                                                  dispatcher maintaining the topic, every SweepInterval
-//	outbox.dispatcher.degraded                                        gauge, 1 while Health is degraded
+// # Metrics
+//
+// A running Dispatcher reports OpenTelemetry metrics through the global
+// MeterProvider (otel.SetMeterProvider), instrumentation scope
+// "github.com/modkit-go/modkit/modkit/outbox". Attributes: namespace and
+// topic (the event's), worker_id (the dispatcher's DispatcherConfig.WorkerID).
+// The Prometheus name is the one the OpenTelemetry Prometheus exporter
+// derives: dots become underscores, counters end in _total, and
+// instruments in seconds end in _seconds.
+//
+//	name (Prometheus name)                                      kind        unit     attributes
+//	outbox.events.delivered (outbox_events_delivered_total)     counter     events   namespace, topic
+//	outbox.events.retried (outbox_events_retried_total)         counter     events   namespace, topic
+//	outbox.events.dead (outbox_events_dead_total)               counter     events   namespace, topic
+//	outbox.events.released (outbox_events_released_total)       counter     events   namespace, topic
+//	outbox.events.lease_lost (outbox_events_lease_lost_total)   counter     events   namespace, topic
+//	outbox.publish.abandoned (outbox_publish_abandoned_total)   counter     calls    namespace, topic
+//	outbox.claim.errors (outbox_claim_errors_total)             counter     queries  none
+//	outbox.listener.reconnects (outbox_listener_reconnects_total)
+//	                                                            counter     reconnects none
+//	outbox.publish.duration (outbox_publish_duration_seconds)   histogram   s        namespace, topic
+//	outbox.delivery.lag (outbox_delivery_lag_seconds)           histogram   s        namespace, topic
+//	outbox.pending.depth (outbox_pending_depth)                 gauge       events   namespace, topic
+//	outbox.processing.depth (outbox_processing_depth)           gauge       events   namespace, topic
+//	outbox.dead.count (outbox_dead_count)                       gauge       events   namespace, topic
+//	outbox.pending.oldest_age (outbox_pending_oldest_age_seconds)
+//	                                                            gauge       s        namespace, topic
+//	outbox.dispatcher.degraded (outbox_dispatcher_degraded)     gauge       0 or 1   worker_id
+//
+// What they measure:
+//
+//   - delivered, retried, dead: outcomes recorded (dead counts both events
+//     dead-lettered by a publish and those the maintenance sweep moved to
+//     dead after their last attempt). released: claimed events given back unpublished
+//     (stop, deadline passed while queued, publish abandoned), without using
+//     an attempt. lease_lost: outcomes refused because the lease had
+//     expired (another dispatcher may publish the event again).
+//   - publish.abandoned: publish calls that outlived their deadline and were
+//     abandoned (see Topic isolation).
+//   - claim.errors: failed claim queries; listener.reconnects: LISTEN
+//     connections lost and re-opened.
+//   - publish.duration: the time of each Publish or HandleTx call (not
+//     recorded for abandoned calls). delivery.lag: from the event's enqueue
+//     (its transaction's start, created_at) to its successful publish;
+//     queueing and retries included.
+//   - The gauges are read from the table by the one dispatcher that holds a
+//     topic's maintenance lease, every SweepInterval (30s by default), so
+//     they lag by up to that much and only topics with a running dispatcher
+//     are reported. pending.depth counts pending events (due or not),
+//     processing.depth leased ones, dead.count dead ones;
+//     pending.oldest_age is how long the oldest due pending event has
+//     waited past its next_attempt_at (0 when none is due).
+//   - dispatcher.degraded is 1 while Dispatcher.Health reports Degraded.
+//
+// To export them to Prometheus, install the OpenTelemetry Prometheus
+// exporter as the global MeterProvider before starting dispatchers:
+//
+//	exporter, err := prometheus.New() // go.opentelemetry.io/otel/exporters/prometheus
+//	if err != nil { … }
+//	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter)))
+//	http.Handle("/metrics", promhttp.Handler()) // github.com/prometheus/client_golang/prometheus/promhttp
+//
+// and alert, for example, on outbox_pending_oldest_age_seconds above your
+// delivery objective, on increase(outbox_events_dead_total[15m]) > 0, or on
+// outbox_dispatcher_degraded == 1.
 //
 // # Engines
 //

@@ -109,7 +109,9 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.pendingDepth = float("outbox.pending.depth", "Pending events per topic.")
 	m.processingDepth = float("outbox.processing.depth", "Leased events per topic.")
 	m.deadCount = float("outbox.dead.count", "Dead events per topic.")
-	m.oldestAge = float("outbox.pending.oldest_age", "Seconds the oldest due pending event of a topic has waited.")
+	m.oldestAge, err = meter.Float64ObservableGauge("outbox.pending.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Seconds the oldest due pending event of a topic has waited."))
+	errs = append(errs, err)
 	m.stuckDepth = float("outbox.stuck.depth", "Leased events per topic whose lease expired without an outcome (waiting for repair).")
 	m.degraded, err = meter.Int64ObservableGauge("outbox.dispatcher.degraded",
 		metric.WithDescription("1 while the dispatcher reports itself degraded (see Dispatcher.Health), else 0."))

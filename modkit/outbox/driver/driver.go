@@ -136,6 +136,12 @@ type Store interface {
 	List(ctx context.Context, f ListFilter) ([]Event, error)
 	// Get returns one event or ErrNotFound.
 	Get(ctx context.Context, id uuid.UUID) (Event, error)
+	// Series counts the delivered events of the last Window per Bucket
+	// and topic, with their enqueue-to-delivery latency (see series.go).
+	Series(ctx context.Context, p SeriesParams) (SeriesResult, error)
+	// Settled returns delivered and dead events whose last change is at or
+	// after p.Since, oldest change first, at most p.Limit.
+	Settled(ctx context.Context, p SettledParams) ([]Event, error)
 	// Replay puts dead events matching p back to pending with their
 	// attempts reset, records who did it in their history, and returns
 	// their ids.

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// TestStatsTable checks the table against its golden text. Pending events
+// are retried an hour ahead so that no age depends on the test's speed.
+func TestStatsTable(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 5)
+	f.settle(t, orders, 2, driver.Delivered, 0)
+	f.settle(t, orders, 1, driver.Dead, 0)
+	f.settle(t, orders, 2, driver.Retry, time.Hour)
+	f.enqueue(t, mails, 1)
+	f.settle(t, mails, 1, driver.Dead, 0)
+
+	got := cli(t, f.dsn, "stats").must(t, exitOK).stdout
+	const golden = `NAMESPACE  TOPIC         PENDING  PROCESSING  DELIVERED  DEAD  OLDEST DUE
+crm        welcome_mail  0        0           0          1     -
+shop       order_paid    2        0           2          1     -
+TOTAL                    2        0           2          2     -
+`
+	if got != golden {
+		t.Fatalf("stats table:\n%s\nwant:\n%s", got, golden)
+	}
+
+	var st statsJSON
+	out := cli(t, f.dsn, "stats", "--json").must(t, exitOK).stdout
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, out)
+	}
+	if len(st.Topics) != 2 || st.Total.Dead != 2 || st.Topics[1].Delivered != 2 || st.Topics[1].Pending != 2 {
+		t.Fatalf("stats --json: %+v", st)
+	}
+}
+
+// TestEventsList parses the JSON output through its filters and pages.
+func TestEventsList(t *testing.T) {
+	f := newFixture(t)
+	ids := f.enqueue(t, orders, 3)
+	f.settle(t, orders, 1, driver.Dead, 0)
+	f.enqueue(t, mails, 2)
+
+	list := func(args ...string) pageJSON {
+		t.Helper()
+		out := cli(t, f.dsn, append([]string{"events", "list", "--json"}, args...)...).must(t, exitOK).stdout
+		var p pageJSON
+		if err := json.Unmarshal([]byte(out), &p); err != nil {
+			t.Fatalf("events list %v: %v\n%s", args, err, out)
+		}
+		return p
+	}
+	if p := list(); len(p.Events) != 5 || p.NextPage != "" || p.Events[0].ID != ids[0].String() || p.Events[0].Payload != nil {
+		t.Fatalf("all events: %+v", p)
+	}
+	if p := list("--status", "dead"); len(p.Events) != 1 || p.Events[0].ID != ids[0].String() ||
+		p.Events[0].LastError == nil || !strings.Contains(*p.Events[0].LastError, "consumer said no") {
+		t.Fatalf("dead events: %+v", p)
+	}
+	if p := list("--topic", "crm/welcome_mail"); len(p.Events) != 2 || p.Events[0].Namespace != "crm" {
+		t.Fatalf("crm/welcome_mail: %+v", p)
+	}
+	if p := list("--topic", "order_paid", "--status", "pending"); len(p.Events) != 2 {
+		t.Fatalf("pending order_paid: %+v", p)
+	}
+	if p := list("--since", "1h", "--until", "2000-01-01T00:00:00Z"); len(p.Events) != 0 {
+		t.Fatalf("an empty time range: %+v", p)
+	}
+	// Pages of two, by cursor, cover everything once.
+	var seen []string
+	args := []string{"--limit", "2"}
+	for pages := 0; ; pages++ {
+		p := list(args...)
+		for _, e := range p.Events {
+			seen = append(seen, e.ID)
+		}
+		if p.NextPage == "" {
+			if pages != 2 {
+				t.Fatalf("%d pages of two for five events", pages+1)
+			}
+			break
+		}
+		args = []string{"--limit", "2", "--after", p.NextPage}
+	}
+	if len(seen) != 5 || seen[0] != ids[0].String() {
+		t.Fatalf("paged ids: %v", seen)
+	}
+	if p := list("--limit", "2", "--all", "--payload"); len(p.Events) != 5 || !strings.Contains(string(p.Events[0].Payload), "s3cr3t") {
+		t.Fatalf("--all --payload: %+v", p)
+	}
+
+	table := cli(t, f.dsn, "events", "list", "--status", "dead").must(t, exitOK).stdout
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[1], ids[0].String()) ||
+		!strings.Contains(lines[1], "boom: consumer said no") {
+		t.Fatalf("table:\n%s", table)
+	}
+	r := cli(t, f.dsn, "events", "list", "--limit", "1").must(t, exitOK)
+	if !strings.Contains(r.stderr, "--after ") {
+		t.Fatalf("no hint at the next page on stderr: %q", r.stderr)
+	}
+}
+
+func TestEventsShow(t *testing.T) {
+	f := newFixture(t)
+	id := f.enqueue(t, orders, 1)[0]
+	out := cli(t, f.dsn, "events", "show", id.String()).must(t, exitOK).stdout
+	if !strings.Contains(out, "shop/order_paid") || !strings.Contains(out, "pending") || strings.Contains(out, "s3cr3t") ||
+		!strings.Contains(out, "hidden") {
+		t.Fatalf("show:\n%s", out)
+	}
+	var v eventView
+	out = cli(t, f.dsn, "events", "show", "--json", id.String(), "--payload").must(t, exitOK).stdout
+	if err := json.Unmarshal([]byte(out), &v); err != nil || v.ID != id.String() || !strings.Contains(string(v.Payload), "s3cr3t") {
+		t.Fatalf("show --json --payload: %v\n%s", err, out)
+	}
+	cli(t, f.dsn, "events", "show", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
+}
+
+// TestDeadReplay: a dry run changes nothing, more than one event needs a
+// confirmation, and replayed events are delivered by a dispatcher.
+func TestDeadReplay(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 3)
+	dead := f.settle(t, orders, 3, driver.Dead, 0)
+	f.enqueue(t, mails, 1)
+	deadMail := f.settle(t, mails, 1, driver.Dead, 0)[0]
+
+	r := cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--dry-run").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dry run: 3 dead event(s) would be replayed") {
+		t.Fatalf("dry run:\n%s", r.stdout)
+	}
+	for _, id := range append(dead, deadMail) {
+		if s := f.status(t, id); s != outbox.StatusDead {
+			t.Fatalf("after a dry run %s is %s", id, s)
+		}
+	}
+	// More than one without --yes, and no terminal to ask on: refused.
+	r = cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid").must(t, exitAborted)
+	if !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("refusal does not say what to do: %s", r.stderr)
+	}
+	if s := f.status(t, dead[0]); s != outbox.StatusDead {
+		t.Fatalf("after a refused replay %s is %s", dead[0], s)
+	}
+	r = cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--yes", "--by", "test operator").must(t, exitOK)
+	if !strings.Contains(r.stdout, "replayed 3 event(s)") {
+		t.Fatalf("replay:\n%s", r.stdout)
+	}
+	if s := f.status(t, deadMail); s != outbox.StatusDead {
+		t.Fatalf("the filter replayed another topic's event: %s", s)
+	}
+	// One id needs no confirmation.
+	cli(t, f.dsn, "dead", "replay", deadMail.String()).must(t, exitOK)
+	ev, err := f.client.Admin().Get(bg, dead[0])
+	if err != nil || ev.Status != outbox.StatusPending {
+		t.Fatalf("replayed event: %+v %v", ev, err)
+	}
+	if h, err := f.client.Admin().History(bg, dead[0]); err != nil || len(h) == 0 || h[len(h)-1].Detail != "replayed by test operator" {
+		t.Fatalf("history of the replayed event: %+v %v", h, err)
+	}
+	f.deliverAll(t, orders, 3)
+	for _, id := range dead {
+		if s := f.status(t, id); s != outbox.StatusDelivered {
+			t.Fatalf("replayed %s ended %s, want delivered", id, s)
+		}
+	}
+	r = cli(t, f.dsn, "dead", "replay", dead[0].String()).must(t, exitOK)
+	if !strings.Contains(r.stderr, "not dead") || !strings.Contains(r.stdout, "nothing to replay") {
+		t.Fatalf("replaying a delivered event: %+v", r)
+	}
+	cli(t, f.dsn, "dead", "replay", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
+}
+
+func TestPurge(t *testing.T) {
+	f := newFixture(t)
+	ids := f.enqueue(t, orders, 2)
+	f.settle(t, orders, 2, driver.Delivered, 0)
+	cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s").must(t, exitAborted)
+	r := cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s", "--yes").must(t, exitOK)
+	if !strings.Contains(r.stdout, "deleted 2 delivered event(s)") {
+		t.Fatalf("purge: %s", r.stdout)
+	}
+	if _, err := f.client.Admin().Get(bg, ids[0]); err == nil {
+		t.Fatal("a purged event is still there")
+	}
+	cli(t, f.dsn, "purge", "--topic", "order_paid", "--older-than", "1h", "--yes").must(t, exitUsage)
+	cli(t, f.dsn, "purge", "--older-than", "1h").must(t, exitUsage)
+}
+
+func TestExitCodes(t *testing.T) {
+	f := newFixture(t)
+	for _, c := range []struct {
+		dsn  string
+		args []string
+		code int
+		hint string
+	}{
+		{f.dsn, []string{"stats", "--no-such-flag"}, exitUsage, "flag provided but not defined"},
+		{f.dsn, []string{"frobnicate"}, exitUsage, "unknown command"},
+		{f.dsn, []string{}, exitUsage, "Commands:"},
+		{f.dsn, []string{"events", "list", "--status", "lost"}, exitUsage, "pending, processing, delivered, dead"},
+		{f.dsn, []string{"events", "list", "--after", "garbage"}, exitUsage, "cursor"},
+		{f.dsn, []string{"events", "show", "not-a-uuid"}, exitUsage, "not an event id"},
+		{f.dsn, []string{"events", "list", "--since", "yesterday"}, exitUsage, "RFC 3339"},
+		{f.dsn, []string{"migrate", "sideways"}, exitUsage, "up, down, status or sql"},
+		{f.dsn, []string{"migrate", "sql", "--format", "flyway"}, exitUsage, "golang-migrate, goose or plain"},
+		{"", []string{"stats"}, exitUsage, "DATABASE_URL"},
+		{"postgres://nobody@127.0.0.1:1/none?connect_timeout=5", []string{"stats"}, exitUnreachable, "cannot reach the database"},
+		{"host=127.0.0.1 port=1 user=x", []string{"events", "list", "--connect-timeout", "5s"}, exitUnreachable, "cannot reach"},
+		{"::not a url::", []string{"stats"}, exitUsage, "not a valid PostgreSQL URL"},
+	} {
+		r := cli(t, c.dsn, c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.hint) {
+			t.Errorf("%v: exit %d, want %d with %q in stderr:\n%s", c.args, r.code, c.code, c.hint, r.stderr)
+		}
+	}
+	if r := cli(t, f.dsn, "stats", "--help"); r.code != exitOK || !strings.Contains(r.stdout, "Examples:") || strings.Contains(r.stdout, f.dsn) {
+		t.Errorf("stats --help: %+v", r)
+	}
+	if r := cli(t, f.dsn, "help", "dead"); r.code != exitOK || !strings.Contains(r.stdout, "--dry-run") {
+		t.Errorf("help dead: %+v", r)
+	}
+}

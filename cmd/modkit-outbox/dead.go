@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/user"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+const deadExamples = `  modkit-outbox dead replay 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b
+  modkit-outbox dead replay --topic shop/order_paid --since 1h --dry-run
+  modkit-outbox dead replay --topic shop/order_paid --yes --by "alice, after the billing fix"
+`
+
+// replayShowMax is how many of the events to replay are listed before
+// the confirmation.
+const replayShowMax = 20
+
+func runDead(ctx context.Context, e env, args []string) error {
+	f := newFlags(e, "dead", "dead replay [ID...] [flags]", deadExamples)
+	var ff filterFlags
+	ff.register(f)
+	limit := f.Int("limit", 1000, "replay by filter: at most this many events, oldest first (at most 10000)")
+	dryRun := f.Bool("dry-run", false, "list what would be replayed and change nothing")
+	yes := f.Bool("yes", false, "do not ask for confirmation when replaying more than one event")
+	by := f.String("by", defaultBy(), "who is replaying, recorded in each event's last_error")
+	pos, err := f.parse(e, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 || pos[0] != "replay" {
+		f.printUsage(e.stderr)
+		return usageErr("dead needs the replay subcommand")
+	}
+	var ids []uuid.UUID
+	for _, s := range pos[1:] {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return usageErr("%q is not an event id (a UUID)", s)
+		}
+		ids = append(ids, id)
+	}
+	filter, err := ff.filter(time.Now())
+	if err != nil {
+		return err
+	}
+	if len(ids) > 0 && filter != (outbox.EventFilter{}) {
+		return usageErr("give event ids or filter flags, not both")
+	}
+	if *limit < 1 || *limit > 10000 {
+		return usageErr("--limit is %d; use 1 to 10000", *limit)
+	}
+	c, pool, err := f.client(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	a := c.Admin()
+
+	targets, err := replayTargets(ctx, e, a, ids, filter, *limit)
+	if err != nil {
+		return err
+	}
+	if len(targets) == 0 {
+		fmt.Fprintln(e.stdout, "no dead event matches; nothing to replay")
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAMESPACE\tTOPIC\tATTEMPTS\tCREATED\tLAST ERROR")
+	for _, ev := range targets[:min(len(targets), replayShowMax)] {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", ev.ID, ev.Namespace, ev.Topic, ev.Attempts, fmtTime(ev.CreatedAt), oneLine(ev.LastError, 60))
+	}
+	_ = tw.Flush()
+	if len(targets) > replayShowMax {
+		fmt.Fprintf(e.stdout, "… and %d more\n", len(targets)-replayShowMax)
+	}
+	if *dryRun {
+		fmt.Fprintf(e.stdout, "dry run: %d dead event(s) would be replayed; nothing was changed\n", len(targets))
+		return nil
+	}
+	if len(targets) > 1 && !*yes {
+		if err := confirm(e, fmt.Sprintf("Replay %d dead events?", len(targets))); err != nil {
+			return err
+		}
+	}
+	targetIDs := make([]uuid.UUID, len(targets))
+	for i, ev := range targets {
+		targetIDs[i] = ev.ID
+	}
+	replayed, err := a.ReplayDead(ctx, *by, outbox.EventFilter{}, targetIDs...)
+	if errors.Is(err, outbox.ErrInvalidConfig) {
+		return withCode(exitUsage, err)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "replayed %d event(s)\n", len(replayed))
+	if n := len(targets) - len(replayed); n > 0 {
+		fmt.Fprintf(e.stdout, "%d event(s) were no longer dead and were left alone\n", n)
+	}
+	return nil
+}
+
+// replayTargets resolves the dead events to replay: the ids given (each
+// must exist; ones not dead are reported and skipped), or those the filter
+// matches, oldest first, at most limit.
+func replayTargets(ctx context.Context, e env, a *outbox.Admin, ids []uuid.UUID, f outbox.EventFilter, limit int) ([]outbox.Event, error) {
+	var out []outbox.Event
+	if len(ids) > 0 {
+		for _, id := range ids {
+			ev, err := a.Get(ctx, id)
+			if errors.Is(err, outbox.ErrNotFound) {
+				return nil, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema); nothing was replayed", id))
+			}
+			if err != nil {
+				return nil, err
+			}
+			if ev.Status != outbox.StatusDead {
+				fmt.Fprintf(e.stderr, "skipping %s: it is %s, not dead\n", id, ev.Status)
+				continue
+			}
+			out = append(out, ev)
+		}
+		return out, nil
+	}
+	f.Status = outbox.StatusDead
+	for len(out) < limit {
+		f.Limit = min(1000, limit-len(out))
+		page, err := a.List(ctx, f)
+		if errors.Is(err, outbox.ErrInvalidConfig) {
+			return nil, withCode(exitUsage, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, page.Events...)
+		if page.NextPage == "" {
+			break
+		}
+		f.After = page.NextPage
+	}
+	return out, nil
+}
+
+func defaultBy() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return "modkit-outbox (" + u.Username + ")"
+	}
+	return "modkit-outbox"
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
+)
+
+// errHelp: --help was asked for and printed.
+var errHelp = errors.New("help printed")
+
+// cmdFlags is a command's flag set with the connection flags every command
+// shares.
+type cmdFlags struct {
+	*flag.FlagSet
+	databaseURL, schema string
+	connectTimeout      time.Duration
+	usage, examples     string
+	getenv              func(string) string
+}
+
+func newFlags(e env, name, usage, examples string) *cmdFlags {
+	f := &cmdFlags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), usage: usage, examples: examples, getenv: e.getenv}
+	f.SetOutput(io.Discard)
+	// The default is read after parsing, so that --help never prints the
+	// URL (and its password).
+	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL or DSN (default $DATABASE_URL)")
+	f.StringVar(&f.schema, "schema", "public", "schema holding the outbox tables")
+	f.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
+	return f
+}
+
+func (f *cmdFlags) printUsage(w io.Writer) {
+	fmt.Fprintf(w, "Usage:\n  modkit-outbox %s\n\nFlags:\n", f.usage)
+	f.SetOutput(w)
+	f.PrintDefaults()
+	f.SetOutput(io.Discard)
+	if f.examples != "" {
+		fmt.Fprintf(w, "\nExamples:\n%s", f.examples)
+	}
+}
+
+// parse parses flags placed anywhere among the arguments and returns the
+// positional arguments. --help prints the usage and returns errHelp.
+func (f *cmdFlags) parse(e env, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := f.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				f.printUsage(e.stdout)
+				return nil, errHelp
+			}
+			f.printUsage(e.stderr)
+			return nil, usageErr("%s: %v", f.Name(), err)
+		}
+		args = f.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// connect opens a pool on the database and checks that it answers.
+func (f *cmdFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if f.databaseURL == "" {
+		f.databaseURL = f.getenv("DATABASE_URL")
+	}
+	if f.databaseURL == "" {
+		return nil, usageErr("no database: set DATABASE_URL or pass --database-url")
+	}
+	cfg, err := pgxpool.ParseConfig(f.databaseURL)
+	if err != nil {
+		return nil, usageErr("--database-url is not a valid PostgreSQL URL or DSN: %v", err)
+	}
+	cfg.MaxConns = 4
+	cfg.ConnConfig.ConnectTimeout = f.connectTimeout
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, withCode(exitUnreachable, fmt.Errorf("cannot reach the database: %w", err))
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, f.connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, withCode(exitUnreachable, fmt.Errorf("cannot reach the database at %s:%d: %w (check --database-url or DATABASE_URL)",
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port, err))
+	}
+	return pool, nil
+}
+
+// client connects and returns an outbox client on the schema; close the
+// pool when done.
+func (f *cmdFlags) client(ctx context.Context) (*outbox.Client, *pgxpool.Pool, error) {
+	pool, err := f.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: f.schema})
+	if err != nil {
+		pool.Close()
+		return nil, nil, usageErr("%v", err)
+	}
+	return c, pool, nil
+}
+
+// filterFlags are the event filters shared by events list and dead replay.
+type filterFlags struct {
+	namespace, topic, tenant, since, until string
+}
+
+func (ff *filterFlags) register(f *cmdFlags) {
+	f.StringVar(&ff.namespace, "namespace", "", "only events of this namespace")
+	f.StringVar(&ff.topic, "topic", "", "only events of this topic: NAMESPACE/TOPIC, or TOPIC in any namespace")
+	f.StringVar(&ff.tenant, "tenant", "", "only events of this tenant id (a UUID)")
+	f.StringVar(&ff.since, "since", "", "only events enqueued at or after this time: RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (90m)")
+	f.StringVar(&ff.until, "until", "", "only events enqueued before this time: RFC 3339 or a duration ago")
+}
+
+func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
+	var out outbox.EventFilter
+	out.Namespace = ff.namespace
+	if ns, t, ok := strings.Cut(ff.topic, "/"); ok {
+		if ff.namespace != "" && ff.namespace != ns {
+			return out, usageErr("--namespace %q contradicts --topic %q", ff.namespace, ff.topic)
+		}
+		out.Namespace, out.Topic = ns, t
+	} else {
+		out.Topic = ff.topic
+	}
+	if ff.tenant != "" {
+		id, err := uuid.Parse(ff.tenant)
+		if err != nil {
+			return out, usageErr("--tenant %q is not a UUID", ff.tenant)
+		}
+		out.TenantID = &id
+	}
+	var err error
+	if out.CreatedAfter, err = parseWhen("--since", ff.since, now); err != nil {
+		return out, err
+	}
+	if out.CreatedBefore, err = parseWhen("--until", ff.until, now); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+// parseWhen reads an RFC 3339 time or a duration before now; "" is zero.
+func parseWhen(flagName, v string, now time.Time) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, usageErr("%s %q: use an RFC 3339 time (2026-01-02T15:04:05Z) or a duration ago (90m)", flagName, v)
+}
+
+// parseTopic reads NAMESPACE/TOPIC.
+func parseTopic(v string) (outbox.Topic, error) {
+	ns, t, ok := strings.Cut(v, "/")
+	if !ok || ns == "" || t == "" {
+		return outbox.Topic{}, usageErr("topic %q: write it as NAMESPACE/TOPIC", v)
+	}
+	return outbox.Topic{Namespace: ns, Topic: t}, nil
+}
+
+// listFlag collects a repeated string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }

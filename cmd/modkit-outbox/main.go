@@ -1,0 +1,167 @@
+// Command modkit-outbox operates a modkit transactional outbox from the
+// shell: it migrates the schema, prints the migrations for other tools,
+// shows statistics and events, replays dead events, purges delivered ones,
+// follows deliveries live and serves the web dashboard.
+//
+// Install it with
+//
+//	go install github.com/modkit-go/modkit/cmd/modkit-outbox@latest
+//
+// and run `modkit-outbox help` for the commands. Every command that needs
+// the database takes --database-url (default: the DATABASE_URL
+// environment variable) and --schema (default public).
+//
+// Exit codes: 0 success; 1 the operation failed; 2 bad command line; 3 the
+// database cannot be reached; 4 an event was not found; 5 aborted, because
+// a confirmation was not given.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitUnreachable = 3
+	exitNotFound    = 4
+	exitAborted     = 5
+)
+
+// exitError carries an exit code with its message.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErr(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+func withCode(code int, err error) error { return &exitError{code: code, err: err} }
+
+// env is what a command sees of the process: its streams and environment.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	// interactive tells whether stdin is a terminal a person can answer
+	// confirmations on.
+	interactive bool
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	e := env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interactive: isTerminal(os.Stdin)}
+	os.Exit(run(ctx, e, os.Args[1:]))
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// command is one subcommand: its help and what it does.
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, e env, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"migrate", "apply, revert, list or print the outbox migrations", runMigrate},
+		{"stats", "count events per namespace, topic and status", runStats},
+		{"events", "list events with filters, or show one", runEvents},
+		{"dead", "replay dead events (by id or filter)", runDead},
+		{"purge", "delete delivered events of topics older than a retention", runPurge},
+		{"tail", "follow deliveries and dead letters live", runTail},
+		{"serve", "serve the web dashboard", runServe},
+	}
+}
+
+const mainUsage = `modkit-outbox operates a modkit transactional outbox on PostgreSQL.
+
+Usage:
+  modkit-outbox COMMAND [flags] [arguments]
+
+Commands:
+%s
+Every command takes --database-url (default $DATABASE_URL) and --schema
+(default public). "modkit-outbox COMMAND --help" shows a command's flags
+and examples.
+
+Examples:
+  export DATABASE_URL=postgres://app@db.internal/app
+  modkit-outbox migrate up
+  modkit-outbox stats
+  modkit-outbox events list --status dead --topic shop/order_paid
+  modkit-outbox dead replay --topic shop/order_paid --dry-run
+  MODKIT_OUTBOX_TOKEN=$(openssl rand -hex 16) modkit-outbox serve --addr 127.0.0.1:8080
+
+Exit codes:
+  0  success
+  1  the operation failed
+  2  bad command line
+  3  the database cannot be reached
+  4  an event was not found
+  5  aborted: a confirmation was not given
+`
+
+func printMainUsage(w io.Writer) {
+	var list string
+	for _, c := range commands() {
+		list += fmt.Sprintf("  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, mainUsage, list)
+}
+
+// run executes one command line and returns the process exit code.
+func run(ctx context.Context, e env, args []string) int {
+	if len(args) == 0 {
+		printMainUsage(e.stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 {
+			return run(ctx, e, []string{args[1], "--help"})
+		}
+		printMainUsage(e.stdout)
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			return report(e, c.run(ctx, e, args[1:]))
+		}
+	}
+	fmt.Fprintf(e.stderr, "modkit-outbox: unknown command %q; run \"modkit-outbox help\" for the list\n", args[0])
+	return exitUsage
+}
+
+// report prints err and maps it to an exit code.
+func report(e env, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, errHelp) {
+		return exitOK
+	}
+	fmt.Fprintln(e.stderr, "modkit-outbox:", err)
+	var x *exitError
+	if errors.As(err, &x) {
+		return x.code
+	}
+	return exitFailure
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"text/tabwriter"
+
+	"github.com/modkit-go/modkit/migrations"
+	"github.com/modkit-go/modkit/modkit/db"
+)
+
+const migrateExamples = `  modkit-outbox migrate up                        # apply what is missing
+  modkit-outbox migrate status
+  modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (drops its tables)
+  modkit-outbox migrate sql --format goose --out db/migrations
+  modkit-outbox migrate sql --format plain | psql "$DATABASE_URL"
+`
+
+func runMigrate(ctx context.Context, e env, args []string) error {
+	f := newFlags(e, "migrate", "migrate up|down|status|sql [flags]", migrateExamples)
+	steps := f.Int("steps", 1, "down: how many migrations to revert, newest first")
+	yes := f.Bool("yes", false, "down: do not ask for confirmation")
+	format := f.String("format", "plain", "sql: golang-migrate, goose or plain")
+	out := f.String("out", "", "sql: write the files into this directory instead of printing them")
+	pos, err := f.parse(e, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		f.printUsage(e.stderr)
+		return usageErr("migrate needs one of up, down, status, sql")
+	}
+	if pos[0] == "sql" {
+		return printMigrations(e, *format, *out)
+	}
+	if pos[0] != "up" && pos[0] != "down" && pos[0] != "status" {
+		return usageErr("migrate %q: use up, down, status or sql", pos[0])
+	}
+	if pos[0] == "down" && *steps <= 0 {
+		return usageErr("--steps is %d; it must be at least 1", *steps)
+	}
+	pool, err := f.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: f.schema, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	switch pos[0] {
+	case "up":
+		applied, err := m.Up(ctx)
+		for _, mig := range applied {
+			fmt.Fprintf(e.stdout, "applied %04d_%s\n", mig.Version, mig.Name)
+		}
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintf(e.stdout, "schema %s is up to date\n", f.schema)
+		}
+	case "down":
+		if !*yes {
+			if err := confirm(e, fmt.Sprintf("Revert the newest %d migration(s) of schema %s? Their tables and events are dropped.", *steps, f.schema)); err != nil {
+				return err
+			}
+		}
+		reverted, err := m.Down(ctx, *steps)
+		for _, mig := range reverted {
+			fmt.Fprintf(e.stdout, "reverted %04d_%s\n", mig.Version, mig.Name)
+		}
+		if err != nil {
+			return err
+		}
+		if len(reverted) == 0 {
+			fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
+		}
+	case "status":
+		st, err := m.Status(ctx)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "VERSION\tNAME\tAPPLIED")
+		for _, s := range st {
+			applied := "no"
+			if s.Applied {
+				applied = s.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
+			}
+			fmt.Fprintf(tw, "%04d\t%s\t%s\n", s.Version, s.Name, applied)
+		}
+		return tw.Flush()
+	}
+	return nil
+}
+
+func printMigrations(e env, format, dir string) error {
+	ms, err := db.ReadMigrations(migrations.FS)
+	if err != nil {
+		return err
+	}
+	files, err := formatMigrations(format, ms)
+	if err != nil {
+		return err
+	}
+	if dir != "" {
+		if err := writeFiles(dir, files); err != nil {
+			return err
+		}
+		for _, f := range files {
+			fmt.Fprintln(e.stdout, "wrote", f.name)
+		}
+		return nil
+	}
+	for i, f := range files {
+		if len(files) > 1 {
+			if i > 0 {
+				fmt.Fprintln(e.stdout)
+			}
+			fmt.Fprintf(e.stdout, "-- ==== %s ====\n", f.name)
+		}
+		fmt.Fprint(e.stdout, f.body)
+	}
+	return nil
+}

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/modkit-go/modkit/migrations"
+	"github.com/modkit-go/modkit/modkit/db"
+)
+
+// knownMigrations lists the embedded outbox migrations, so that the counts
+// below follow the migrations folder.
+func knownMigrations(t *testing.T) []db.Migration {
+	t.Helper()
+	m, err := db.ReadMigrations(migrations.FS)
+	if err != nil || len(m) == 0 {
+		t.Fatalf("read the embedded migrations: %d, %v", len(m), err)
+	}
+	return m
+}
+
+// schemaOf describes the outbox tables of a schema: columns, constraints,
+// indexes, extended statistics and storage options, with the schema's name
+// taken out (pg_catalog qualifies names outside the search_path only), so
+// that two schemas can be compared.
+func schemaOf(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	queries := []string{
+		`SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+		 FROM information_schema.columns WHERE table_schema = $1 AND table_name LIKE 'modkit_outbox%' ORDER BY 1`,
+		`SELECT c.relname || ' ' || con.conname || ' ' || pg_get_constraintdef(con.oid)
+		 FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
+		 WHERE con.connamespace = $1::regnamespace AND c.relname LIKE 'modkit_outbox%' ORDER BY 1`,
+		`SELECT replace(indexdef, $1 || '.', '') FROM pg_indexes WHERE schemaname = $1 AND tablename LIKE 'modkit_outbox%' ORDER BY 1`,
+		`SELECT stxname || ' ' || replace(pg_get_statisticsobjdef(oid), $1 || '.', '') FROM pg_statistic_ext WHERE stxnamespace = $1::regnamespace ORDER BY 1`,
+		`SELECT relname || ' ' || coalesce(array_to_string(reloptions, ','), '') FROM pg_class
+		 WHERE relnamespace = $1::regnamespace AND relkind = 'r' AND relname LIKE 'modkit_outbox%' ORDER BY 1`,
+	}
+	var b strings.Builder
+	for _, q := range queries {
+		rows, err := pool.Query(bg, q, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(strings.Join(lines, "\n") + "\n--\n")
+	}
+	return b.String()
+}
+
+// inSchema returns a connection config whose search_path is schema, which
+// it creates.
+func inSchema(t *testing.T, f *fixture, schema string) *pgx.ConnConfig {
+	t.Helper()
+	if _, err := f.pool.Exec(bg, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["search_path"] = schema
+	return cfg
+}
+
+func sqlDB(t *testing.T, cfg *pgx.ConnConfig) *sql.DB {
+	t.Helper()
+	d := stdlib.OpenDB(*cfg)
+	t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+func sameSchema(t *testing.T, f *fixture, schema string) {
+	t.Helper()
+	want, got := schemaOf(t, f.pool, "public"), schemaOf(t, f.pool, schema)
+	if strings.Count(want, "\n") < 20 {
+		t.Fatalf("the reference schema looks empty:\n%s", want)
+	}
+	if got != want {
+		t.Fatalf("schema %s differs from the migrator's:\n%s\nwant:\n%s", schema, got, want)
+	}
+}
+
+func noOutboxTables(t *testing.T, f *fixture, schema string) {
+	t.Helper()
+	var n int
+	if err := f.pool.QueryRow(bg, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace AND relname LIKE 'modkit_outbox%'`, schema).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d outbox relations left in %s after migrating down", n, schema)
+	}
+}
+
+// TestMigrateCommands: up, status and down through the command, in a
+// schema of its own.
+func TestMigrateCommands(t *testing.T) {
+	f := newFixture(t)
+	status := func() string {
+		return cli(t, f.dsn, "migrate", "status", "--schema", "ops").must(t, exitOK).stdout
+	}
+	known := knownMigrations(t)
+	last := known[len(known)-1]
+	if s := status(); strings.Count(s, " no\n") != len(known) {
+		t.Fatalf("status before up:\n%s", s)
+	}
+	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "applied 0001_outbox_events") {
+		t.Fatalf("up:\n%s", out)
+	}
+	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "up to date") {
+		t.Fatalf("up again:\n%s", out)
+	}
+	if s := status(); strings.Contains(s, " no\n") {
+		t.Fatalf("status after up:\n%s", s)
+	}
+	sameSchema(t, f, "ops")
+	cli(t, f.dsn, "migrate", "down", "--schema", "ops").must(t, exitAborted)
+	out := cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "1", "--yes").must(t, exitOK).stdout
+	if out != fmt.Sprintf("reverted %04d_%s\n", last.Version, last.Name) {
+		t.Fatalf("down 1:\n%s", out)
+	}
+	cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "10", "--yes").must(t, exitOK)
+	noOutboxTables(t, f, "ops")
+	if s := status(); strings.Count(s, " no\n") != len(known) {
+		t.Fatalf("status after down:\n%s", s)
+	}
+	cli(t, f.dsn, "migrate", "down", "--steps", "0", "--yes").must(t, exitUsage)
+}
+
+// TestMigrateSQLGoose applies the goose files with goose itself, then
+// reverts them with goose.
+func TestMigrateSQLGoose(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	cli(t, f.dsn, "migrate", "sql", "--format", "goose", "--out", dir).must(t, exitOK)
+	files, _ := filepath.Glob(filepath.Join(dir, "*.sql"))
+	n := len(knownMigrations(t))
+	if len(files) != n {
+		t.Fatalf("goose files: %v", files)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB(t, inSchema(t, f, "viagoose")), os.DirFS(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Up(bg); err != nil || len(res) != n {
+		t.Fatalf("goose up: %v %v", res, err)
+	}
+	sameSchema(t, f, "viagoose")
+	if _, err := p.DownTo(bg, 0); err != nil {
+		t.Fatalf("goose down: %v", err)
+	}
+	noOutboxTables(t, f, "viagoose")
+}
+
+// TestGooseStatementBlocks: a migration with a $$ body and semicolons
+// inside it, as later migrations will have, goes through goose whole.
+func TestGooseStatementBlocks(t *testing.T) {
+	f := newFixture(t)
+	ms, err := db.ReadMigrations(fstest.MapFS{
+		"0001_fn.up.sql": {Data: []byte(`CREATE TABLE modkit_outbox_probe (n int);
+CREATE FUNCTION modkit_outbox_probe_add(x int) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO modkit_outbox_probe VALUES (x);
+	RETURN x + 1;
+END;
+$$;
+`)},
+		"0001_fn.down.sql": {Data: []byte("DROP FUNCTION modkit_outbox_probe_add(int);\nDROP TABLE modkit_outbox_probe;\n")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := formatMigrations("goose", ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := sqlDB(t, inSchema(t, f, "probe"))
+	p, err := goose.NewProvider(goose.DialectPostgres, probe,
+		fstest.MapFS{files[0].name: {Data: []byte(files[0].body)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(bg); err != nil {
+		t.Fatalf("goose up:\n%s\n%v", files[0].body, err)
+	}
+	var n int
+	if err := probe.QueryRowContext(bg, "SELECT modkit_outbox_probe_add(41)").Scan(&n); err != nil || n != 42 {
+		t.Fatalf("the function: %d %v", n, err)
+	}
+	if _, err := p.DownTo(bg, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// golang-migrate's file name rule (source/parse.go): VERSION_TITLE.up|down.EXT.
+var golangMigrateName = regexp.MustCompile(`^([0-9]+)_(.*)\.(down|up)\.(.*)$`)
+
+// TestMigrateSQLGolangMigrate checks the files against golang-migrate's
+// naming and applies them the way it does: each file as one multi-statement
+// exec, ups by ascending version, downs by descending. (golang-migrate
+// itself is not served by the module proxy this project builds from.)
+func TestMigrateSQLGolangMigrate(t *testing.T) {
+	f := newFixture(t)
+	dir := t.TempDir()
+	cli(t, f.dsn, "migrate", "sql", "--format", "golang-migrate", "--out", dir).must(t, exitOK)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ups, downs []string
+	for _, e := range entries {
+		m := golangMigrateName.FindStringSubmatch(e.Name())
+		if m == nil || m[4] != "sql" {
+			t.Fatalf("%s does not follow golang-migrate's naming", e.Name())
+		}
+		if m[3] == "up" {
+			ups = append(ups, e.Name())
+		} else {
+			downs = append(downs, e.Name())
+		}
+	}
+	if n := len(knownMigrations(t)); len(ups) != n || len(downs) != n {
+		t.Fatalf("ups %v downs %v", ups, downs)
+	}
+	conn, err := pgx.ConnectConfig(bg, inSchema(t, f, "viamigrate"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(bg)
+	slices.Sort(ups)
+	apply := func(names []string) {
+		for _, n := range names {
+			body, err := os.ReadFile(filepath.Join(dir, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Exec(bg, string(body)); err != nil {
+				t.Fatalf("%s: %v", n, err)
+			}
+		}
+	}
+	apply(ups)
+	sameSchema(t, f, "viamigrate")
+	slices.Sort(downs)
+	slices.Reverse(downs)
+	apply(downs)
+	noOutboxTables(t, f, "viamigrate")
+}
+
+// TestMigrateSQLPlain runs the plain script as psql would, then checks
+// that the migrator sees it as up to date.
+func TestMigrateSQLPlain(t *testing.T) {
+	f := newFixture(t)
+	script := cli(t, f.dsn, "migrate", "sql").must(t, exitOK).stdout
+	conn, err := pgx.ConnectConfig(bg, inSchema(t, f, "viaplain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(bg, script); err != nil {
+		t.Fatalf("plain script: %v\n%s", err, script)
+	}
+	sameSchema(t, f, "viaplain")
+	out := cli(t, f.dsn, "migrate", "up", "--schema", "viaplain").must(t, exitOK).stdout
+	if !strings.Contains(out, "up to date") {
+		t.Fatalf("the migrator after the plain script:\n%s", out)
+	}
+	// Printing to stdout separates the files of the other formats.
+	out = cli(t, f.dsn, "migrate", "sql", "--format", "goose").must(t, exitOK).stdout
+	if strings.Count(out, "-- +goose Up\n") != len(knownMigrations(t)) || !strings.Contains(out, "-- ==== 0002_outbox_leaders.sql ====") {
+		t.Fatalf("goose to stdout:\n%s", out)
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// notifyingBuffer is a goroutine-safe buffer that signals each write.
+type notifyingBuffer struct {
+	mu    sync.Mutex
+	b     strings.Builder
+	wrote chan struct{}
+}
+
+func newNotifyingBuffer() *notifyingBuffer { return &notifyingBuffer{wrote: make(chan struct{}, 1)} }
+
+func (n *notifyingBuffer) Write(p []byte) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.b.Write(p)
+	select {
+	case n.wrote <- struct{}{}:
+	default:
+	}
+	return len(p), nil
+}
+
+func (n *notifyingBuffer) String() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.b.String()
+}
+
+// waitFor blocks until the output contains s or the command ended.
+func (n *notifyingBuffer) waitFor(t *testing.T, s string, ended <-chan int) {
+	t.Helper()
+	for !strings.Contains(n.String(), s) {
+		select {
+		case <-n.wrote:
+		case code := <-ended:
+			t.Fatalf("the command ended (exit %d) before printing %q:\n%s", code, s, n.String())
+		}
+	}
+}
+
+// background runs the command until the test cancels it.
+func background(t *testing.T, dsn string, args ...string) (out *notifyingBuffer, ended chan int, stop func() int) {
+	t.Helper()
+	out = newNotifyingBuffer()
+	ctx, cancel := context.WithCancel(bg)
+	e := env{stdin: strings.NewReader(""), stdout: out, stderr: io.Discard,
+		getenv: func(k string) string {
+			if k == "DATABASE_URL" {
+				return dsn
+			}
+			return ""
+		}}
+	ended = make(chan int, 1)
+	go func() { ended <- run(ctx, e, args) }()
+	return out, ended, func() int { cancel(); return <-ended }
+}
+
+func TestTail(t *testing.T) {
+	f := newFixture(t)
+	out, ended, stop := background(t, f.dsn, "tail", "--interval", "100ms", "--json")
+	ids := f.enqueue(t, orders, 2)
+	delivered := f.settle(t, orders, 1, driver.Delivered, 0)[0]
+	out.waitFor(t, delivered.String(), ended)
+	dead := f.settle(t, orders, 1, driver.Dead, 0)[0]
+	out.waitFor(t, dead.String(), ended)
+	if code := stop(); code != exitOK {
+		t.Fatalf("tail ended with %d", code)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"status":"delivered"`) || !strings.Contains(lines[1], `"status":"dead"`) ||
+		ids[0] != delivered {
+		t.Fatalf("tail printed:\n%s", out.String())
+	}
+}
+
+func TestServe(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 1)
+	out, ended, stop := background(t, f.dsn, "serve", "--addr", "127.0.0.1:0")
+	out.waitFor(t, "dashboard on", ended)
+	url := regexp.MustCompile(`http://\S+/`).FindString(out.String())
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `data-topic="shop/order_paid"`) || !strings.Contains(string(body), "read-only") {
+		t.Fatalf("GET %s: %d\n%s", url, resp.StatusCode, body)
+	}
+	if code := stop(); code != exitOK {
+		t.Fatalf("serve ended with %d", code)
+	}
+	// A weak token is a usage error.
+	r := cli(t, f.dsn, "serve", "--token", "short", "--addr", "127.0.0.1:0")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "too short") {
+		t.Fatalf("weak token: %+v", r)
+	}
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+const statsExamples = `  modkit-outbox stats
+  modkit-outbox stats --json | jq '.total.dead'
+`
+
+type statsJSON struct {
+	Topics []topicStatsJSON `json:"topics"`
+	Total  topicStatsJSON   `json:"total"`
+}
+
+type topicStatsJSON struct {
+	Namespace           string  `json:"namespace,omitempty"`
+	Topic               string  `json:"topic,omitempty"`
+	Pending             int64   `json:"pending"`
+	Processing          int64   `json:"processing"`
+	Delivered           int64   `json:"delivered"`
+	Dead                int64   `json:"dead"`
+	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
+}
+
+func topicStatsToJSON(s outbox.TopicStats) topicStatsJSON {
+	return topicStatsJSON{Namespace: s.Namespace, Topic: s.Topic.Topic, Pending: s.Pending, Processing: s.Processing,
+		Delivered: s.Delivered, Dead: s.Dead, OldestDueAgeSeconds: s.OldestDueAge.Seconds()}
+}
+
+func runStats(ctx context.Context, e env, args []string) error {
+	f := newFlags(e, "stats", "stats [flags]", statsExamples)
+	asJSON := f.Bool("json", false, "print JSON instead of a table")
+	pos, err := f.parse(e, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr("stats takes no arguments (got %q)", pos)
+	}
+	c, pool, err := f.client(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := c.Admin().Stats(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total)}
+		for _, t := range st.Topics {
+			out.Topics = append(out.Topics, topicStatsToJSON(t))
+		}
+		return writeJSON(e.stdout, out)
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tPROCESSING\tDELIVERED\tDEAD\tOLDEST DUE")
+	row := func(ns, topic string, s outbox.TopicStats) {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", ns, topic, s.Pending, s.Processing, s.Delivered, s.Dead, fmtAge(s.OldestDueAge))
+	}
+	for _, t := range st.Topics {
+		row(t.Namespace, t.Topic.Topic, t)
+	}
+	row("TOTAL", "", st.Total)
+	return tw.Flush()
+}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+const tailExamples = `  modkit-outbox tail
+  modkit-outbox tail --topic shop/order_paid --since 10m
+  modkit-outbox tail --json | jq -c 'select(.status == "dead")'
+`
+
+// tailOverlap is how far back each poll reads again: outcomes are stamped
+// when their transaction starts, so one committing late can appear behind
+// ones already printed.
+const tailOverlap = 5 * time.Second
+
+func runTail(ctx context.Context, e env, args []string) error {
+	f := newFlags(e, "tail", "tail [flags]", tailExamples)
+	var ff filterFlags
+	f.StringVar(&ff.namespace, "namespace", "", "only events of this namespace")
+	f.StringVar(&ff.topic, "topic", "", "only events of this topic: NAMESPACE/TOPIC, or TOPIC in any namespace")
+	since := f.Duration("since", 0, "start with the outcomes of this long ago")
+	interval := f.Duration("interval", time.Second, "how often to poll")
+	asJSON := f.Bool("json", false, "print one JSON object per line")
+	pos, err := f.parse(e, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usageErr("tail takes no arguments (got %q)", pos)
+	}
+	if *interval < 100*time.Millisecond {
+		return usageErr("--interval %v is too short; use at least 100ms", *interval)
+	}
+	filter, err := ff.filter(time.Now())
+	if err != nil {
+		return err
+	}
+	c, pool, err := f.client(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if !*asJSON {
+		fmt.Fprintln(e.stderr, "following delivered and dead events; Ctrl-C stops")
+	}
+	t := &tailer{a: c.Admin(), e: e, filter: filter, json: *asJSON, seen: map[uuid.UUID]time.Time{},
+		from: time.Now().Add(-*since)}
+	ticker := time.NewTicker(*interval)
+	defer ticker.Stop()
+	for {
+		if err := t.poll(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+type tailer struct {
+	a      *outbox.Admin
+	e      env
+	filter outbox.EventFilter
+	json   bool
+	from   time.Time
+	seen   map[uuid.UUID]time.Time // printed ids, by updated_at, within the overlap
+}
+
+func (t *tailer) poll(ctx context.Context) error {
+	for {
+		events, err := t.a.Settled(ctx, t.from.Add(-tailOverlap), 1000)
+		if err != nil {
+			return err
+		}
+		fresh := 0
+		for _, ev := range events {
+			if _, ok := t.seen[ev.ID]; ok {
+				continue
+			}
+			fresh++
+			t.seen[ev.ID] = ev.UpdatedAt
+			if ev.UpdatedAt.After(t.from) {
+				t.from = ev.UpdatedAt
+			}
+			if (t.filter.Namespace != "" && ev.Namespace != t.filter.Namespace) || (t.filter.Topic != "" && ev.Topic != t.filter.Topic) {
+				continue
+			}
+			if err := t.print(ev); err != nil {
+				return err
+			}
+		}
+		for id, at := range t.seen {
+			if at.Before(t.from.Add(-2 * tailOverlap)) {
+				delete(t.seen, id)
+			}
+		}
+		if len(events) < 1000 || fresh == 0 {
+			return nil
+		}
+	}
+}
+
+func (t *tailer) print(ev outbox.Event) error {
+	if t.json {
+		b, err := json.Marshal(toJSON(ev, false))
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(t.e.stdout, "%s\n", b)
+		return err
+	}
+	_, err := fmt.Fprintf(t.e.stdout, "%s  %-9s  %s/%s  %s  attempts=%d  %s\n", fmtTime(ev.UpdatedAt), ev.Status,
+		ev.Namespace, ev.Topic, ev.ID, ev.Attempts, oneLine(ev.LastError, 80))
+	return err
+}

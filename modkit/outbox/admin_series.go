@@ -1,0 +1,160 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// Limits of Admin.Series and Admin.Settled.
+const (
+	seriesWindowDefault = time.Hour
+	seriesWindowMax     = 7 * 24 * time.Hour
+	seriesBucketDefault = time.Minute
+	seriesPointsMax     = 1000
+	settledLimitDefault = 100
+	settledLimitMax     = 1000
+)
+
+// SeriesQuery selects the window of Admin.Series.
+type SeriesQuery struct {
+	// Window is how far back the series goes. Default one hour, at most
+	// seven days.
+	Window time.Duration
+	// Bucket is the width of one point. Default one minute; Window/Bucket
+	// must not exceed 1000 points.
+	Bucket time.Duration
+}
+
+// SeriesPoint is one bucket of deliveries.
+type SeriesPoint struct {
+	// Start of the bucket; it lasts Series.Bucket.
+	Start time.Time
+	// Delivered is the number of events that reached delivered in the
+	// bucket.
+	Delivered int64
+	// Latency quantiles, from enqueue (created_at) to the delivered outcome
+	// (updated_at), of those events: queueing, retries and publishing
+	// together. Zero when Delivered is zero.
+	LatencyP50, LatencyP95, LatencyMax time.Duration
+}
+
+// TopicSeries is one topic's points.
+type TopicSeries struct {
+	Topic
+	// Points cover the whole window, one per bucket, oldest first.
+	Points []SeriesPoint
+	// Delivered is the sum of the points' Delivered.
+	Delivered int64
+}
+
+// Series is the delivery history of a window, per topic and in total.
+type Series struct {
+	// Start and End of the window (End is the database clock's now).
+	Start, End time.Time
+	// Bucket is the width of every point.
+	Bucket time.Duration
+	// Total over all topics: one point per bucket, oldest first.
+	Total TopicSeries
+	// Topics that delivered anything in the window, sorted by namespace
+	// and topic.
+	Topics []TopicSeries
+}
+
+// Series returns throughput and delivery latency over the last q.Window,
+// per topic and in total, from the delivered events still in the table (a
+// topic's retention shorter than the window leaves gaps). It scans the
+// delivered history: call it from dashboards every few seconds at most.
+func (a *Admin) Series(ctx context.Context, q SeriesQuery) (Series, error) {
+	if q.Window == 0 {
+		q.Window = seriesWindowDefault
+	}
+	if q.Bucket == 0 {
+		q.Bucket = seriesBucketDefault
+	}
+	switch {
+	case q.Window < 0 || q.Window > seriesWindowMax:
+		return Series{}, configError("SeriesQuery.Window is %v; it must be between 0 and %v", q.Window, seriesWindowMax)
+	case q.Bucket < time.Second || q.Bucket%time.Second != 0:
+		return Series{}, configError("SeriesQuery.Bucket is %v; use whole seconds, at least 1s", q.Bucket)
+	case q.Window/q.Bucket > seriesPointsMax:
+		return Series{}, configError("SeriesQuery asks for %d points; widen Bucket so that Window/Bucket is at most %d",
+			q.Window/q.Bucket, seriesPointsMax)
+	}
+	res, err := a.c.store.Series(ctx, driver.SeriesParams{Window: q.Window, Bucket: q.Bucket})
+	if err != nil {
+		return Series{}, fmt.Errorf("outbox: series: %w", err)
+	}
+	end := res.Now
+	start := alignDown(end.Add(-q.Window), q.Bucket)
+	n := int(end.Sub(start)/q.Bucket) + 1
+	out := Series{Start: start, End: end, Bucket: q.Bucket, Total: newTopicSeries(Topic{}, start, q.Bucket, n)}
+	index := map[Topic]int{}
+	for _, r := range res.Rows {
+		i := int(r.Start.Sub(start) / q.Bucket)
+		if i < 0 || i >= n {
+			continue
+		}
+		ts := &out.Total
+		if r.Namespace != "" {
+			t := Topic{Namespace: r.Namespace, Topic: r.Topic}
+			k, ok := index[t]
+			if !ok {
+				k = len(out.Topics)
+				index[t] = k
+				out.Topics = append(out.Topics, newTopicSeries(t, start, q.Bucket, n))
+			}
+			ts = &out.Topics[k]
+		}
+		p := &ts.Points[i]
+		p.Delivered, p.LatencyP50, p.LatencyP95, p.LatencyMax = r.Delivered, r.LatencyP50, r.LatencyP95, r.LatencyMax
+		ts.Delivered += r.Delivered
+	}
+	slices.SortFunc(out.Topics, func(a, b TopicSeries) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic.Topic, b.Topic.Topic))
+	})
+	return out, nil
+}
+
+func alignDown(t time.Time, d time.Duration) time.Time {
+	return time.Unix(0, t.UnixNano()-t.UnixNano()%int64(d)).In(t.Location())
+}
+
+func newTopicSeries(t Topic, start time.Time, bucket time.Duration, n int) TopicSeries {
+	ts := TopicSeries{Topic: t, Points: make([]SeriesPoint, n)}
+	for i := range ts.Points {
+		ts.Points[i].Start = start.Add(time.Duration(i) * bucket)
+	}
+	return ts
+}
+
+// Settled returns the events delivered or dead-lettered at or after since
+// (by their last change, updated_at), oldest change first, at most limit
+// (default 100, at most 1000). Follow deliveries live by calling it again
+// with the UpdatedAt of the last event returned, keeping the ids already
+// seen: several events can share a timestamp, and a transaction that
+// commits late can record an outcome a little earlier than ones already
+// read, so read again a few seconds back. It scans the table: poll it every
+// second or so, not faster.
+func (a *Admin) Settled(ctx context.Context, since time.Time, limit int) ([]Event, error) {
+	if limit == 0 {
+		limit = settledLimitDefault
+	}
+	if limit < 0 || limit > settledLimitMax {
+		return nil, configError("Settled limit is %d; it must be between 1 and %d", limit, settledLimitMax)
+	}
+	rows, err := a.c.store.Settled(ctx, driver.SettledParams{Since: since, Limit: limit})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: settled events: %w", err)
+	}
+	out := make([]Event, len(rows))
+	for i, e := range rows {
+		out[i] = eventFrom(e)
+	}
+	return out, nil
+}

@@ -1,0 +1,347 @@
+// Package outboxui is a web dashboard for a modkit outbox, as an
+// http.Handler to mount in your own server (modkit-outbox serve runs it on
+// its own):
+//
+//	ui, err := outboxui.New(client.Admin(), outboxui.Options{OperatorToken: os.Getenv("OUTBOX_UI_TOKEN")})
+//	mux.Handle("/outbox/", http.StripPrefix("/outbox", ui))
+//
+// It shows per-topic depth, the age of the oldest due event, throughput and
+// dead counts; the health of the dispatchers given in Options.Dispatchers; a chart of throughput and delivery latency over the last
+// hour; the events with filters; and each event's detail. Everything it
+// serves is embedded: no CDN, no script from elsewhere.
+//
+// # Security
+//
+//   - Read-only by default. With Options.OperatorToken set, an operator who
+//     signs in with that token may replay dead events and purge delivered
+//     ones. The sign-in sets an HttpOnly, SameSite=Strict cookie valid
+//     until the handler is rebuilt (a restart signs everyone out).
+//   - Every POST must carry the CSRF token of the page it came from (bound
+//     to a per-browser cookie with an HMAC); a POST whose Origin is another
+//     host is refused too.
+//   - Payloads are hidden unless Options.ShowPayloads is set: they may hold
+//     personal data.
+//   - The dashboard has no user accounts: put it behind your own
+//     authentication, or bind it to a private address, for reading too.
+//
+// Every call goes through outbox.Admin; the dashboard has no SQL of its
+// own.
+package outboxui
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// TokenMinLen is the shortest operator token New accepts.
+const TokenMinLen = 16
+
+// ErrWeakToken is returned by New for an operator token shorter than
+// TokenMinLen.
+var ErrWeakToken = fmt.Errorf("outboxui: the operator token is too short: use at least %d random characters (openssl rand -hex 16)", TokenMinLen)
+
+// Options configures the dashboard. The zero value is a read-only
+// dashboard that hides payloads.
+type Options struct {
+	// OperatorToken, when set, lets an operator who signs in with it replay
+	// dead events and purge delivered ones. At least TokenMinLen
+	// characters. Empty: read-only.
+	OperatorToken string
+	// ShowPayloads shows event payloads on the event page.
+	ShowPayloads bool
+	// By names the dashboard in the audit trail of replays ("replayed by
+	// …"). Default "outboxui".
+	By string
+	// Logger receives a record of every action. Default slog.Default().
+	Logger *slog.Logger
+	// Dispatchers of this process to show with their Health on the
+	// overview, when the dashboard is mounted in the application that runs
+	// them. Optional.
+	Dispatchers []*outbox.Dispatcher
+}
+
+//go:embed assets
+var assets embed.FS
+
+var pages = template.Must(template.New("").Funcs(template.FuncMap{
+	"age":  fmtAge,
+	"when": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"deref": func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	},
+	"uuidp": func(u *uuid.UUID) string {
+		if u == nil {
+			return ""
+		}
+		return u.String()
+	},
+}).ParseFS(assets, "assets/*.html"))
+
+type handler struct {
+	admin *outbox.Admin
+	opts  Options
+	key   []byte // signs CSRF tokens and operator sessions; new per handler
+	mux   *http.ServeMux
+	log   *slog.Logger
+}
+
+// New returns the dashboard on admin.
+func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
+	if admin == nil {
+		return nil, errors.New("outboxui: New needs the Admin of an outbox client (client.Admin())")
+	}
+	if opts.OperatorToken != "" && len(opts.OperatorToken) < TokenMinLen {
+		return nil, ErrWeakToken
+	}
+	if opts.By == "" {
+		opts.By = "outboxui"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	h := &handler{admin: admin, opts: opts, key: make([]byte, 32), mux: http.NewServeMux(), log: opts.Logger}
+	if _, err := rand.Read(h.key); err != nil {
+		return nil, err
+	}
+	h.mux.HandleFunc("GET /{$}", h.overview)
+	h.mux.HandleFunc("GET /events", h.events)
+	h.mux.HandleFunc("GET /events/{id}", h.event)
+	h.mux.HandleFunc("GET /assets/style.css", func(w http.ResponseWriter, r *http.Request) {
+		http.ServeFileFS(w, r, assets, "assets/style.css")
+	})
+	h.mux.HandleFunc("POST /login", h.action(false, h.login))
+	h.mux.HandleFunc("POST /logout", h.action(false, h.logout))
+	h.mux.HandleFunc("POST /replay", h.action(true, h.replay))
+	h.mux.HandleFunc("POST /purge", h.action(true, h.purge))
+	return h, nil
+}
+
+const (
+	csrfCookie     = "modkit_outbox_csrf"
+	operatorCookie = "modkit_outbox_operator"
+)
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; form-action 'self'")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	h.mux.ServeHTTP(w, r)
+}
+
+func (h *handler) sign(parts ...string) string {
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(strings.Join(parts, "\x00")))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// browserID returns the per-browser CSRF cookie, setting one when the
+// browser has none.
+func (h *handler) browserID(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
+		return c.Value
+	}
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	v := hex.EncodeToString(b)
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: cookiePath(r), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	return v
+}
+
+// cookiePath is the path the dashboard is mounted on, as the browser sees
+// it (ending in /): the request URI's path less the part left after http.StripPrefix.
+func cookiePath(r *http.Request) string {
+	orig := r.RequestURI
+	if u, err := url.ParseRequestURI(orig); err == nil {
+		orig = u.Path
+	}
+	if prefix, ok := strings.CutSuffix(orig, r.URL.Path); ok && prefix != "" {
+		return prefix + "/"
+	}
+	return "/"
+}
+
+func (h *handler) isOperator(r *http.Request, browser string) bool {
+	if h.opts.OperatorToken == "" {
+		return false
+	}
+	c, err := r.Cookie(operatorCookie)
+	return err == nil && hmac.Equal([]byte(c.Value), []byte(h.sign("operator", browser)))
+}
+
+// page is what every template gets.
+type page struct {
+	Title      string
+	Root       string // relative path to the dashboard's root, ending in /
+	CSRF       string
+	Operator   bool
+	CanOperate bool // an operator token is configured
+	Flash      string
+	Data       any
+}
+
+func (h *handler) newPage(w http.ResponseWriter, r *http.Request, title string, data any) page {
+	browser := h.browserID(w, r)
+	depth := strings.Count(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	root := "./"
+	if depth > 0 {
+		root = strings.Repeat("../", depth)
+	}
+	return page{Title: title, Root: root, CSRF: h.sign("csrf", browser), Operator: h.isOperator(r, browser),
+		CanOperate: h.opts.OperatorToken != "", Flash: r.URL.Query().Get("flash"), Data: data}
+}
+
+func (h *handler) render(w http.ResponseWriter, status int, name string, p page) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	if err := pages.ExecuteTemplate(w, name, p); err != nil {
+		h.log.Error("outboxui: render", "page", name, "error", err)
+	}
+}
+
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	h.render(w, status, "error.html", h.newPage(w, r, http.StatusText(status), msg))
+}
+
+// action wraps a POST handler with the CSRF check and, when operator is
+// set, the operator check.
+func (h *handler) action(operator bool, fn func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if o := r.Header.Get("Origin"); o != "" && o != "null" {
+			if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+				h.fail(w, r, http.StatusForbidden, "This request came from another site and was refused.")
+				return
+			}
+		}
+		c, err := r.Cookie(csrfCookie)
+		if err != nil || r.ParseForm() != nil ||
+			!hmac.Equal([]byte(r.PostForm.Get("csrf")), []byte(h.sign("csrf", c.Value))) {
+			h.fail(w, r, http.StatusForbidden, "The form's CSRF token is missing or stale: reload the page and try again.")
+			return
+		}
+		if operator && !h.isOperator(r, c.Value) {
+			msg := "This dashboard is read-only: start it with an operator token to replay or purge."
+			if h.opts.OperatorToken != "" {
+				msg = "Sign in with the operator token first."
+			}
+			h.fail(w, r, http.StatusForbidden, msg)
+			return
+		}
+		fn(w, r)
+	}
+}
+
+// redirect sends the browser to the page to, a path relative to the
+// dashboard's root.
+func redirect(w http.ResponseWriter, r *http.Request, to, flash string) {
+	to = cookiePath(r) + strings.TrimPrefix(to, "./")
+	if flash != "" {
+		sep := "?"
+		if strings.Contains(to, "?") {
+			sep = "&"
+		}
+		to += sep + "flash=" + url.QueryEscape(flash)
+	}
+	http.Redirect(w, r, to, http.StatusSeeOther)
+}
+
+func (h *handler) login(w http.ResponseWriter, r *http.Request) {
+	tok := r.PostForm.Get("token")
+	if h.opts.OperatorToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(h.opts.OperatorToken)) != 1 {
+		h.log.Warn("outboxui: operator sign-in refused", "remote", r.RemoteAddr)
+		h.fail(w, r, http.StatusForbidden, "Wrong operator token.")
+		return
+	}
+	c, _ := r.Cookie(csrfCookie)
+	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.sign("operator", c.Value), Path: cookiePath(r), HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	redirect(w, r, "./", "Signed in as operator.")
+}
+
+func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: "", Path: cookiePath(r), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	redirect(w, r, "./", "Signed out.")
+}
+
+// replayMax caps the ids one replay form may carry (a page of events).
+const replayMax = 100
+
+func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
+	raw := r.PostForm["id"]
+	if len(raw) == 0 || len(raw) > replayMax {
+		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Replay needs 1 to %d event ids.", replayMax))
+		return
+	}
+	ids := make([]uuid.UUID, len(raw))
+	for i, v := range raw {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Replay: %q is not an event id.", v))
+			return
+		}
+		ids[i] = id
+	}
+	done, err := h.admin.ReplayDead(r.Context(), h.opts.By, outbox.EventFilter{}, ids...)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, "Replay failed: "+err.Error())
+		return
+	}
+	h.log.Info("outboxui: replay", "events", ids, "replayed", len(done), "remote", r.RemoteAddr)
+	if len(ids) > 1 {
+		redirect(w, r, "events?status=dead", fmt.Sprintf("Replayed %d of %d events; they are pending again.", len(done), len(ids)))
+		return
+	}
+	flash := "Event replayed: it is pending again."
+	if len(done) == 0 {
+		flash = "Nothing replayed: the event is no longer dead."
+	}
+	redirect(w, r, "events/"+ids[0].String(), flash)
+}
+
+func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
+	ns, topic, ok := strings.Cut(r.PostForm.Get("topic"), "/")
+	older, err := time.ParseDuration(r.PostForm.Get("older_than"))
+	if !ok || err != nil || older < 0 {
+		h.fail(w, r, http.StatusBadRequest, "Purge needs a topic (namespace/topic) and an age such as 24h.")
+		return
+	}
+	n, err := h.admin.Purge(r.Context(), older, outbox.Topic{Namespace: ns, Topic: topic})
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, "Purge failed: "+err.Error())
+		return
+	}
+	h.log.Info("outboxui: purge", "topic", ns+"/"+topic, "older_than", older, "deleted", n, "remote", r.RemoteAddr)
+	redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s/%s.", n, ns, topic))
+}
+
+func fmtAge(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "–"
+	case d < time.Second:
+		return "<1s"
+	case d < time.Minute:
+		return d.Round(time.Second).String()
+	default:
+		return d.Round(time.Minute).String()
+	}
+}

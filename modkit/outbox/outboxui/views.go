@@ -1,0 +1,229 @@
+package outboxui
+
+import (
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// topicRow is one line of the overview's table.
+type topicRow struct {
+	outbox.TopicStats
+	Name string // namespace/topic
+	// DeliveredLastHour and PerMinute come from the series.
+	DeliveredLastHour int64
+	PerMinute         float64
+	Query             string // the events filter of this topic, URL-encoded
+}
+
+type overviewData struct {
+	Topics           []topicRow
+	Total            topicRow
+	Chart            template.HTML
+	Series           outbox.Series
+	LastP50, LastP95 time.Duration
+	Dispatchers      []dispatcherRow
+}
+
+// dispatcherRow is one dispatcher's health on the overview.
+type dispatcherRow struct {
+	WorkerID string
+	State    string // running, degraded or stopped
+	outbox.Health
+}
+
+func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	st, err := h.admin.Stats(ctx)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, "Reading the statistics failed: "+err.Error())
+		return
+	}
+	series, err := h.admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, "Reading the delivery history failed: "+err.Error())
+		return
+	}
+	hourly := map[outbox.Topic]int64{}
+	for _, ts := range series.Topics {
+		hourly[ts.Topic] = ts.Delivered
+	}
+	minutes := series.End.Sub(series.Start).Minutes()
+	d := overviewData{Series: series, Chart: chartSVG(series)}
+	for _, t := range st.Topics {
+		q := url.Values{"namespace": {t.Namespace}, "topic": {t.Topic.Topic}}
+		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: q.Encode()}
+		row.PerMinute = float64(row.DeliveredLastHour) / minutes
+		d.Topics = append(d.Topics, row)
+	}
+	d.Total = topicRow{TopicStats: st.Total, Name: "all topics", DeliveredLastHour: series.Total.Delivered,
+		PerMinute: float64(series.Total.Delivered) / minutes}
+	for _, p := range series.Total.Points {
+		if p.Delivered > 0 {
+			d.LastP50, d.LastP95 = p.LatencyP50, p.LatencyP95
+		}
+	}
+	for _, disp := range h.opts.Dispatchers {
+		hl := disp.Health()
+		row := dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: "stopped", Health: hl}
+		switch {
+		case hl.Degraded:
+			row.State = "degraded"
+		case hl.Running:
+			row.State = "running"
+		}
+		d.Dispatchers = append(d.Dispatchers, row)
+	}
+	h.render(w, http.StatusOK, "overview.html", h.newPage(w, r, "Outbox", d))
+}
+
+type eventsData struct {
+	Filter   outbox.EventFilter
+	Tenant   string
+	Statuses []outbox.Status
+	Since    string // "", or a duration: events created in the last Since
+	Ranges   []string
+	Events   []outbox.Event
+	Next     string // query string of the next page, "" on the last
+}
+
+func (h *handler) events(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := outbox.EventFilter{Status: outbox.Status(q.Get("status")), Namespace: strings.TrimSpace(q.Get("namespace")),
+		Topic: strings.TrimSpace(q.Get("topic")), After: q.Get("after"), Limit: 50}
+	d := eventsData{Statuses: []outbox.Status{outbox.StatusPending, outbox.StatusProcessing, outbox.StatusDelivered, outbox.StatusDead},
+		Tenant: strings.TrimSpace(q.Get("tenant"))}
+	if d.Tenant != "" {
+		id, err := uuid.Parse(d.Tenant)
+		if err != nil {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Tenant %q is not a UUID.", d.Tenant))
+			return
+		}
+		f.TenantID = &id
+	}
+	if d.Since = q.Get("since"); d.Since != "" {
+		ago, err := time.ParseDuration(d.Since)
+		if err != nil || ago <= 0 {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Since %q is not a positive duration such as 1h.", d.Since))
+			return
+		}
+		f.CreatedAfter = time.Now().Add(-ago)
+	}
+	d.Ranges = []string{"15m", "1h", "24h", "168h"}
+	d.Filter = f
+	page, err := h.admin.List(r.Context(), f)
+	if errors.Is(err, outbox.ErrInvalidConfig) || errors.Is(err, outbox.ErrInvalidCursor) {
+		h.fail(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, "Listing events failed: "+err.Error())
+		return
+	}
+	d.Events = page.Events
+	if page.NextPage != "" {
+		next := url.Values{}
+		for k, v := range q {
+			next[k] = v
+		}
+		next.Set("after", page.NextPage)
+		d.Next = next.Encode()
+	}
+	h.render(w, http.StatusOK, "events.html", h.newPage(w, r, "Events", d))
+}
+
+type eventData struct {
+	Event        outbox.Event
+	ShowPayloads bool
+	Payload      string
+}
+
+func (h *handler) event(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusNotFound, "That is not an event id.")
+		return
+	}
+	ev, err := h.admin.Get(r.Context(), id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, "No event "+id.String()+" (it may have been purged).")
+		return
+	}
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, "Reading the event failed: "+err.Error())
+		return
+	}
+	d := eventData{Event: ev, ShowPayloads: h.opts.ShowPayloads}
+	if d.ShowPayloads {
+		d.Payload = string(ev.Payload)
+	}
+	h.render(w, http.StatusOK, "event.html", h.newPage(w, r, "Event "+id.String(), d))
+}
+
+// chartSVG draws deliveries per bucket as bars and the median and p95
+// delivery latency as lines, on two scales, as inline SVG.
+func chartSVG(s outbox.Series) template.HTML {
+	const (
+		width, height = 760.0, 220.0
+		left, right   = 48.0, 56.0
+		top, bottom   = 12.0, 28.0
+		plotW, plotH  = width - left - right, height - top - bottom
+	)
+	pts := s.Total.Points
+	if len(pts) == 0 {
+		return ""
+	}
+	var maxN int64 = 1
+	var maxLat time.Duration = time.Millisecond
+	for _, p := range pts {
+		maxN = max(maxN, p.Delivered)
+		maxLat = max(maxLat, p.LatencyP95)
+	}
+	slot := plotW / float64(len(pts))
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="chart" id="chart" viewBox="0 0 %.0f %.0f" role="img" aria-label="Deliveries per %s and delivery latency over the last hour" xmlns="http://www.w3.org/2000/svg">`,
+		width, height, s.Bucket)
+	fmt.Fprintf(&b, `<rect class="plot" x="%.1f" y="%.1f" width="%.1f" height="%.1f"/>`, left, top, plotW, plotH)
+	for i, p := range pts {
+		if p.Delivered == 0 {
+			continue
+		}
+		h := plotH * float64(p.Delivered) / float64(maxN)
+		fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f"><title>%s: %d delivered</title></rect>`,
+			left+float64(i)*slot+0.5, top+plotH-h, max(slot-1, 0.5), h, p.Start.UTC().Format("15:04"), p.Delivered)
+	}
+	line := func(class string, v func(outbox.SeriesPoint) time.Duration) {
+		var path []string
+		for i, p := range pts {
+			if p.Delivered == 0 {
+				continue
+			}
+			y := top + plotH - plotH*float64(v(p))/float64(maxLat)
+			path = append(path, fmt.Sprintf("%.1f,%.1f", left+(float64(i)+0.5)*slot, y))
+		}
+		if len(path) > 0 {
+			fmt.Fprintf(&b, `<polyline class="%s" points="%s"/>`, class, strings.Join(path, " "))
+		}
+	}
+	line("p95", func(p outbox.SeriesPoint) time.Duration { return p.LatencyP95 })
+	line("p50", func(p outbox.SeriesPoint) time.Duration { return p.LatencyP50 })
+	// Axes: deliveries on the left, latency on the right, time below.
+	fmt.Fprintf(&b, `<text class="axis" x="%.1f" y="%.1f" text-anchor="end">%d</text>`, left-4, top+8, maxN)
+	fmt.Fprintf(&b, `<text class="axis" x="%.1f" y="%.1f" text-anchor="end">0</text>`, left-4, top+plotH)
+	fmt.Fprintf(&b, `<text class="axis lat" x="%.1f" y="%.1f">%s</text>`, left+plotW+4, top+8, fmtAge(maxLat))
+	fmt.Fprintf(&b, `<text class="axis lat" x="%.1f" y="%.1f">0</text>`, left+plotW+4, top+plotH)
+	for i := 0; i < len(pts); i += max(1, len(pts)/4) {
+		fmt.Fprintf(&b, `<text class="axis" x="%.1f" y="%.1f" text-anchor="middle">%s</text>`,
+			left+(float64(i)+0.5)*slot, height-8, pts[i].Start.UTC().Format("15:04"))
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String()) //nolint:gosec // built from numbers and times only
+}
