@@ -312,6 +312,7 @@ func crashAndRecover(t *testing.T, seed uint64) {
 	child.kill(t)
 	byChild := countWhere(t, pool, "published_log", "true")
 	leased := countRows(t, pool, "status = 'processing'")
+	orphans := leasesHeld(t, pool)
 
 	// The survivor.
 	startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), testConfig(newOutcomeLog()),
@@ -327,6 +328,11 @@ func crashAndRecover(t *testing.T, seed uint64) {
 	if missing != 0 {
 		t.Fatalf("%d events never published", missing)
 	}
+	// The ledger records each lease the dead process held as
+	// lease_expired, and is whole: one delivered entry per event, entries
+	// numbered without gaps.
+	checkLeaseExpired(t, pool, orphans)
+	checkLedger(t, pool)
 	// Redeliveries are the same event: same id, dedupe key and payload;
 	// one id per dedupe key.
 	var mismatched, keysWithTwoIDs, redelivered int

@@ -1,0 +1,133 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// lease is one event's lease: its holder and token.
+type lease struct{ worker, token uuid.UUID }
+
+// leasesHeld returns the leases of the events processing now.
+func leasesHeld(t *testing.T, pool *pgxpool.Pool) map[uuid.UUID]lease {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT id, locked_by, lease_token FROM modkit_outbox_events WHERE status = 'processing'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[uuid.UUID]lease{}
+	for rows.Next() {
+		var id uuid.UUID
+		var l lease
+		if err := rows.Scan(&id, &l.worker, &l.token); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = l
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkLeaseExpired fails the test unless the ledger has a lease_expired
+// entry for each of the leases (of a worker that died holding them).
+func checkLeaseExpired(t *testing.T, pool *pgxpool.Pool, leases map[uuid.UUID]lease) {
+	t.Helper()
+	for id, l := range leases {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM modkit_outbox_attempts
+			WHERE event_id = $1 AND outcome = 'lease_expired' AND worker = $2 AND lease_token = $3`, id, l.worker, l.token).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Errorf("event %s: %d lease_expired entries for the lease of worker %s, want 1", id, n, l.worker)
+		}
+	}
+}
+
+// checkLedger fails the test unless the attempts ledger agrees with the
+// events: each event's entries are numbered 1..ledger_seq without gaps; a
+// delivered event has exactly one delivered entry, and it is the last; an
+// event that never ran has none; and (with no releases or replays) the
+// entries that close a claim number exactly the event's attempts.
+func checkLedger(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	var events, gaps, badDelivered, badClaims int
+	err := pool.QueryRow(ctx, `WITH l AS (
+		SELECT event_id, count(*) AS n, max(attempt_no) AS top, min(attempt_no) AS bottom,
+			count(*) FILTER (WHERE outcome = 'delivered') AS delivered,
+			count(*) FILTER (WHERE outcome IN ('delivered', 'retry', 'dead', 'lease_expired')) AS claims,
+			count(*) FILTER (WHERE outcome IN ('released', 'replayed')) AS resets
+		FROM modkit_outbox_attempts GROUP BY event_id)
+	SELECT count(*),
+		count(*) FILTER (WHERE coalesce(l.n, 0) <> e.ledger_seq OR coalesce(l.top, 0) <> e.ledger_seq OR coalesce(l.bottom, 1) <> 1),
+		count(*) FILTER (WHERE (e.status = 'delivered') <> (coalesce(l.delivered, 0) = 1) OR coalesce(l.delivered, 0) > 1
+			OR (e.status = 'delivered' AND NOT EXISTS (SELECT 1 FROM modkit_outbox_attempts a
+				WHERE a.event_id = e.id AND a.attempt_no = e.ledger_seq AND a.outcome = 'delivered'))),
+		count(*) FILTER (WHERE coalesce(l.resets, 0) = 0 AND coalesce(l.claims, 0) <> e.attempts)
+	FROM modkit_outbox_events e LEFT JOIN l ON l.event_id = e.id`).Scan(&events, &gaps, &badDelivered, &badClaims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gaps != 0 || badDelivered != 0 || badClaims != 0 {
+		t.Fatalf("ledger of %d events: %d with gaps or a count other than ledger_seq, %d whose delivered entries disagree with their status, "+
+			"%d whose claim entries differ from their attempts", events, gaps, badDelivered, badClaims)
+	}
+}
+
+// Eight dispatchers on their own pools deliver 50,000 events while a tenth
+// of the publishes fail at random: the ledger holds one entry per claim,
+// one delivered entry per event, numbered without gaps.
+func TestLedgerEightDispatchers(t *testing.T) {
+	const n, dispatchers = 50_000, 8
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	for start := 0; start < n; start += 5000 {
+		msgs := make([]outbox.Message, 5000)
+		for i := range msgs {
+			msgs[i] = msg(start + i)
+		}
+		if _, err := client.EnqueueBatch(ctx, pool, msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var failed atomic.Int64
+	publish := func(_ context.Context, d outbox.Delivery) error {
+		if rand.IntN(10) == 0 {
+			failed.Add(1)
+			return errors.New("downstream hiccup")
+		}
+		return nil
+	}
+	for range dispatchers {
+		cfg := testConfig(newOutcomeLog())
+		cfg.MaxAttempts, cfg.OnOutcome, cfg.BatchSize = 20, nil, 200
+		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: publish})
+	}
+	eventually(t, "every event delivered", func() bool { return countRows(t, pool, "status = 'delivered'") == n })
+	checkLedger(t, pool)
+	var retries, delivered, total int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE outcome = 'retry'), count(*) FILTER (WHERE outcome = 'delivered'), count(*)
+		FROM modkit_outbox_attempts`).Scan(&retries, &delivered, &total); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	if err := pool.QueryRow(ctx, `SELECT sum(attempts) FROM modkit_outbox_events`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if delivered != n || retries != int(failed.Load()) || total != attempts {
+		t.Fatalf("ledger: %d delivered entries (want %d), %d retry entries (%d publishes failed), %d entries for %d attempts",
+			delivered, n, retries, failed.Load(), total, attempts)
+	}
+	t.Logf("%d events, %d failed publishes retried, %d ledger entries", n, retries, total)
+}
