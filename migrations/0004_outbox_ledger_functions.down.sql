@@ -30,8 +30,10 @@ DROP FUNCTION modkit_outbox_attempts_append_only();
 
 ALTER TABLE modkit_outbox_events
     DROP CONSTRAINT modkit_outbox_events_payload_size_check,
+    DROP CONSTRAINT modkit_outbox_events_headers_check,
     DROP CONSTRAINT modkit_outbox_events_tenant_key_check,
     DROP CONSTRAINT modkit_outbox_events_dedupe_key_length_check,
     DROP CONSTRAINT modkit_outbox_events_name_pattern_check,
     DROP COLUMN ledger_seq,
-    DROP COLUMN claimed_at;
+    DROP COLUMN claimed_at,
+    DROP COLUMN headers;

@@ -16,6 +16,9 @@
 -- attempt numbers are allocated in the same row update as the outcome and are
 -- gap-free without scanning the ledger.
 ALTER TABLE modkit_outbox_events ADD COLUMN ledger_seq int NOT NULL DEFAULT 0;
+-- Optional metadata carried from the enqueue to the publish (W3C trace
+-- context, correlation ids): a JSON object of strings.
+ALTER TABLE modkit_outbox_events ADD COLUMN headers jsonb NULL;
 -- When the current or last claim began (the ledger's claimed_at); written by
 -- the claim in the same row update, kept by the outcome.
 ALTER TABLE modkit_outbox_events ADD COLUMN claimed_at timestamptz NULL;
@@ -27,6 +30,8 @@ ALTER TABLE modkit_outbox_events
         CHECK (namespace ~ '^[a-z0-9][a-z0-9._-]{0,127}$' AND topic ~ '^[a-z0-9][a-z0-9._-]{0,127}$') NOT VALID,
     ADD CONSTRAINT modkit_outbox_events_dedupe_key_length_check
         CHECK (octet_length(dedupe_key) <= 512) NOT VALID,
+    ADD CONSTRAINT modkit_outbox_events_headers_check
+        CHECK (headers IS NULL OR (jsonb_typeof(headers) = 'object' AND pg_column_size(headers) <= 65536)),
     -- A key that carries a tenant prefix (a UUID and "/") belongs to that
     -- tenant: with a tenant_id it must begin with that id in canonical form
     -- (lower-case, hyphenated); without one it must not look like a tenant's.
@@ -120,12 +125,12 @@ END $$;
 -- id is the existing row's, which belongs to the same tenant).
 CREATE FUNCTION @s.modkit_outbox_enqueue(
     p_id uuid, p_namespace text, p_topic text, p_tenant uuid, p_key text, p_payload jsonb, p_notify boolean,
-    OUT id uuid, OUT duplicate boolean)
+    p_headers jsonb, OUT id uuid, OUT duplicate boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
-    INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload)
-    VALUES (p_id, p_namespace, p_topic, p_tenant, p_key, p_payload)
+    INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
+    VALUES (p_id, p_namespace, p_topic, p_tenant, p_key, p_payload, p_headers)
     ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING e.id INTO id;
     IF FOUND THEN
@@ -150,7 +155,7 @@ END $$;
 -- and the existing row's id.
 CREATE FUNCTION @s.modkit_outbox_enqueue_many(
     p_ids uuid[], p_namespaces text[], p_topics text[], p_tenants uuid[], p_keys text[], p_payloads jsonb[],
-    p_notify text[])
+    p_notify text[], p_headers jsonb[])
 RETURNS TABLE (ord bigint, id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 #variable_conflict use_column
@@ -160,10 +165,11 @@ DECLARE
     v_dups uuid[];
 BEGIN
     WITH ins AS (
-        INSERT INTO @s.modkit_outbox_events (id, namespace, topic, tenant_id, dedupe_key, payload)
-        SELECT i.id, i.namespace, i.topic, i.tenant_id, i.dedupe_key, i.payload
-        FROM unnest(p_ids, p_namespaces, p_topics, p_tenants, p_keys, p_payloads)
-            WITH ORDINALITY AS i(id, namespace, topic, tenant_id, dedupe_key, payload, ord)
+        INSERT INTO @s.modkit_outbox_events (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
+        SELECT i.id, i.namespace, i.topic, i.tenant_id, i.dedupe_key, i.payload, i.headers
+        FROM unnest(p_ids, p_namespaces, p_topics, p_tenants, p_keys, p_payloads,
+                coalesce(p_headers, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])))
+            WITH ORDINALITY AS i(id, namespace, topic, tenant_id, dedupe_key, payload, headers, ord)
         ORDER BY i.ord
         ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
         RETURNING id)
@@ -199,7 +205,7 @@ END $$;
 CREATE FUNCTION @s.modkit_outbox_claim(
     p_worker uuid, p_topics text[], p_limit int, p_max_attempts int, p_lease interval, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, attempts int,
-    lease_token uuid, locked_until timestamptz, created_at timestamptz, repaired boolean)
+    lease_token uuid, locked_until timestamptz, created_at timestamptz, repaired boolean, headers jsonb)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -236,7 +242,7 @@ BEGIN
         -- would be planned from the stale estimate of one processing row,
         -- as a nested loop over the whole batch.
         RETURNING e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, e.payload, e.attempts,
-            e.lease_token, e.locked_until, e.created_at, d.old_status = 'processing' AS repaired,
+            e.lease_token, e.locked_until, e.created_at, d.old_status = 'processing' AS repaired, e.headers,
             d.old_seq, d.old_attempts, d.old_worker, d.old_token, d.old_claimed_at),
     repair AS (
         INSERT INTO @s.modkit_outbox_attempts
@@ -246,7 +252,7 @@ BEGIN
         FROM upd u
         WHERE u.repaired)
     SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.payload, u.attempts,
-        u.lease_token, u.locked_until, u.created_at, u.repaired
+        u.lease_token, u.locked_until, u.created_at, u.repaired, u.headers
     FROM upd u;
 END $$;
 
@@ -449,10 +455,11 @@ CREATE FUNCTION @s.modkit_outbox_list_rows(
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz)
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
-        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at
+        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
+        CASE WHEN p_payloads THEN e.headers END
     FROM @s.modkit_outbox_events e
     WHERE (p_status IS NULL OR e.status = p_status)
       AND (p_namespace IS NULL OR e.namespace = p_namespace)
@@ -470,7 +477,7 @@ CREATE FUNCTION @s.modkit_outbox_list(
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz)
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_list_rows(false, p_status, p_namespace, p_topic, p_tenant,
         p_created_after, p_created_before, p_after_created_at, p_after_id, p_limit);
@@ -481,7 +488,7 @@ CREATE FUNCTION @s.modkit_outbox_list_payloads(
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz)
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_list_rows(true, p_status, p_namespace, p_topic, p_tenant,
         p_created_after, p_created_before, p_after_created_at, p_after_id, p_limit);
@@ -490,20 +497,22 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_get(p_id uuid)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz)
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN false THEN e.payload END, e.status,
-        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at
+        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
+        CASE WHEN false THEN e.headers END
     FROM @s.modkit_outbox_events e WHERE e.id = p_id;
 $$;
 
 CREATE FUNCTION @s.modkit_outbox_get_payload(p_id uuid)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz)
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN true THEN e.payload END, e.status,
-        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at
+        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
+        CASE WHEN true THEN e.headers END
     FROM @s.modkit_outbox_events e WHERE e.id = p_id;
 $$;
 
@@ -599,9 +608,9 @@ BEGIN
     END LOOP;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_producer') THEN
         GRANT USAGE ON SCHEMA @s TO modkit_outbox_producer;
-        GRANT INSERT (id, namespace, topic, tenant_id, dedupe_key, payload) ON @s.modkit_outbox_events TO modkit_outbox_producer;
-        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean),
-            @s.modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[]) TO modkit_outbox_producer;
+        GRANT INSERT (id, namespace, topic, tenant_id, dedupe_key, payload, headers) ON @s.modkit_outbox_events TO modkit_outbox_producer;
+        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean, jsonb),
+            @s.modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[], jsonb[]) TO modkit_outbox_producer;
         granted := granted || 'modkit_outbox_producer'::text;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_dispatcher') THEN

@@ -58,12 +58,15 @@ type Event struct {
 	LastError     *string
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// Headers as enqueued; nil when there are none, or when the database
+	// role may not read payloads (the reader role).
+	Headers map[string]string
 }
 
 func eventFrom(e driver.Event) Event {
 	return Event{ID: e.ID, Namespace: e.Namespace, Topic: e.Topic, TenantID: e.TenantID, DedupeKey: e.DedupeKey,
 		Payload: e.Payload, Status: Status(e.Status), Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt,
-		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, LastError: e.LastError, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt}
+		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, LastError: e.LastError, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt, Headers: e.Headers}
 }
 
 // Attempt is one entry of an event's history (the append-only attempts

@@ -140,7 +140,8 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]d
 
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
 	return Delivery{ID: c.ID, Namespace: c.Namespace, Topic: c.Topic, TenantID: c.TenantID, DedupeKey: c.DedupeKey,
-		Payload: c.Payload, Attempt: c.Attempts, MaxAttempts: d.cfg.MaxAttempts, CreatedAt: c.CreatedAt, leaseToken: c.LeaseToken}
+		Payload: c.Payload, Attempt: c.Attempts, MaxAttempts: d.cfg.MaxAttempts, CreatedAt: c.CreatedAt, Headers: c.Headers,
+		leaseToken: c.LeaseToken}
 }
 
 // giveBack releases events claimed by a claim that finished after a stop.

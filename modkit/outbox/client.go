@@ -168,10 +168,12 @@ func (c *Client) Admin() *Admin { return c.admin }
 // AlreadyEnqueued set, and err is nil. Invalid messages are rejected before
 // any SQL runs with an error matching ErrInvalidMessage, and leave tx
 // usable.
-func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (Enqueued, error) {
+func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (_ Enqueued, err error) {
 	if err := validate(0, &msg, c.cfg.MaxPayloadBytes); err != nil {
 		return Enqueued{}, err
 	}
+	ctx, span := startEnqueueSpan(ctx, msg.Namespace+":"+msg.Topic, 1)
+	defer func() { endSpan(span, err) }()
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Enqueued{}, fmt.Errorf("outbox: new event id: %w", err)
@@ -180,7 +182,8 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (Enqueu
 	if c.shouldNotify(msg.Namespace, msg.Topic) {
 		notify = []string{msg.Namespace + ":" + msg.Topic}
 	}
-	row := driver.InsertRow{ID: id, Namespace: msg.Namespace, Topic: msg.Topic, TenantID: msg.TenantID, DedupeKey: storedKey(&msg), Payload: msg.Payload}
+	row := driver.InsertRow{ID: id, Namespace: msg.Namespace, Topic: msg.Topic, TenantID: msg.TenantID, DedupeKey: storedKey(&msg),
+		Payload: msg.Payload, Headers: withTraceContext(ctx, msg.Headers)}
 	res, err := c.store.Insert(ctx, tx, []driver.InsertRow{row}, notify)
 	if err != nil {
 		return Enqueued{}, c.enqueueError(fmt.Sprintf("enqueue %s/%s", msg.Namespace, msg.Topic), err)
@@ -194,7 +197,7 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (Enqueu
 // nothing is written and the error's ValidationError.Index names it.
 // Messages with the same dedupe key in one batch yield one row, and both
 // results name it.
-func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message) ([]Enqueued, error) {
+func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message) (_ []Enqueued, err error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -203,6 +206,15 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 			return nil, err
 		}
 	}
+	destination := msgs[0].Namespace + ":" + msgs[0].Topic
+	for _, m := range msgs[1:] {
+		if m.Namespace+":"+m.Topic != destination {
+			destination = "" // several topics
+			break
+		}
+	}
+	ctx, span := startEnqueueSpan(ctx, destination, len(msgs))
+	defer func() { endSpan(span, err) }()
 	rows := make([]driver.InsertRow, len(msgs))
 	var notify []string
 	for i, m := range msgs {
@@ -210,7 +222,8 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: new event id: %w", err)
 		}
-		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m), Payload: m.Payload}
+		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m),
+			Payload: m.Payload, Headers: withTraceContext(ctx, m.Headers)}
 		if t := m.Namespace + ":" + m.Topic; !slices.Contains(notify, t) && c.shouldNotify(m.Namespace, m.Topic) {
 			notify = append(notify, t)
 		}

@@ -27,6 +27,10 @@ var (
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	// ErrInvalidDedupeKey: the key is empty, blank, too long or not UTF-8.
 	ErrInvalidDedupeKey = errors.New("outbox: invalid dedupe key")
+	// ErrInvalidHeaders: a header name is empty, too long or not a token
+	// of printable ASCII, a value is not UTF-8 or holds a NUL byte, or the
+	// headers exceed 64 entries or 16 KiB.
+	ErrInvalidHeaders = errors.New("outbox: invalid headers")
 	// ErrInvalidTenant: TenantID is the nil UUID.
 	ErrInvalidTenant = errors.New("outbox: invalid tenant id")
 	// ErrTenantMismatch: the message has both a tenant id and a dedupe key,

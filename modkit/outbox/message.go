@@ -31,6 +31,12 @@ type Message struct {
 	// without a TenantID must not begin with a UUID and "/" (it would take
 	// that tenant's key). The database enforces both.
 	DedupeKey *string
+	// Headers is optional metadata carried to the publisher unchanged in
+	// Delivery.Headers (correlation ids, content types): at most 64
+	// entries and 16 KiB, names of printable ASCII without spaces, values
+	// of UTF-8. Enqueue adds the W3C trace context of ctx (traceparent,
+	// tracestate) unless Headers already has a traceparent.
+	Headers map[string]string
 	// Payload is the event body: valid JSON, at most the configured size
 	// (1 MiB unless Config.MaxPayloadBytes says otherwise).
 	// The dispatcher hands it to the publisher unchanged (as jsonb
@@ -84,6 +90,9 @@ func validate(i int, m *Message, maxPayload int) error {
 	if !validName(m.Topic) {
 		return bad("Topic", ErrInvalidTopic, "%q does not match %s", m.Topic, namePattern)
 	}
+	if err := validHeaders(m.Headers); err != "" {
+		return bad("Headers", ErrInvalidHeaders, "%s", err)
+	}
 	if len(m.Payload) == 0 {
 		return bad("Payload", ErrInvalidPayload, "empty; use a JSON value such as {} or null")
 	}
@@ -120,6 +129,39 @@ func validate(i int, m *Message, maxPayload int) error {
 		}
 	}
 	return nil
+}
+
+// Header limits.
+const (
+	headersMaxEntries = 64
+	headersMaxBytes   = 16 << 10
+	headerNameMaxLen  = 128
+)
+
+// validHeaders returns why h is not valid, or "".
+func validHeaders(h map[string]string) string {
+	if len(h) > headersMaxEntries {
+		return fmt.Sprintf("%d entries, the limit is %d", len(h), headersMaxEntries)
+	}
+	size := 0
+	for k, v := range h {
+		size += len(k) + len(v)
+		if k == "" || len(k) > headerNameMaxLen {
+			return fmt.Sprintf("name %q: 1 to %d bytes", truncateForMessage(k), headerNameMaxLen)
+		}
+		for i := 0; i < len(k); i++ {
+			if k[i] <= ' ' || k[i] >= 0x7f {
+				return fmt.Sprintf("name %q: printable ASCII without spaces", truncateForMessage(k))
+			}
+		}
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return fmt.Sprintf("value of %q: UTF-8 without NUL bytes", k)
+		}
+	}
+	if size > headersMaxBytes {
+		return fmt.Sprintf("%d bytes, the limit is %d", size, headersMaxBytes)
+	}
+	return ""
 }
 
 // tenantPrefix reports whether key begins with a tenant prefix: a UUID, in

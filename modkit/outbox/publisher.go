@@ -42,6 +42,10 @@ type Delivery struct {
 	MaxAttempts int
 	// CreatedAt is when the event was enqueued (its transaction's start).
 	CreatedAt time.Time
+	// Headers as enqueued (Message.Headers, plus the W3C trace context of
+	// the enqueue, which the dispatcher also restores into the publish
+	// ctx); nil when there are none. Do not modify.
+	Headers map[string]string
 
 	leaseToken uuid.UUID
 }

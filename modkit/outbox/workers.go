@@ -437,11 +437,13 @@ func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
 	m := c.d
 	res := result{c: c, started: time.Now()}
 	p := d.reg.byKey[Topic{m.Namespace, m.Topic}.key()]
+	ctx, span := startPublishSpan(ctx, m)
 	if p.HandleTx != nil {
 		res.kind, res.err = d.handleTx(ctx, p, m)
 	} else {
 		res.err = d.callSafely(p, m, func() error { return p.Publish(ctx, m) })
 	}
+	endSpan(span, res.err)
 	res.elapsed = time.Since(res.started)
 	if res.kind == published && res.err != nil && d.hardStop.Load() {
 		// Cut short by a hard stop: the outcome is unknown, so the event

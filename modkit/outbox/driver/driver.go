@@ -192,6 +192,8 @@ type InsertRow struct {
 	TenantID  *uuid.UUID
 	DedupeKey *string
 	Payload   []byte
+	// Headers is stored as a JSON object; nil stores NULL.
+	Headers map[string]string
 }
 
 // Inserted is Insert's result for one row.
@@ -225,6 +227,7 @@ type Claimed struct {
 	Payload    []byte
 	Attempts   int // including this claim
 	LeaseToken uuid.UUID
+	Headers    map[string]string
 	// Repaired: the event's previous lease had expired without an
 	// outcome; this claim repaired it.
 	Repaired   bool
@@ -343,6 +346,8 @@ type Event struct {
 	LastError     *string
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
+	// Headers are nil when the reader may not see payloads.
+	Headers map[string]string
 }
 
 // Attempt is one row of an event's history: the outcome of one claim, or an

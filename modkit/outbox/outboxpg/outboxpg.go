@@ -10,6 +10,7 @@ package outboxpg
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -114,8 +115,12 @@ func (s *store) Insert(ctx context.Context, tx any, rows []driver.InsertRow, not
 
 func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow, notify bool) ([]driver.Inserted, error) {
 	out := []driver.Inserted{{}}
-	err := q.QueryRow(ctx, s.sql.insertOne, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
-		string(r.Payload), notify).Scan(&out[0].ID, &out[0].Duplicate)
+	headers, err := headersArg(r.Headers)
+	if err != nil {
+		return nil, err
+	}
+	err = q.QueryRow(ctx, s.sql.insertOne, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
+		string(r.Payload), notify, headers).Scan(&out[0].ID, &out[0].Duplicate)
 	if err != nil {
 		return nil, insertError(err)
 	}
@@ -139,30 +144,64 @@ func insertError(err error) error {
 // copyMinBatch is the smallest batch Insert tries to COPY.
 const copyMinBatch = 64
 
-// copyColumns are the columns the COPY fast path writes; status and
-// attempts take their defaults ('pending', 0).
-var copyColumns = []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload"}
+// copyColumns are the columns the COPY fast path writes (those a producer
+// may insert); status, attempts and the lease take their defaults.
+var copyColumns = []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload", "headers"}
+
+// headersArg encodes headers as the JSON text of a jsonb parameter; nil for
+// none.
+func headersArg(h map[string]string) (*string, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return nil, fmt.Errorf("outboxpg: encode headers: %w", err)
+	}
+	s := string(b)
+	return &s, nil
+}
+
+// scanHeaders decodes a headers column.
+func scanHeaders(b []byte) (map[string]string, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var h map[string]string
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("outboxpg: decode headers: %w", err)
+	}
+	return h, nil
+}
 
 type columns struct {
 	ids                         []pgtype.UUID // binary encoding, far cheaper than uuid.UUID's text
 	namespaces, topics, payload []string
 	tenants                     []pgtype.UUID
-	keys                        []*string
+	keys, headers               []*string
 }
 
-func toColumns(rows []driver.InsertRow) columns {
+func toColumns(rows []driver.InsertRow) (columns, error) {
 	n := len(rows)
 	c := columns{ids: make([]pgtype.UUID, n), namespaces: make([]string, n), topics: make([]string, n),
-		payload: make([]string, n), tenants: make([]pgtype.UUID, n), keys: make([]*string, n)}
+		payload: make([]string, n), tenants: make([]pgtype.UUID, n), keys: make([]*string, n), headers: make([]*string, n)}
 	for i, r := range rows {
 		c.ids[i], c.tenants[i] = uuidArg(r.ID), nullUUID(r.TenantID)
 		c.namespaces[i], c.topics[i], c.keys[i], c.payload[i] = r.Namespace, r.Topic, r.DedupeKey, string(r.Payload)
+		h, err := headersArg(r.Headers)
+		if err != nil {
+			return c, err
+		}
+		c.headers[i] = h
 	}
-	return c
+	return c, nil
 }
 
 func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []driver.InsertRow, notify []string) ([]driver.Inserted, error) {
-	c := toColumns(rows)
+	c, err := toColumns(rows)
+	if err != nil {
+		return nil, err
+	}
 	n := len(rows)
 	out := make([]driver.Inserted, n)
 	copied, err := s.tryCopy(ctx, tx, c)
@@ -176,7 +215,7 @@ func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []dri
 		return out, s.notifyMany(ctx, q, notify)
 	}
 	// The function announces the topics itself when it inserted a row.
-	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload, notify)
+	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload, notify, c.headers)
 	if err != nil {
 		return nil, insertError(err)
 	}
@@ -227,7 +266,7 @@ func (s *store) tryCopy(ctx context.Context, tx any, c columns) (bool, error) {
 		return false, nil
 	}
 	src := pgx.CopyFromSlice(len(c.ids), func(i int) ([]any, error) {
-		return []any{c.ids[i], c.namespaces[i], c.topics[i], c.tenants[i], c.keys[i], c.payload[i]}, nil
+		return []any{c.ids[i], c.namespaces[i], c.topics[i], c.tenants[i], c.keys[i], c.payload[i], c.headers[i]}, nil
 	})
 	var err error
 	switch r := tx.(type) {
@@ -285,8 +324,13 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	for rows.Next() {
 		var c driver.Claimed
 		var id, tenant, token pgtype.UUID
+		var headers []byte
 		if err := rows.Scan(&id, &c.Namespace, &c.Topic, &tenant, &c.DedupeKey, &c.Payload, &c.Attempts,
-			&token, &c.LockedTill, &c.CreatedAt, &c.Repaired); err != nil {
+			&token, &c.LockedTill, &c.CreatedAt, &c.Repaired, &headers); err != nil {
+			return nil, err
+		}
+		var err error
+		if c.Headers, err = scanHeaders(headers); err != nil {
 			return nil, err
 		}
 		c.ID, c.LeaseToken, c.TenantID = id.Bytes, token.Bytes, ptrUUID(tenant)
@@ -541,9 +585,13 @@ func withPayloads[T any](s *store, read func(payloads bool) (T, error)) (T, erro
 func scanEvent(row pgx.Row) (driver.Event, error) {
 	var e driver.Event
 	var tenant, lockedBy pgtype.UUID
+	var headers []byte
 	err := row.Scan(&e.ID, &e.Namespace, &e.Topic, &tenant, &e.DedupeKey, &e.Payload, &e.Status, &e.Attempts,
-		&e.NextAttemptAt, &lockedBy, &e.LockedUntil, &e.LastError, &e.CreatedAt, &e.UpdatedAt)
+		&e.NextAttemptAt, &lockedBy, &e.LockedUntil, &e.LastError, &e.CreatedAt, &e.UpdatedAt, &headers)
 	e.TenantID, e.LockedBy = ptrUUID(tenant), ptrUUID(lockedBy)
+	if err == nil {
+		e.Headers, err = scanHeaders(headers)
+	}
 	return e, err
 }
 

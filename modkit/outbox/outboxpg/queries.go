@@ -20,14 +20,14 @@ import (
 // Options.SynchronousCommit); {{now}} is the test clock parameter, when one
 // is set (see newQueries), and NULL (the database clock) otherwise.
 const (
-	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7)`
+	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb)`
 
-	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[])`
+	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[])`
 
 	qNotifyMany = `SELECT pg_notify('` + NotifyChannel + `', p) FROM unnest($1::text[]) AS p`
 
 	qClaim = `SELECT c.id, c.namespace, c.topic, c.tenant_id, c.dedupe_key, c.payload, c.attempts, c.lease_token,
-	c.locked_until, c.created_at, c.repaired
+	c.locked_until, c.created_at, c.repaired, c.headers
 FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, {{now}}) AS c`
 
 	qComplete = `SELECT id FROM {{async}}{{fn}}modkit_outbox_complete($1, $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bigint[], {{now}}) AS id`
@@ -47,7 +47,7 @@ FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, {{
 	qDepth = `SELECT topic, pending, processing, dead, oldest_due_seconds, stuck FROM {{fn}}modkit_outbox_depth($1::text[], {{now}})`
 
 	eventColumns = `id, namespace, topic, tenant_id, dedupe_key, payload, status, attempts,
-	next_attempt_at, locked_by, locked_until, last_error, created_at, updated_at`
+	next_attempt_at, locked_by, locked_until, last_error, created_at, updated_at, headers`
 
 	filterParams = `$1::text, $2::text, $3::text, $4::uuid, $5::timestamptz, $6::timestamptz, $7::timestamptz, $8::uuid, $9::int`
 

@@ -1,0 +1,75 @@
+package outbox
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The outbox carries the W3C trace context of an enqueue to its publish in
+// the event's headers, and records an "outbox enqueue" (producer) and an
+// "outbox publish" (consumer) span on the global TracerProvider, so that one
+// trace covers the request that committed an event and every attempt to
+// publish it. With no TracerProvider set, spans cost next to nothing and
+// only a trace context already in ctx is carried.
+
+// traceContext is the W3C Trace Context format (traceparent, tracestate),
+// used whatever the global propagator is.
+var traceContext propagation.TraceContext
+
+func tracer() trace.Tracer { return otel.Tracer(meterName) }
+
+// startEnqueueSpan starts the span of one Enqueue or EnqueueBatch call.
+func startEnqueueSpan(ctx context.Context, destination string, count int) (context.Context, trace.Span) {
+	attrs := []attribute.KeyValue{attribute.String("messaging.system", "modkit-outbox"), attribute.String("messaging.operation.type", "send")}
+	if destination != "" {
+		attrs = append(attrs, attribute.String("messaging.destination.name", destination))
+	}
+	if count > 1 {
+		attrs = append(attrs, attribute.Int("messaging.batch.message_count", count))
+	}
+	return tracer().Start(ctx, "outbox enqueue", trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+}
+
+// endSpan ends span, marking it failed with err's redacted text.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.SetStatus(codes.Error, SanitizeError(err, 512))
+	}
+	span.End()
+}
+
+// withTraceContext returns h plus ctx's trace context, unless ctx has none
+// or h already carries one. h itself is never modified.
+func withTraceContext(ctx context.Context, h map[string]string) map[string]string {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return h
+	}
+	if _, ok := h["traceparent"]; ok {
+		return h
+	}
+	out := make(map[string]string, len(h)+2)
+	for k, v := range h {
+		out[k] = v
+	}
+	traceContext.Inject(ctx, propagation.MapCarrier(out))
+	return out
+}
+
+// startPublishSpan restores the enqueue's trace context from the event's
+// headers into ctx and starts the span of one publish attempt under it.
+func startPublishSpan(ctx context.Context, m Delivery) (context.Context, trace.Span) {
+	if _, ok := m.Headers["traceparent"]; ok {
+		ctx = traceContext.Extract(ctx, propagation.MapCarrier(m.Headers))
+	}
+	return tracer().Start(ctx, "outbox publish", trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(
+		attribute.String("messaging.system", "modkit-outbox"),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.destination.name", m.Namespace+":"+m.Topic),
+		attribute.String("messaging.message.id", m.ID.String()),
+		attribute.Int("modkit_outbox.attempt", m.Attempt)))
+}

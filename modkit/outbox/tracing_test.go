@@ -1,0 +1,126 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// Headers travel from the enqueue to the publisher, and the trace of the
+// request that enqueued an event continues in its publish: one trace id
+// from the request's span through the enqueue span to the publish span.
+func TestHeadersAndTraceContext(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	reqCtx, request := tp.Tracer("test").Start(ctx, "POST /orders")
+	m := msg(1)
+	m.Headers = map[string]string{"x-correlation-id": "c-42"}
+	res, err := client.Enqueue(reqCtx, pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	request.End()
+	if m.Headers["traceparent"] != "" {
+		t.Fatal("Enqueue modified the caller's Headers map")
+	}
+
+	type seen struct {
+		trace   trace.TraceID
+		parent  trace.SpanID
+		headers map[string]string
+	}
+	got := make(chan seen, 1)
+	startDispatcher(t, client, testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		got <- seen{trace.SpanContextFromContext(ctx).TraceID(), trace.SpanContextFromContext(ctx).SpanID(), d.Headers}
+		return nil
+	}})
+	p := recv(t, "the publish", got)
+	want := request.SpanContext().TraceID()
+	if p.trace != want {
+		t.Fatalf("publish ran in trace %s, want the request's %s", p.trace, want)
+	}
+	if p.headers["x-correlation-id"] != "c-42" || !strings.Contains(p.headers["traceparent"], want.String()) {
+		t.Fatalf("delivery headers: %v", p.headers)
+	}
+	if e := get(t, client, res.ID); e.Headers["x-correlation-id"] != "c-42" {
+		t.Fatalf("Admin.Get headers: %v", e.Headers)
+	}
+	// The spans: enqueue under the request, publish under the enqueue.
+	var enqueue, publish sdktrace.ReadOnlySpan
+	eventually(t, "the publish span ended", func() bool {
+		for _, s := range rec.Ended() {
+			switch s.Name() {
+			case "outbox enqueue":
+				enqueue = s
+			case "outbox publish":
+				publish = s
+			}
+		}
+		return enqueue != nil && publish != nil
+	})
+	if enqueue.Parent().SpanID() != request.SpanContext().SpanID() || enqueue.SpanKind() != trace.SpanKindProducer {
+		t.Fatalf("enqueue span: parent %s kind %v, want the request's span %s, producer", enqueue.Parent().SpanID(), enqueue.SpanKind(), request.SpanContext().SpanID())
+	}
+	if publish.Parent().SpanID() != enqueue.SpanContext().SpanID() || publish.SpanContext().TraceID() != want ||
+		publish.SpanContext().SpanID() != p.parent || publish.SpanKind() != trace.SpanKindConsumer {
+		t.Fatalf("publish span: parent %s trace %s, want the enqueue span %s in trace %s", publish.Parent().SpanID(),
+			publish.SpanContext().TraceID(), enqueue.SpanContext().SpanID(), want)
+	}
+}
+
+func TestInvalidHeaders(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	for name, h := range map[string]map[string]string{
+		"empty name":      {"": "v"},
+		"space in name":   {"x y": "v"},
+		"control in name": {"x\ny": "v"},
+		"NUL in value":    {"x": "a\x00b"},
+		"bad UTF-8":       {"x": "\xff"},
+		"too big":         {"x": strings.Repeat("v", 17<<10)},
+	} {
+		m := msg(1)
+		m.Headers = h
+		if _, err := client.Enqueue(ctx, tdb.Provider.Pool, m); !errors.Is(err, outbox.ErrInvalidHeaders) || !errors.Is(err, outbox.ErrInvalidMessage) {
+			t.Errorf("%s: %v, want ErrInvalidHeaders", name, err)
+		}
+	}
+	if n := countRows(t, tdb.Provider.Pool, "true"); n != 0 {
+		t.Fatalf("%d rows written by refused enqueues", n)
+	}
+}
+
+// EnqueueBatch stores headers on both of its paths: the function for small
+// batches and COPY for large ones.
+func TestBatchHeaders(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	for _, n := range []int{2, 70} {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = msg(i)
+			msgs[i].Headers = map[string]string{"n": strings.Repeat("x", i%3)}
+		}
+		res, err := client.EnqueueBatch(ctx, tdb.Provider.Pool, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			if e := get(t, client, r.ID); len(e.Headers) != 1 || e.Headers["n"] != msgs[i].Headers["n"] {
+				t.Fatalf("batch of %d, event %d: headers %v, want %v", n, i, e.Headers, msgs[i].Headers)
+			}
+		}
+	}
+}
