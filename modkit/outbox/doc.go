@@ -120,6 +120,25 @@
 // modkit/outbox/outboxui. That dashboard is an http.Handler you can also
 // mount in your own server.
 //
+// # Least privilege, history and tracing
+//
+// Every read and write of the PostgreSQL driver calls a SECURITY DEFINER
+// function with a pinned search_path; the roles modkit_outbox_producer,
+// modkit_outbox_dispatcher, modkit_outbox_operator and modkit_outbox_reader
+// may each call only what their job needs (the README's "Least privilege"
+// lists them). Recording an outcome checks the lease token, the worker and
+// the lease's expiry; a transactional handler whose lease was lost fails
+// with ErrLeaseLost and its transaction rolls back. Each outcome, lease
+// repair, sweep and replay appends an entry to the event's history, an
+// append-only ledger that Admin.History reads.
+//
+// Message.Headers travel to Delivery.Headers. Enqueue adds the W3C trace
+// context (traceparent, tracestate) of its ctx and records an "outbox
+// enqueue" span; the dispatcher restores that context into the publish ctx
+// under an "outbox publish" span, so one trace covers the request that
+// committed the event and every attempt to publish it (spans go to the
+// global TracerProvider, otel.SetTracerProvider).
+//
 // # Metrics
 //
 // A running Dispatcher reports OpenTelemetry metrics through the global
@@ -140,6 +159,10 @@
 //	outbox.claim.errors (outbox_claim_errors_total)             counter     queries  none
 //	outbox.listener.reconnects (outbox_listener_reconnects_total)
 //	                                                            counter     reconnects none
+//	outbox.claim.batches (outbox_claim_batches_total)           counter     claims   namespace, topic
+//	outbox.claim.events (outbox_claim_events_total)             counter     events   namespace, topic
+//	outbox.lease.repairs (outbox_lease_repairs_total)           counter     leases   namespace, topic
+//	outbox.wakeups (outbox_wakeups_total)                       counter     notifications namespace, topic
 //	outbox.publish.duration (outbox_publish_duration_seconds)   histogram   s        namespace, topic
 //	outbox.delivery.lag (outbox_delivery_lag_seconds)           histogram   s        namespace, topic
 //	outbox.pending.depth (outbox_pending_depth)                 gauge       events   namespace, topic
@@ -147,6 +170,7 @@
 //	outbox.dead.count (outbox_dead_count)                       gauge       events   namespace, topic
 //	outbox.pending.oldest_age (outbox_pending_oldest_age_seconds)
 //	                                                            gauge       s        namespace, topic
+//	outbox.stuck.depth (outbox_stuck_depth)                     gauge       events   namespace, topic
 //	outbox.dispatcher.degraded (outbox_dispatcher_degraded)     gauge       0 or 1   worker_id
 //
 // What they measure:
@@ -161,6 +185,11 @@
 //     abandoned (see Topic isolation).
 //   - claim.errors: failed claim queries; listener.reconnects: LISTEN
 //     connections lost and re-opened.
+//   - claim.batches: claims that leased at least one event of the topic;
+//     claim.events: the events they leased. lease.repairs: expired leases
+//     repaired by a claim or the sweeper (a dispatcher crashed or overran;
+//     each is a lease_expired entry in the event's history). wakeups:
+//     enqueue notifications received for a topic this dispatcher serves.
 //   - publish.duration: the time of each Publish or HandleTx call (not
 //     recorded for abandoned calls). delivery.lag: from the event's enqueue
 //     (its transaction's start, created_at) to its successful publish;
@@ -171,7 +200,9 @@
 //     are reported. pending.depth counts pending events (due or not),
 //     processing.depth leased ones, dead.count dead ones;
 //     pending.oldest_age is how long the oldest due pending event has
-//     waited past its next_attempt_at (0 when none is due).
+//     waited past its next_attempt_at (0 when none is due); stuck.depth
+//     counts leased events whose lease expired without an outcome, waiting
+//     for a claim or the sweeper to repair them.
 //   - dispatcher.degraded is 1 while Dispatcher.Health reports Degraded.
 //
 // To export them to Prometheus, install the OpenTelemetry Prometheus
