@@ -48,7 +48,7 @@ ALTER TABLE modkit_outbox_events
 
 -- The attempts ledger: one row per outcome of a claim (delivered, retry,
 -- dead, released, lease_expired) and per operator or maintenance transition
--- (swept, replayed, skipped). Append-only: no runtime role may update, delete
+-- (swept, replayed, skipped, purged). Append-only: no runtime role may update, delete
 -- or truncate it, and a trigger refuses UPDATE, DELETE and TRUNCATE from
 -- anyone (only modkit_outbox_prune_attempts, run by the owner, deletes old
 -- rows of events that no longer exist).
@@ -71,7 +71,7 @@ CREATE TABLE modkit_outbox_attempts (
     actor       text        NULL,
     CONSTRAINT modkit_outbox_attempts_pkey PRIMARY KEY (event_id, attempt_no),
     CONSTRAINT modkit_outbox_attempts_outcome_check CHECK (outcome IN
-        ('delivered', 'retry', 'dead', 'released', 'lease_expired', 'swept', 'replayed', 'skipped')),
+        ('delivered', 'retry', 'dead', 'released', 'lease_expired', 'swept', 'replayed', 'skipped', 'purged')),
     CONSTRAINT modkit_outbox_attempts_attempt_no_check CHECK (attempt_no > 0)
 ) WITH (fillfactor = 100);
 
@@ -392,6 +392,32 @@ BEGIN
     RETURN v_n;
 END $$;
 
+-- An operator's purge: as modkit_outbox_purge, and each purged event's
+-- history records it (outcome purged, the session user as actor).
+CREATE FUNCTION @s.modkit_outbox_purge_recorded(p_topics text[], p_retention interval, p_limit int, p_now timestamptz DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+DECLARE
+    v_now timestamptz := @s.modkit_outbox_clock(p_now);
+    v_n bigint;
+BEGIN
+    WITH del AS (
+        DELETE FROM @s.modkit_outbox_events WHERE id IN (
+            SELECT e.id FROM @s.modkit_outbox_events e
+            WHERE e.status = 'delivered' AND e.updated_at < v_now - p_retention
+              AND (e.namespace || ':' || e.topic) = ANY(p_topics)
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED)
+        RETURNING id, namespace, topic, ledger_seq),
+    ledger AS (
+        INSERT INTO @s.modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, finished_at, detail, actor)
+        SELECT d.id, d.ledger_seq + 1, d.namespace, d.topic, 'purged', v_now,
+            format('purged by an operator: delivered more than %s ago', p_retention), session_user
+        FROM del d)
+    SELECT count(*) INTO v_n FROM del;
+    RETURN v_n;
+END $$;
+
 -- Maintenance leases (one holder per role).
 CREATE FUNCTION @s.modkit_outbox_elect(p_roles text[], p_holder uuid, p_ttl interval, p_now timestamptz DEFAULT NULL)
 RETURNS SETOF text
@@ -516,6 +542,61 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     FROM @s.modkit_outbox_events e WHERE e.id = p_id;
 $$;
 
+-- Deliveries per bucket (aligned on the Unix epoch) over the last p_window,
+-- with enqueue-to-delivery latency quantiles, per topic and in total (the
+-- rows whose namespace is NULL). It scans delivered rows: for dashboards
+-- refreshing every few seconds, not for tight loops.
+CREATE FUNCTION @s.modkit_outbox_series(p_window interval, p_bucket interval, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (at timestamptz, ns text, tp text, bucket_start timestamptz, delivered bigint,
+    latency_p50 float8, latency_p95 float8, latency_max float8)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+    WITH w AS (
+        SELECT coalesce(p_now, now()) AS now,
+            date_bin(p_bucket, coalesce(p_now, now()) - p_window, timestamptz 'epoch') AS start)
+    SELECT w.now, e.namespace, e.topic, date_bin(p_bucket, e.updated_at, timestamptz 'epoch') AS bucket,
+        count(*),
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.updated_at - e.created_at))::float8,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.updated_at - e.created_at))::float8,
+        max(extract(epoch FROM e.updated_at - e.created_at))::float8
+    FROM @s.modkit_outbox_events e CROSS JOIN w
+    WHERE e.status = 'delivered' AND e.updated_at >= w.start AND e.updated_at <= w.now
+    GROUP BY GROUPING SETS ((w.now, bucket), (w.now, e.namespace, e.topic, bucket))
+    ORDER BY bucket, e.namespace NULLS FIRST, e.topic NULLS FIRST;
+$$;
+
+-- Events settled (delivered or dead) since p_since, oldest first, to follow
+-- deliveries; modkit_outbox_settled hides payloads and headers,
+-- modkit_outbox_settled_payloads (operator) shows them.
+CREATE FUNCTION @s.modkit_outbox_settled_rows(p_payloads boolean, p_since timestamptz, p_limit int, p_now timestamptz)
+RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
+    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+    SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
+        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
+        CASE WHEN p_payloads THEN e.headers END
+    FROM @s.modkit_outbox_events e
+    WHERE e.status IN ('delivered', 'dead') AND e.updated_at >= p_since AND e.updated_at <= coalesce(p_now, now())
+    ORDER BY e.updated_at, e.id
+    LIMIT p_limit;
+$$;
+
+CREATE FUNCTION @s.modkit_outbox_settled(p_since timestamptz, p_limit int, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
+    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+    SELECT * FROM @s.modkit_outbox_settled_rows(false, p_since, p_limit, p_now);
+$$;
+
+CREATE FUNCTION @s.modkit_outbox_settled_payloads(p_since timestamptz, p_limit int, p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
+    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
+    created_at timestamptz, updated_at timestamptz, headers jsonb)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+    SELECT * FROM @s.modkit_outbox_settled_rows(true, p_since, p_limit, p_now);
+$$;
+
 -- An event's ledger, oldest first (kept after the event is purged).
 CREATE FUNCTION @s.modkit_outbox_history(p_id uuid)
 RETURNS TABLE (attempt_no int, outcome text, attempt int, worker uuid, lease_token uuid, claimed_at timestamptz,
@@ -631,7 +712,9 @@ BEGIN
         GRANT EXECUTE ON FUNCTION @s.modkit_outbox_stats(timestamptz),
             @s.modkit_outbox_depth(text[], timestamptz),
             @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
-            @s.modkit_outbox_get(uuid), @s.modkit_outbox_history(uuid) TO modkit_outbox_reader;
+            @s.modkit_outbox_get(uuid), @s.modkit_outbox_history(uuid),
+            @s.modkit_outbox_series(interval, interval, timestamptz),
+            @s.modkit_outbox_settled(timestamptz, int, timestamptz) TO modkit_outbox_reader;
         granted := granted || 'modkit_outbox_reader'::text;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_operator') THEN
@@ -641,9 +724,12 @@ BEGIN
             @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
             @s.modkit_outbox_list_payloads(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
             @s.modkit_outbox_get(uuid), @s.modkit_outbox_get_payload(uuid), @s.modkit_outbox_history(uuid),
+            @s.modkit_outbox_series(interval, interval, timestamptz),
+            @s.modkit_outbox_settled(timestamptz, int, timestamptz),
+            @s.modkit_outbox_settled_payloads(timestamptz, int, timestamptz),
             @s.modkit_outbox_replay(uuid[], text, timestamptz),
             @s.modkit_outbox_replay_filter(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int, text, timestamptz),
-            @s.modkit_outbox_purge(text[], interval, int, timestamptz) TO modkit_outbox_operator;
+            @s.modkit_outbox_purge_recorded(text[], interval, int, timestamptz) TO modkit_outbox_operator;
         granted := granted || 'modkit_outbox_operator'::text;
     END IF;
     RETURN granted;

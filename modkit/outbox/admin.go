@@ -77,7 +77,9 @@ type Attempt struct {
 	// Outcome is one of delivered, retry, dead, released (given back
 	// unpublished), lease_expired (the claim ended without an outcome: its
 	// dispatcher crashed or overran), swept (dead-lettered by the sweeper:
-	// attempts used up), replayed (by an operator).
+	// attempts used up), replayed (by an operator), purged (by an
+	// operator's Admin.Purge; the dispatchers' own retention purge leaves
+	// no entry).
 	Outcome string
 	// Attempt is the event's attempt number during the claim this entry
 	// closes; 0 for entries that close no claim.
@@ -281,7 +283,9 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 // returns how many it deleted. Deleting a row ends its dedupe window: the
 // same key can be enqueued again afterwards. Dispatchers do this on their
 // own for their topics (see DispatcherConfig.Retention); Purge is for
-// topics no dispatcher serves, or for an operator in a hurry.
+// topics no dispatcher serves, or for an operator in a hurry. Each event it
+// deletes keeps its history, which records the purge with the database
+// session user.
 func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...Topic) (int64, error) {
 	if retention < 0 {
 		return 0, configError("Purge retention is %v; it must not be negative", retention)
@@ -296,7 +300,7 @@ func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...To
 		}
 		keys[i] = t.key()
 	}
-	n, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch})
+	n, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch, Recorded: true})
 	if err != nil {
 		return n, fmt.Errorf("outbox: purge delivered: %w", err)
 	}

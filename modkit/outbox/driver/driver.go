@@ -280,6 +280,10 @@ type PurgeParams struct {
 	Topics    []string
 	Retention time.Duration
 	Limit     int
+	// Recorded: an operator's purge, recorded in each purged event's
+	// history with the database session user (the dispatchers' own
+	// retention purge is not).
+	Recorded bool
 }
 
 // ElectParams asks for leadership of roles.
@@ -357,7 +361,7 @@ type Attempt struct {
 	No int
 	// Outcome: delivered, retry, dead, released, lease_expired (a claim
 	// ended without an outcome), swept (dead-lettered by the sweeper),
-	// replayed, skipped.
+	// replayed, skipped, purged.
 	Outcome string
 	// Attempt is the event's attempt counter during the claim the row
 	// closes; 0 for rows that close no claim.

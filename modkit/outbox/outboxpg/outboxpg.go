@@ -464,7 +464,11 @@ func (s *store) Purge(ctx context.Context, p driver.PurgeParams) (int64, error) 
 	var total int64
 	for {
 		var n int64
-		if err := s.pool.QueryRow(ctx, s.sql.purge, s.args(p.Topics, p.Retention, p.Limit)...).Scan(&n); err != nil {
+		q := s.sql.purge
+		if p.Recorded {
+			q = s.sql.purgeRecorded
+		}
+		if err := s.pool.QueryRow(ctx, q, s.args(p.Topics, p.Retention, p.Limit)...).Scan(&n); err != nil {
 			return total, err
 		}
 		total += n

@@ -36,7 +36,8 @@ FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, {{
 
 	qSweep = `SELECT id, topic, repaired FROM {{fn}}modkit_outbox_sweep($1::text[], $2, $3, {{now}})`
 
-	qPurge = `SELECT {{fn}}modkit_outbox_purge($1::text[], $2::interval, $3, {{now}})`
+	qPurge         = `SELECT {{fn}}modkit_outbox_purge($1::text[], $2::interval, $3, {{now}})`
+	qPurgeRecorded = `SELECT {{fn}}modkit_outbox_purge_recorded($1::text[], $2::interval, $3, {{now}})`
 
 	qElect = `SELECT r FROM {{fn}}modkit_outbox_elect($1::text[], $2, $3::interval, {{now}}) AS r`
 
@@ -92,6 +93,7 @@ type queries struct {
 	insertOne, insertMany, notifyMany       string
 	claim, complete, completeAsync          string
 	completeOne, sweep, purge, elect        string
+	purgeRecorded                           string
 	resign, stats, depth, list, listPayload string
 	get, getPayload, history                string
 	replayIDs, replayFilter                 string
@@ -122,6 +124,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		completeOne:   bind(qCompleteOne, "7", ""),
 		sweep:         bind(qSweep, "4", ""),
 		purge:         bind(qPurge, "4", ""),
+		purgeRecorded: bind(qPurgeRecorded, "4", ""),
 		elect:         bind(qElect, "4", ""),
 		resign:        bind(qResign, "", ""),
 		stats:         bind(qStats, "1", ""),

@@ -162,6 +162,12 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if _, err := read.Stats(ctx); err != nil {
 		t.Fatalf("reader stats: %v", err)
 	}
+	if _, err := read.Series(ctx, driver.SeriesParams{Window: time.Hour, Bucket: time.Minute}); err != nil {
+		t.Fatalf("reader series: %v", err)
+	}
+	if settled, err := read.Settled(ctx, driver.SettledParams{Since: time.Now().Add(-time.Hour), Limit: 10}); err != nil || len(settled) != 2 || settled[0].Payload != nil {
+		t.Fatalf("reader settled: %d events, %v (want the delivered and the dead one, without payloads)", len(settled), err)
+	}
 	_, err = read.Insert(ctx, readPool, rows(1, "test", "events"), nil)
 	denied(t, "reader enqueue", err)
 	_, err = read.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "reader"})
@@ -187,9 +193,14 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if err != nil || len(h) != 2 || h[1].Outcome != "replayed" || h[1].Actor != opUser || !strings.Contains(h[1].Detail, "alice") {
 		t.Fatalf("history after the operator's replay: %+v %v", h, err)
 	}
-	if _, err := op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: time.Hour, Limit: 10}); err != nil {
-		t.Fatalf("operator purge: %v", err)
+	if n, err := op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10, Recorded: true}); err != nil || n != 1 {
+		t.Fatalf("operator purge: %d, %v", n, err)
 	}
+	if h, err := op.History(ctx, got[0].ID); err != nil || len(h) != 2 || h[1].Outcome != "purged" || h[1].Actor != opUser {
+		t.Fatalf("history of the purged event: %+v %v", h, err)
+	}
+	_, err = op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10})
+	denied(t, "operator's unrecorded purge", err)
 	_, err = opPool.Exec(ctx, "DELETE FROM modkit_outbox_events")
 	denied(t, "operator DELETE", err)
 

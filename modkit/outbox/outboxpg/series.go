@@ -16,33 +16,17 @@ import (
 // for tight loops. $1 (Series) and $3 (Settled) are the clock: the test
 // clock, or NULL for the database's.
 const (
-	// Buckets are aligned on the Unix epoch so that two readers agree on
-	// them; the grouping sets give every topic's buckets and the totals in
-	// one scan.
-	qSeries = `WITH w AS (
-	SELECT coalesce($1::timestamptz, now()) AS now,
-		date_bin($3::interval, coalesce($1::timestamptz, now()) - $2::interval, timestamptz 'epoch') AS start
-)
-SELECT w.now, e.namespace, e.topic, date_bin($3::interval, e.updated_at, timestamptz 'epoch') AS bucket,
-	count(*),
-	percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.updated_at - e.created_at))::float8,
-	percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.updated_at - e.created_at))::float8,
-	max(extract(epoch FROM e.updated_at - e.created_at))::float8
-FROM {{events}} e CROSS JOIN w
-WHERE e.status = 'delivered' AND e.updated_at >= w.start AND e.updated_at <= w.now
-GROUP BY GROUPING SETS ((w.now, bucket), (w.now, e.namespace, e.topic, bucket))
-ORDER BY bucket, e.namespace NULLS FIRST, e.topic NULLS FIRST`
+	qSeries = `SELECT at, ns, tp, bucket_start, delivered, latency_p50, latency_p95, latency_max
+FROM {{fn}}modkit_outbox_series($2::interval, $3::interval, $1::timestamptz)`
 
 	qNow = `SELECT coalesce($1::timestamptz, now())`
 
-	qSettled = `SELECT ` + eventColumns + ` FROM {{events}}
-WHERE status IN ('delivered', 'dead') AND updated_at >= $1 AND updated_at <= coalesce($3::timestamptz, now())
-ORDER BY updated_at, id
-LIMIT $2`
+	qSettled         = `SELECT ` + eventColumns + ` FROM {{fn}}modkit_outbox_settled($1, $2, $3::timestamptz)`
+	qSettledPayloads = `SELECT ` + eventColumns + ` FROM {{fn}}modkit_outbox_settled_payloads($1, $2, $3::timestamptz)`
 )
 
 func (s *store) bindOps(q string) string {
-	return strings.ReplaceAll(q, "{{events}}", pgx.Identifier{s.opts.Schema, TableName}.Sanitize())
+	return strings.ReplaceAll(q, "{{fn}}", pgx.Identifier{s.opts.Schema}.Sanitize()+".")
 }
 
 // clock is the test clock, or nil for the database's.
@@ -89,18 +73,15 @@ func (s *store) Series(ctx context.Context, p driver.SeriesParams) (driver.Serie
 
 // Settled implements driver.Store.
 func (s *store) Settled(ctx context.Context, p driver.SettledParams) ([]driver.Event, error) {
-	rows, err := s.pool.Query(ctx, s.bindOps(qSettled), p.Since, p.Limit, s.clock())
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []driver.Event
-	for rows.Next() {
-		e, err := scanEvent(rows)
+	return withPayloads(s, func(payloads bool) ([]driver.Event, error) {
+		q := qSettled
+		if payloads {
+			q = qSettledPayloads
+		}
+		rows, err := s.pool.Query(ctx, s.bindOps(q), p.Since, p.Limit, s.clock())
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, e)
-	}
-	return out, rows.Err()
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (driver.Event, error) { return scanEvent(r) })
+	})
 }
