@@ -26,14 +26,20 @@ BEGIN
 END $revoke$;
 
 DROP TABLE modkit_outbox_attempts;
+DROP TABLE modkit_outbox_sequences;
+DROP INDEX modkit_outbox_events_ordering_idx;
 DROP FUNCTION modkit_outbox_attempts_append_only();
 
 ALTER TABLE modkit_outbox_events
     DROP CONSTRAINT modkit_outbox_events_payload_size_check,
     DROP CONSTRAINT modkit_outbox_events_headers_check,
+    DROP CONSTRAINT modkit_outbox_events_ordering_check,
     DROP CONSTRAINT modkit_outbox_events_tenant_key_check,
     DROP CONSTRAINT modkit_outbox_events_dedupe_key_length_check,
     DROP CONSTRAINT modkit_outbox_events_name_pattern_check,
     DROP COLUMN ledger_seq,
     DROP COLUMN claimed_at,
-    DROP COLUMN headers;
+    DROP COLUMN headers,
+    DROP COLUMN ordering_key,
+    DROP COLUMN ordering_seq,
+    DROP COLUMN head_skipped;

@@ -19,6 +19,25 @@ ALTER TABLE modkit_outbox_events ADD COLUMN ledger_seq int NOT NULL DEFAULT 0;
 -- Optional metadata carried from the enqueue to the publish (W3C trace
 -- context, correlation ids): a JSON object of strings.
 ALTER TABLE modkit_outbox_events ADD COLUMN headers jsonb NULL;
+-- Per-key ordering: events of one (namespace, topic, ordering_key) are
+-- published one at a time in ordering_seq order, a sequence allocated in the
+-- producer's transaction (modkit_outbox_sequences), gap-free. head_skipped
+-- marks a dead event an operator (or the publisher's policy) let the
+-- events after it pass.
+ALTER TABLE modkit_outbox_events
+    ADD COLUMN ordering_key text NULL,
+    ADD COLUMN ordering_seq bigint NULL,
+    ADD COLUMN head_skipped boolean NOT NULL DEFAULT false;
+CREATE UNIQUE INDEX modkit_outbox_events_ordering_idx
+    ON modkit_outbox_events (namespace, topic, ordering_key, ordering_seq) WHERE ordering_key IS NOT NULL;
+CREATE TABLE modkit_outbox_sequences (
+    namespace    text   NOT NULL,
+    topic        text   NOT NULL,
+    ordering_key text   NOT NULL,
+    last_seq     bigint NOT NULL,
+    CONSTRAINT modkit_outbox_sequences_pkey PRIMARY KEY (namespace, topic, ordering_key)
+);
+REVOKE ALL ON TABLE modkit_outbox_sequences FROM PUBLIC;
 -- When the current or last claim began (the ledger's claimed_at); written by
 -- the claim in the same row update, kept by the outcome.
 ALTER TABLE modkit_outbox_events ADD COLUMN claimed_at timestamptz NULL;
@@ -30,6 +49,9 @@ ALTER TABLE modkit_outbox_events
         CHECK (namespace ~ '^[a-z0-9][a-z0-9._-]{0,127}$' AND topic ~ '^[a-z0-9][a-z0-9._-]{0,127}$') NOT VALID,
     ADD CONSTRAINT modkit_outbox_events_dedupe_key_length_check
         CHECK (octet_length(dedupe_key) <= 512) NOT VALID,
+    ADD CONSTRAINT modkit_outbox_events_ordering_check CHECK (
+        (ordering_key IS NULL) = (ordering_seq IS NULL)
+        AND (ordering_key IS NULL OR (ordering_key <> '' AND octet_length(ordering_key) <= 256 AND ordering_seq > 0))) NOT VALID,
     ADD CONSTRAINT modkit_outbox_events_headers_check
         CHECK (headers IS NULL OR (jsonb_typeof(headers) = 'object' AND pg_column_size(headers) <= 65536)),
     -- A key that carries a tenant prefix (a UUID and "/") belongs to that
@@ -125,22 +147,37 @@ END $$;
 -- id is the existing row's, which belongs to the same tenant).
 CREATE FUNCTION @s.modkit_outbox_enqueue(
     p_id uuid, p_namespace text, p_topic text, p_tenant uuid, p_key text, p_payload jsonb, p_notify boolean,
-    p_headers jsonb, OUT id uuid, OUT duplicate boolean)
+    p_headers jsonb, p_ordering_key text, OUT id uuid, OUT duplicate boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 #variable_conflict use_column
+DECLARE
+    v_seq bigint;
 BEGIN
-    INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
-    VALUES (p_id, p_namespace, p_topic, p_tenant, p_key, p_payload, p_headers)
+    IF p_ordering_key IS NOT NULL THEN
+        -- The key's next sequence; the row stays locked until the caller's
+        -- transaction ends, so producers of one key serialise (and only
+        -- they), sequences follow commit order, and a rollback leaves no gap.
+        INSERT INTO @s.modkit_outbox_sequences AS q (namespace, topic, ordering_key, last_seq)
+        VALUES (p_namespace, p_topic, p_ordering_key, 1)
+        ON CONFLICT (namespace, topic, ordering_key) DO UPDATE SET last_seq = q.last_seq + 1
+        RETURNING q.last_seq INTO v_seq;
+    END IF;
+    INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload, headers, ordering_key, ordering_seq)
+    VALUES (p_id, p_namespace, p_topic, p_tenant, p_key, p_payload, p_headers, p_ordering_key, v_seq)
     ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING e.id INTO id;
-    IF FOUND THEN
-        duplicate := false;
+    duplicate := NOT FOUND;
+    IF duplicate AND v_seq IS NOT NULL THEN
+        -- A duplicate takes no sequence.
+        UPDATE @s.modkit_outbox_sequences SET last_seq = last_seq - 1
+        WHERE namespace = p_namespace AND topic = p_topic AND ordering_key = p_ordering_key;
+    END IF;
+    IF NOT duplicate THEN
         IF p_notify THEN
             PERFORM pg_catalog.pg_notify('modkit_outbox', p_namespace || ':' || p_topic);
         END IF;
         RETURN;
     END IF;
-    duplicate := true;
     SELECT e.id INTO id FROM @s.modkit_outbox_events e
     WHERE e.namespace = p_namespace AND e.topic = p_topic AND e.dedupe_key = p_key
       AND e.tenant_id IS NOT DISTINCT FROM p_tenant;
@@ -155,7 +192,7 @@ END $$;
 -- and the existing row's id.
 CREATE FUNCTION @s.modkit_outbox_enqueue_many(
     p_ids uuid[], p_namespaces text[], p_topics text[], p_tenants uuid[], p_keys text[], p_payloads jsonb[],
-    p_notify text[], p_headers jsonb[])
+    p_notify text[], p_headers jsonb[], p_ordering_keys text[])
 RETURNS TABLE (ord bigint, id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 #variable_conflict use_column
@@ -163,7 +200,36 @@ DECLARE
     v_ids uuid[];
     v_ords bigint[];
     v_dups uuid[];
+    r record;
+    v_id uuid;
+    v_dup boolean;
+    v_any boolean := false;
 BEGIN
+    IF p_ordering_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_ordering_keys) AS k WHERE k IS NOT NULL) THEN
+        -- With ordering keys, one row at a time through modkit_outbox_enqueue,
+        -- taking the keys' sequence locks in key order (so two batches never
+        -- deadlock) and each key's sequences in batch order.
+        FOR r IN
+            SELECT i.* FROM unnest(p_ids, p_namespaces, p_topics, p_tenants, p_keys, p_payloads,
+                    coalesce(p_headers, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])), p_ordering_keys)
+                WITH ORDINALITY AS i(id, namespace, topic, tenant_id, dedupe_key, payload, headers, okey, ord)
+            ORDER BY i.namespace, i.topic, i.okey NULLS FIRST, i.ord
+        LOOP
+            SELECT e.id, e.duplicate INTO v_id, v_dup FROM @s.modkit_outbox_enqueue(r.id, r.namespace, r.topic, r.tenant_id,
+                r.dedupe_key, r.payload, false, r.headers, r.okey) e;
+            IF v_dup THEN
+                ord := r.ord;
+                id := v_id;
+                RETURN NEXT;
+            ELSE
+                v_any := true;
+            END IF;
+        END LOOP;
+        IF v_any AND p_notify IS NOT NULL THEN
+            PERFORM pg_catalog.pg_notify('modkit_outbox', t) FROM unnest(p_notify) AS t;
+        END IF;
+        RETURN;
+    END IF;
     WITH ins AS (
         INSERT INTO @s.modkit_outbox_events (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
         SELECT i.id, i.namespace, i.topic, i.tenant_id, i.dedupe_key, i.payload, i.headers
@@ -203,9 +269,11 @@ END $$;
 -- expired is repaired in the same statement: its ledger gets a lease_expired
 -- row for the lost claim.
 CREATE FUNCTION @s.modkit_outbox_claim(
-    p_worker uuid, p_topics text[], p_limit int, p_max_attempts int, p_lease interval, p_now timestamptz DEFAULT NULL)
+    p_worker uuid, p_topics text[], p_limit int, p_max_attempts int, p_lease interval, p_skip_dead text[],
+    p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, attempts int,
-    lease_token uuid, locked_until timestamptz, created_at timestamptz, repaired boolean, headers jsonb)
+    lease_token uuid, locked_until timestamptz, created_at timestamptz, repaired boolean, headers jsonb,
+    ordering_key text, ordering_seq bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan AS $$
 #variable_conflict use_column
 DECLARE
@@ -224,6 +292,17 @@ BEGIN
             OR (e.status = 'processing' AND e.locked_until < v_now))
           AND e.attempts < p_max_attempts
           AND (e.namespace || ':' || e.topic) = ANY(p_topics)
+          -- An event with an ordering key waits while the one before it
+          -- (sequences are gap-free) is undelivered: pending, leased, or dead
+          -- unless skipped (by an operator, or by the publisher's policy,
+          -- p_skip_dead). Delivered or purged, it no longer holds it back.
+          AND (e.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.namespace = e.namespace AND p.topic = e.topic AND p.ordering_key = e.ordering_key
+                  AND p.ordering_seq = e.ordering_seq - 1
+                  AND (p.status IN ('pending', 'processing')
+                    OR (p.status = 'dead' AND NOT p.head_skipped
+                        AND NOT ((e.namespace || ':' || e.topic) = ANY(coalesce(p_skip_dead, '{}')))))))
         ORDER BY e.created_at, e.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED),
@@ -243,7 +322,7 @@ BEGIN
         -- as a nested loop over the whole batch.
         RETURNING e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, e.payload, e.attempts,
             e.lease_token, e.locked_until, e.created_at, d.old_status = 'processing' AS repaired, e.headers,
-            d.old_seq, d.old_attempts, d.old_worker, d.old_token, d.old_claimed_at),
+            e.ordering_key, e.ordering_seq, d.old_seq, d.old_attempts, d.old_worker, d.old_token, d.old_claimed_at),
     repair AS (
         INSERT INTO @s.modkit_outbox_attempts
             (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
@@ -252,7 +331,7 @@ BEGIN
         FROM upd u
         WHERE u.repaired)
     SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.payload, u.attempts,
-        u.lease_token, u.locked_until, u.created_at, u.repaired, u.headers
+        u.lease_token, u.locked_until, u.created_at, u.repaired, u.headers, u.ordering_key, u.ordering_seq
     FROM upd u;
 END $$;
 
@@ -481,11 +560,11 @@ CREATE FUNCTION @s.modkit_outbox_list_rows(
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
-        CASE WHEN p_payloads THEN e.headers END
+        CASE WHEN p_payloads THEN e.headers END, e.ordering_key, e.ordering_seq
     FROM @s.modkit_outbox_events e
     WHERE (p_status IS NULL OR e.status = p_status)
       AND (p_namespace IS NULL OR e.namespace = p_namespace)
@@ -503,7 +582,7 @@ CREATE FUNCTION @s.modkit_outbox_list(
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_list_rows(false, p_status, p_namespace, p_topic, p_tenant,
         p_created_after, p_created_before, p_after_created_at, p_after_id, p_limit);
@@ -514,7 +593,7 @@ CREATE FUNCTION @s.modkit_outbox_list_payloads(
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_list_rows(true, p_status, p_namespace, p_topic, p_tenant,
         p_created_after, p_created_before, p_after_created_at, p_after_id, p_limit);
@@ -523,22 +602,22 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_get(p_id uuid)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN false THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
-        CASE WHEN false THEN e.headers END
+        CASE WHEN false THEN e.headers END, e.ordering_key, e.ordering_seq
     FROM @s.modkit_outbox_events e WHERE e.id = p_id;
 $$;
 
 CREATE FUNCTION @s.modkit_outbox_get_payload(p_id uuid)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN true THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
-        CASE WHEN true THEN e.headers END
+        CASE WHEN true THEN e.headers END, e.ordering_key, e.ordering_seq
     FROM @s.modkit_outbox_events e WHERE e.id = p_id;
 $$;
 
@@ -570,11 +649,11 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_settled_rows(p_payloads boolean, p_since timestamptz, p_limit int, p_now timestamptz)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
-        CASE WHEN p_payloads THEN e.headers END
+        CASE WHEN p_payloads THEN e.headers END, e.ordering_key, e.ordering_seq
     FROM @s.modkit_outbox_events e
     WHERE e.status IN ('delivered', 'dead') AND e.updated_at >= p_since AND e.updated_at <= coalesce(p_now, now())
     ORDER BY e.updated_at, e.id
@@ -584,7 +663,7 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_settled(p_since timestamptz, p_limit int, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_settled_rows(false, p_since, p_limit, p_now);
 $$;
@@ -592,10 +671,49 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_settled_payloads(p_since timestamptz, p_limit int, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
     attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb)
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_settled_rows(true, p_since, p_limit, p_now);
 $$;
+
+-- Keys whose earliest undelivered event is dead (and not skipped): the dead
+-- head and how many events wait behind it. They stay blocked unless the
+-- publisher skips dead heads, an operator skips the head
+-- (modkit_outbox_skip_head) or replays it.
+CREATE FUNCTION @s.modkit_outbox_blocked_keys(p_limit int)
+RETURNS TABLE (namespace text, topic text, ordering_key text, head_id uuid, head_seq bigint, waiting bigint,
+    last_error text, dead_since timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+    SELECT d.namespace, d.topic, d.ordering_key, d.id, d.ordering_seq,
+        (SELECT count(*) FROM @s.modkit_outbox_events w
+         WHERE w.namespace = d.namespace AND w.topic = d.topic AND w.ordering_key = d.ordering_key
+           AND w.ordering_seq > d.ordering_seq AND w.status IN ('pending', 'processing')),
+        d.last_error, d.updated_at
+    FROM @s.modkit_outbox_events d
+    WHERE d.status = 'dead' AND d.ordering_key IS NOT NULL AND NOT d.head_skipped
+    ORDER BY d.updated_at, d.id
+    LIMIT p_limit;
+$$;
+
+-- Let the events after a dead head of an ordering key go on without it. The
+-- head stays dead (replay it later if need be); its history records the
+-- skip with p_by and the session user. Returns false when p_id is not a
+-- dead event with an ordering key that is not skipped already.
+CREATE FUNCTION @s.modkit_outbox_skip_head(p_id uuid, p_by text, p_now timestamptz DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+DECLARE
+    v_now timestamptz := @s.modkit_outbox_clock(p_now);
+BEGIN
+    WITH upd AS (
+        UPDATE @s.modkit_outbox_events AS e SET head_skipped = true, ledger_seq = e.ledger_seq + 1, updated_at = v_now
+        WHERE e.id = p_id AND e.status = 'dead' AND e.ordering_key IS NOT NULL AND NOT e.head_skipped
+        RETURNING e.id, e.namespace, e.topic, e.ledger_seq)
+    INSERT INTO @s.modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, finished_at, detail, actor)
+    SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'skipped', v_now,
+        left('head skipped by ' || coalesce(p_by, 'unknown') || ': the events after it go on', 1024), session_user
+    FROM upd u;
+    RETURN FOUND;
+END $$;
 
 -- An event's ledger, oldest first (kept after the event is purged).
 CREATE FUNCTION @s.modkit_outbox_history(p_id uuid)
@@ -618,7 +736,7 @@ BEGIN
     RETURN QUERY
     WITH upd AS (
         UPDATE @s.modkit_outbox_events AS e SET
-            status = 'pending', attempts = 0, next_attempt_at = v_now,
+            status = 'pending', attempts = 0, next_attempt_at = v_now, head_skipped = false,
             ledger_seq = e.ledger_seq + 1, updated_at = v_now
         WHERE e.id = ANY(p_ids) AND e.status = 'dead'
         RETURNING e.id, e.namespace, e.topic, e.ledger_seq),
@@ -690,14 +808,14 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_producer') THEN
         GRANT USAGE ON SCHEMA @s TO modkit_outbox_producer;
         GRANT INSERT (id, namespace, topic, tenant_id, dedupe_key, payload, headers) ON @s.modkit_outbox_events TO modkit_outbox_producer;
-        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean, jsonb),
-            @s.modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[], jsonb[]) TO modkit_outbox_producer;
+        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean, jsonb, text),
+            @s.modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[], jsonb[], text[]) TO modkit_outbox_producer;
         granted := granted || 'modkit_outbox_producer'::text;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_dispatcher') THEN
         GRANT USAGE ON SCHEMA @s TO modkit_outbox_dispatcher;
         GRANT EXECUTE ON FUNCTION
-            @s.modkit_outbox_claim(uuid, text[], int, int, interval, timestamptz),
+            @s.modkit_outbox_claim(uuid, text[], int, int, interval, text[], timestamptz),
             @s.modkit_outbox_complete(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz),
             @s.modkit_outbox_complete_one(uuid, uuid, uuid, text, text, bigint, timestamptz),
             @s.modkit_outbox_sweep(text[], int, int, timestamptz),
@@ -714,7 +832,8 @@ BEGIN
             @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
             @s.modkit_outbox_get(uuid), @s.modkit_outbox_history(uuid),
             @s.modkit_outbox_series(interval, interval, timestamptz),
-            @s.modkit_outbox_settled(timestamptz, int, timestamptz) TO modkit_outbox_reader;
+            @s.modkit_outbox_settled(timestamptz, int, timestamptz),
+            @s.modkit_outbox_blocked_keys(int) TO modkit_outbox_reader;
         granted := granted || 'modkit_outbox_reader'::text;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_operator') THEN
@@ -729,7 +848,8 @@ BEGIN
             @s.modkit_outbox_settled_payloads(timestamptz, int, timestamptz),
             @s.modkit_outbox_replay(uuid[], text, timestamptz),
             @s.modkit_outbox_replay_filter(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int, text, timestamptz),
-            @s.modkit_outbox_purge_recorded(text[], interval, int, timestamptz) TO modkit_outbox_operator;
+            @s.modkit_outbox_purge_recorded(text[], interval, int, timestamptz),
+            @s.modkit_outbox_blocked_keys(int), @s.modkit_outbox_skip_head(uuid, text, timestamptz) TO modkit_outbox_operator;
         granted := granted || 'modkit_outbox_operator'::text;
     END IF;
     RETURN granted;

@@ -61,12 +61,16 @@ type Event struct {
 	// Headers as enqueued; nil when there are none, or when the database
 	// role may not read payloads (the reader role).
 	Headers map[string]string
+	// OrderingKey and Sequence: see Delivery ("" and 0 without a key).
+	OrderingKey string
+	Sequence    int64
 }
 
 func eventFrom(e driver.Event) Event {
 	return Event{ID: e.ID, Namespace: e.Namespace, Topic: e.Topic, TenantID: e.TenantID, DedupeKey: e.DedupeKey,
 		Payload: e.Payload, Status: Status(e.Status), Attempts: e.Attempts, NextAttemptAt: e.NextAttemptAt,
-		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, LastError: e.LastError, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt, Headers: e.Headers}
+		LockedBy: e.LockedBy, LockedUntil: e.LockedUntil, LastError: e.LastError, CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt, Headers: e.Headers,
+		OrderingKey: deref(e.OrderingKey), Sequence: derefInt(e.OrderingSeq)}
 }
 
 // Attempt is one entry of an event's history (the append-only attempts
@@ -112,6 +116,66 @@ func (a *Admin) History(ctx context.Context, id uuid.UUID) ([]Attempt, error) {
 			ClaimedAt: r.ClaimedAt, FinishedAt: r.FinishedAt, Detail: r.Detail, Actor: r.Actor}
 	}
 	return out, nil
+}
+
+// BlockedKey is an ordering key held back by a dead event: its later events
+// wait until the dead one is replayed and delivered, or skipped.
+type BlockedKey struct {
+	Topic       Topic
+	OrderingKey string
+	// Head is the dead event and HeadSequence its place in the key.
+	Head         uuid.UUID
+	HeadSequence int64
+	// Waiting counts the key's later events that are pending or leased.
+	Waiting   int64
+	LastError string
+	DeadSince time.Time
+}
+
+// blockedKeysMax bounds BlockedKeys.
+const blockedKeysMax = 10000
+
+// BlockedKeys lists the ordering keys whose earliest undelivered event is
+// dead and not skipped, longest dead first, at most limit (default 100,
+// at most 10000). Under a publisher with SkipDeadHeads such keys are not
+// held back, but their dead events are listed all the same.
+func (a *Admin) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error) {
+	if limit < 0 || limit > blockedKeysMax {
+		return nil, configError("BlockedKeys limit is %d; use 1 to %d, or 0 for 100", limit, blockedKeysMax)
+	}
+	if limit == 0 {
+		limit = 100
+	}
+	rows, err := a.c.store.BlockedKeys(ctx, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: blocked keys: %w", err)
+	}
+	out := make([]BlockedKey, len(rows))
+	for i, r := range rows {
+		out[i] = BlockedKey{Topic: Topic{r.Namespace, r.Topic}, OrderingKey: r.OrderingKey, Head: r.HeadID, HeadSequence: r.HeadSeq,
+			Waiting: r.Waiting, LastError: deref(r.LastError), DeadSince: r.DeadSince}
+	}
+	return out, nil
+}
+
+// SkipHead lets the later events of a dead event's ordering key go on
+// without it: id must be a dead event with an ordering key (see
+// BlockedKeys). The event stays dead (ReplayDead can still deliver it,
+// then out of order); its history records the skip with by and the
+// database session user. An id that is not such an event is an error
+// matching ErrNotFound, and changes nothing.
+func (a *Admin) SkipHead(ctx context.Context, by string, id uuid.UUID) error {
+	if strings.TrimSpace(by) == "" {
+		return configError("SkipHead needs a non-empty 'by' (who is skipping) for the audit trail")
+	}
+	ok, err := a.c.store.SkipHead(ctx, id, sanitizeError(by, replayByMaxLen))
+	if err != nil {
+		return fmt.Errorf("outbox: skip head %s: %w", id, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %s is not a dead event with an ordering key that holds its key back", ErrNotFound, id)
+	}
+	return nil
 }
 
 // Get returns one event by id, or an error matching ErrNotFound.

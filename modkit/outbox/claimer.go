@@ -133,7 +133,7 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]d
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
 	defer cancel()
 	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
-		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration})
+		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead})
 	d.metrics.observeClaim(got)
 	return got, err
 }
@@ -141,7 +141,7 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]d
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
 	return Delivery{ID: c.ID, Namespace: c.Namespace, Topic: c.Topic, TenantID: c.TenantID, DedupeKey: c.DedupeKey,
 		Payload: c.Payload, Attempt: c.Attempts, MaxAttempts: d.cfg.MaxAttempts, CreatedAt: c.CreatedAt, Headers: c.Headers,
-		leaseToken: c.LeaseToken}
+		OrderingKey: deref(c.OrderingKey), Sequence: c.OrderingSeq, leaseToken: c.LeaseToken}
 }
 
 // giveBack releases events claimed by a claim that finished after a stop.

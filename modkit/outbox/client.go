@@ -183,7 +183,7 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (_ Enqu
 		notify = []string{msg.Namespace + ":" + msg.Topic}
 	}
 	row := driver.InsertRow{ID: id, Namespace: msg.Namespace, Topic: msg.Topic, TenantID: msg.TenantID, DedupeKey: storedKey(&msg),
-		Payload: msg.Payload, Headers: withTraceContext(ctx, msg.Headers)}
+		Payload: msg.Payload, Headers: withTraceContext(ctx, msg.Headers), OrderingKey: orderingKey(msg.OrderingKey)}
 	res, err := c.store.Insert(ctx, tx, []driver.InsertRow{row}, notify)
 	if err != nil {
 		return Enqueued{}, c.enqueueError(fmt.Sprintf("enqueue %s/%s", msg.Namespace, msg.Topic), err)
@@ -223,7 +223,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 			return nil, fmt.Errorf("outbox: new event id: %w", err)
 		}
 		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m),
-			Payload: m.Payload, Headers: withTraceContext(ctx, m.Headers)}
+			Payload: m.Payload, Headers: withTraceContext(ctx, m.Headers), OrderingKey: orderingKey(m.OrderingKey)}
 		if t := m.Namespace + ":" + m.Topic; !slices.Contains(notify, t) && c.shouldNotify(m.Namespace, m.Topic) {
 			notify = append(notify, t)
 		}

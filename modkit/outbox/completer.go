@@ -121,6 +121,9 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) 
 					reports[i] = Outcome{LeaseLost: true, Abandoned: reports[i].Abandoned}
 				} else if outcomes[i].Kind == driver.Retry {
 					due.add(start.Add(outcomes[i].Delay))
+				} else if kept[i].c.d.OrderingKey != "" {
+					// The next event of the key may be claimed now.
+					due.add(start)
 				}
 				d.record(kept[i], reports[i])
 			}

@@ -27,6 +27,9 @@ var (
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	// ErrInvalidDedupeKey: the key is empty, blank, too long or not UTF-8.
 	ErrInvalidDedupeKey = errors.New("outbox: invalid dedupe key")
+	// ErrInvalidOrderingKey: the key is blank, longer than 256 bytes, or
+	// not UTF-8.
+	ErrInvalidOrderingKey = errors.New("outbox: invalid ordering key")
 	// ErrInvalidHeaders: a header name is empty, too long or not a token
 	// of printable ASCII, a value is not UTF-8 or holds a NUL byte, or the
 	// headers exceed 64 entries or 16 KiB.

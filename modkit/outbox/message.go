@@ -31,6 +31,15 @@ type Message struct {
 	// without a TenantID must not begin with a UUID and "/" (it would take
 	// that tenant's key). The database enforces both.
 	DedupeKey *string
+	// OrderingKey, when set, orders the event among the events of its
+	// (Namespace, Topic) with the same key (an account, a participant, an
+	// aggregate id): they are published one at a time, in the order their
+	// transactions committed, by a per-key sequence allocated in tx
+	// (gap-free: a rolled-back transaction takes none). Producers of one
+	// key wait for each other's transactions; producers of different keys
+	// never do. At most 256 bytes of UTF-8. Events without a key are not
+	// ordered (see the package documentation).
+	OrderingKey string
 	// Headers is optional metadata carried to the publisher unchanged in
 	// Delivery.Headers (correlation ids, content types): at most 64
 	// entries and 16 KiB, names of printable ASCII without spaces, values
@@ -90,6 +99,9 @@ func validate(i int, m *Message, maxPayload int) error {
 	if !validName(m.Topic) {
 		return bad("Topic", ErrInvalidTopic, "%q does not match %s", m.Topic, namePattern)
 	}
+	if k := m.OrderingKey; k != "" && (len(k) > orderingKeyMaxLen || strings.TrimSpace(k) == "" || !utf8.ValidString(k) || strings.ContainsRune(k, 0)) {
+		return bad("OrderingKey", ErrInvalidOrderingKey, "%q: 1 to %d bytes of UTF-8, not blank, without NUL bytes", truncateForMessage(k), orderingKeyMaxLen)
+	}
 	if err := validHeaders(m.Headers); err != "" {
 		return bad("Headers", ErrInvalidHeaders, "%s", err)
 	}
@@ -130,6 +142,9 @@ func validate(i int, m *Message, maxPayload int) error {
 	}
 	return nil
 }
+
+// orderingKeyMaxLen is the longest OrderingKey, in bytes.
+const orderingKeyMaxLen = 256
 
 // Header limits.
 const (
@@ -197,4 +212,26 @@ func truncateForMessage(s string) string {
 		return s
 	}
 	return s[:80] + "…"
+}
+
+// orderingKey is the driver's form of an ordering key: nil for none.
+func orderingKey(k string) *string {
+	if k == "" {
+		return nil
+	}
+	return &k
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func derefInt(n *int64) int64 {
+	if n == nil {
+		return 0
+	}
+	return *n
 }

@@ -42,6 +42,13 @@ type Delivery struct {
 	MaxAttempts int
 	// CreatedAt is when the event was enqueued (its transaction's start).
 	CreatedAt time.Time
+	// OrderingKey is the message's ordering key ("" without one), and
+	// Sequence the event's place among the key's events (1, 2, …; 0
+	// without a key). Events of one key reach the publisher one at a
+	// time, in Sequence order: the next is claimed only after this one is
+	// delivered (or dead and skipped).
+	OrderingKey string
+	Sequence    int64
 	// Headers as enqueued (Message.Headers, plus the W3C trace context of
 	// the enqueue, which the dispatcher also restores into the publish
 	// ctx); nil when there are none. Do not modify.
@@ -88,6 +95,11 @@ type Publisher struct {
 	// keys). Zero takes DispatcherConfig.Retention; negative keeps them
 	// forever.
 	Retention time.Duration
+	// SkipDeadHeads lets the later events of an ordering key go on when
+	// one of the key's events becomes dead. By default a dead event holds
+	// its key back (payments must not skip) until an operator skips it
+	// (Admin.SkipHead) or replays it; Admin.BlockedKeys lists such keys.
+	SkipDeadHeads bool
 }
 
 func (p Publisher) name() string {
@@ -119,6 +131,9 @@ type registry struct {
 	byKey  map[string]*Publisher
 	topics []Topic // sorted
 	keys   []string
+	// skipDead are the keys of the topics whose publishers skip dead
+	// heads.
+	skipDead []string
 }
 
 func newRegistry(pubs []Publisher) (*registry, error) {
@@ -142,6 +157,9 @@ func newRegistry(pubs []Publisher) (*registry, error) {
 	slices.SortFunc(r.topics, func(a, b Topic) int { return strings.Compare(a.key(), b.key()) })
 	for _, t := range r.topics {
 		r.keys = append(r.keys, t.key())
+		if r.byKey[t.key()].SkipDeadHeads {
+			r.skipDead = append(r.skipDead, t.key())
+		}
 	}
 	return r, nil
 }

@@ -45,6 +45,9 @@ const (
 	// publish that merely hung would be abandoned at its deadline and its
 	// event given back, so the process must die inside the publish.
 	childLastAttempt = "last-attempt"
+	// childOrdered publishes with orderedPublisher (see ordering_test.go),
+	// saying "start" before each publish.
+	childOrdered = "ordered"
 )
 
 // childLease is the lease of the child's dispatcher: the survivor can take
@@ -144,7 +147,15 @@ func TestHelperDispatcherProcess(t *testing.T) {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
 				return err
 			}
-			return errors.New("continued after SIGSTOP")
+			// The signal may take effect a moment after the call
+			// returns: never return from here.
+			select {}
+		}
+	case childOrdered:
+		pub := orderedPublisher(pool, fmt.Sprintf("child-%d", os.Getpid()))
+		publish = func(ctx context.Context, d outbox.Delivery) error {
+			say("start", d)
+			return pub(ctx, d)
 		}
 	default:
 		t.Fatalf("unknown child mode %q", mode)

@@ -149,6 +149,12 @@ type Store interface {
 	// History returns an event's attempts ledger, oldest first. It is
 	// kept after the event is purged; an unknown id has an empty history.
 	History(ctx context.Context, id uuid.UUID) ([]Attempt, error)
+	// BlockedKeys lists ordering keys whose earliest undelivered event is
+	// dead and not skipped, at most limit, longest dead first.
+	BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error)
+	// SkipHead lets the later events of a dead event's ordering key go on
+	// without it, recording who did it; false when id is not such an event.
+	SkipHead(ctx context.Context, id uuid.UUID, by string) (bool, error)
 	// Listen calls onReady once it listens, then wake with each
 	// notification's payload, until ctx ends or the connection is lost
 	// (the error says which). ErrListenUnsupported: the engine cannot.
@@ -194,6 +200,9 @@ type InsertRow struct {
 	Payload   []byte
 	// Headers is stored as a JSON object; nil stores NULL.
 	Headers map[string]string
+	// OrderingKey, when set, gives the event the key's next sequence,
+	// allocated in tx (gap-free; a duplicate takes none).
+	OrderingKey *string
 }
 
 // Inserted is Insert's result for one row.
@@ -215,6 +224,9 @@ type ClaimParams struct {
 	Worker uuid.UUID
 	// Lease is how long the claim lasts.
 	Lease time.Duration
+	// SkipDeadTopics ("namespace:topic") are topics whose dead events do
+	// not hold back the later events of their ordering key.
+	SkipDeadTopics []string
 }
 
 // Claimed is one leased event.
@@ -228,6 +240,10 @@ type Claimed struct {
 	Attempts   int // including this claim
 	LeaseToken uuid.UUID
 	Headers    map[string]string
+	// OrderingKey and OrderingSeq: the event's key and its place in the
+	// key's sequence (nil and 0 without a key).
+	OrderingKey *string
+	OrderingSeq int64
 	// Repaired: the event's previous lease had expired without an
 	// outcome; this claim repaired it.
 	Repaired   bool
@@ -351,7 +367,20 @@ type Event struct {
 	CreatedAt     time.Time
 	UpdatedAt     time.Time
 	// Headers are nil when the reader may not see payloads.
-	Headers map[string]string
+	Headers     map[string]string
+	OrderingKey *string
+	OrderingSeq *int64
+}
+
+// BlockedKey is an ordering key held back by a dead event.
+type BlockedKey struct {
+	Namespace, Topic, OrderingKey string
+	HeadID                        uuid.UUID
+	HeadSeq                       int64
+	// Waiting counts the key's later events that are pending or leased.
+	Waiting   int64
+	LastError *string
+	DeadSince time.Time
 }
 
 // Attempt is one row of an event's history: the outcome of one claim, or an

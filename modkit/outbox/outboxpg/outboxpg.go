@@ -120,7 +120,7 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 		return nil, err
 	}
 	err = q.QueryRow(ctx, s.sql.insertOne, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
-		string(r.Payload), notify, headers).Scan(&out[0].ID, &out[0].Duplicate)
+		string(r.Payload), notify, headers, r.OrderingKey).Scan(&out[0].ID, &out[0].Duplicate)
 	if err != nil {
 		return nil, insertError(err)
 	}
@@ -178,13 +178,15 @@ type columns struct {
 	ids                         []pgtype.UUID // binary encoding, far cheaper than uuid.UUID's text
 	namespaces, topics, payload []string
 	tenants                     []pgtype.UUID
-	keys, headers               []*string
+	keys, headers, orderingKeys []*string
+	ordered                     bool // some row has an ordering key
 }
 
 func toColumns(rows []driver.InsertRow) (columns, error) {
 	n := len(rows)
 	c := columns{ids: make([]pgtype.UUID, n), namespaces: make([]string, n), topics: make([]string, n),
-		payload: make([]string, n), tenants: make([]pgtype.UUID, n), keys: make([]*string, n), headers: make([]*string, n)}
+		payload: make([]string, n), tenants: make([]pgtype.UUID, n), keys: make([]*string, n), headers: make([]*string, n),
+		orderingKeys: make([]*string, n)}
 	for i, r := range rows {
 		c.ids[i], c.tenants[i] = uuidArg(r.ID), nullUUID(r.TenantID)
 		c.namespaces[i], c.topics[i], c.keys[i], c.payload[i] = r.Namespace, r.Topic, r.DedupeKey, string(r.Payload)
@@ -193,6 +195,11 @@ func toColumns(rows []driver.InsertRow) (columns, error) {
 			return c, err
 		}
 		c.headers[i] = h
+		c.orderingKeys[i] = r.OrderingKey
+		c.ordered = c.ordered || r.OrderingKey != nil
+	}
+	if !c.ordered {
+		c.orderingKeys = nil
 	}
 	return c, nil
 }
@@ -215,7 +222,7 @@ func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []dri
 		return out, s.notifyMany(ctx, q, notify)
 	}
 	// The function announces the topics itself when it inserted a row.
-	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload, notify, c.headers)
+	res, err := q.Query(ctx, s.sql.insertMany, c.ids, c.namespaces, c.topics, c.tenants, c.keys, c.payload, notify, c.headers, c.orderingKeys)
 	if err != nil {
 		return nil, insertError(err)
 	}
@@ -262,7 +269,7 @@ func (s *store) notifyMany(ctx context.Context, q db.Querier, topics []string) e
 // *pgxpool.Pool; other runners (database/sql, bun, *pgx.Conn, which may be
 // inside a transaction the driver cannot see) always take the INSERT path.
 func (s *store) tryCopy(ctx context.Context, tx any, c columns) (bool, error) {
-	if len(c.ids) < copyMinBatch || repeatsKey(c) {
+	if len(c.ids) < copyMinBatch || repeatsKey(c) || c.ordered { // sequences come from the function
 		return false, nil
 	}
 	src := pgx.CopyFromSlice(len(c.ids), func(i int) ([]any, error) {
@@ -315,7 +322,7 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	// generic plan is built once, from whatever the table looked like then,
 	// and a drain over a million delivered rows ran 0.1x or 0.9x of its
 	// empty-table rate depending on which plan a connection had settled on.
-	rows, err := s.pool.Query(ctx, s.sql.claim, append([]any{pgx.QueryExecModeExec}, s.args(uuidArg(p.Worker), p.Topics, p.Limit, p.MaxAttempts, p.Lease)...)...)
+	rows, err := s.pool.Query(ctx, s.sql.claim, append([]any{pgx.QueryExecModeExec}, s.args(uuidArg(p.Worker), p.Topics, p.Limit, p.MaxAttempts, p.Lease, p.SkipDeadTopics)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -325,9 +332,13 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 		var c driver.Claimed
 		var id, tenant, token pgtype.UUID
 		var headers []byte
+		var seq *int64
 		if err := rows.Scan(&id, &c.Namespace, &c.Topic, &tenant, &c.DedupeKey, &c.Payload, &c.Attempts,
-			&token, &c.LockedTill, &c.CreatedAt, &c.Repaired, &headers); err != nil {
+			&token, &c.LockedTill, &c.CreatedAt, &c.Repaired, &headers, &c.OrderingKey, &seq); err != nil {
 			return nil, err
+		}
+		if seq != nil {
+			c.OrderingSeq = *seq
 		}
 		var err error
 		if c.Headers, err = scanHeaders(headers); err != nil {
@@ -591,7 +602,7 @@ func scanEvent(row pgx.Row) (driver.Event, error) {
 	var tenant, lockedBy pgtype.UUID
 	var headers []byte
 	err := row.Scan(&e.ID, &e.Namespace, &e.Topic, &tenant, &e.DedupeKey, &e.Payload, &e.Status, &e.Attempts,
-		&e.NextAttemptAt, &lockedBy, &e.LockedUntil, &e.LastError, &e.CreatedAt, &e.UpdatedAt, &headers)
+		&e.NextAttemptAt, &lockedBy, &e.LockedUntil, &e.LastError, &e.CreatedAt, &e.UpdatedAt, &headers, &e.OrderingKey, &e.OrderingSeq)
 	e.TenantID, e.LockedBy = ptrUUID(tenant), ptrUUID(lockedBy)
 	if err == nil {
 		e.Headers, err = scanHeaders(headers)
@@ -612,6 +623,26 @@ func (s *store) Get(ctx context.Context, id uuid.UUID) (driver.Event, error) {
 		return driver.Event{}, driver.ErrNotFound
 	}
 	return e, err
+}
+
+// BlockedKeys implements driver.Store.
+func (s *store) BlockedKeys(ctx context.Context, limit int) ([]driver.BlockedKey, error) {
+	rows, err := s.pool.Query(ctx, s.sql.blockedKeys, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (driver.BlockedKey, error) {
+		var b driver.BlockedKey
+		err := r.Scan(&b.Namespace, &b.Topic, &b.OrderingKey, &b.HeadID, &b.HeadSeq, &b.Waiting, &b.LastError, &b.DeadSince)
+		return b, err
+	})
+}
+
+// SkipHead implements driver.Store.
+func (s *store) SkipHead(ctx context.Context, id uuid.UUID, by string) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, s.sql.skipHead, uuidArg(id), by).Scan(&ok)
+	return ok, err
 }
 
 // History implements driver.Store.

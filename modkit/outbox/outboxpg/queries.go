@@ -20,15 +20,15 @@ import (
 // Options.SynchronousCommit); {{now}} is the test clock parameter, when one
 // is set (see newQueries), and NULL (the database clock) otherwise.
 const (
-	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb)`
+	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb, $9)`
 
-	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[])`
+	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 
 	qNotifyMany = `SELECT pg_notify('` + NotifyChannel + `', p) FROM unnest($1::text[]) AS p`
 
 	qClaim = `SELECT c.id, c.namespace, c.topic, c.tenant_id, c.dedupe_key, c.payload, c.attempts, c.lease_token,
-	c.locked_until, c.created_at, c.repaired, c.headers
-FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, {{now}}) AS c`
+	c.locked_until, c.created_at, c.repaired, c.headers, c.ordering_key, c.ordering_seq
+FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, $6::text[], {{now}}) AS c`
 
 	qComplete = `SELECT id FROM {{async}}{{fn}}modkit_outbox_complete($1, $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bigint[], {{now}}) AS id`
 
@@ -48,7 +48,7 @@ FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, {{
 	qDepth = `SELECT topic, pending, processing, dead, oldest_due_seconds, stuck FROM {{fn}}modkit_outbox_depth($1::text[], {{now}})`
 
 	eventColumns = `id, namespace, topic, tenant_id, dedupe_key, payload, status, attempts,
-	next_attempt_at, locked_by, locked_until, last_error, created_at, updated_at, headers`
+	next_attempt_at, locked_by, locked_until, last_error, created_at, updated_at, headers, ordering_key, ordering_seq`
 
 	filterParams = `$1::text, $2::text, $3::text, $4::uuid, $5::timestamptz, $6::timestamptz, $7::timestamptz, $8::uuid, $9::int`
 
@@ -62,6 +62,10 @@ FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, {{
 
 	qReplayIDs    = `SELECT id FROM {{fn}}modkit_outbox_replay($1::uuid[], $2, {{now}}) AS id`
 	qReplayFilter = `SELECT id FROM {{fn}}modkit_outbox_replay_filter(` + filterParams + `, $10, {{now}}) AS id`
+
+	qBlockedKeys = `SELECT namespace, topic, ordering_key, head_id, head_seq, waiting, last_error, dead_since
+FROM {{fn}}modkit_outbox_blocked_keys($1)`
+	qSkipHead = `SELECT {{fn}}modkit_outbox_skip_head($1, $2)`
 
 	qRolesPresent = `SELECT array_agg(r ORDER BY r) FROM unnest($1::text[]) AS r WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)`
 )
@@ -97,6 +101,7 @@ type queries struct {
 	resign, stats, depth, list, listPayload string
 	get, getPayload, history                string
 	replayIDs, replayFilter                 string
+	blockedKeys, skipHead                   string
 }
 
 // newQueries fills the templates. With testClock, {{now}} becomes the
@@ -118,7 +123,9 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		insertOne:     bind(qInsertOne, "", ""),
 		insertMany:    bind(qInsertMany, "", ""),
 		notifyMany:    qNotifyMany,
-		claim:         bind(qClaim, "6", async),
+		claim:         bind(qClaim, "7", async),
+		blockedKeys:   bind(qBlockedKeys, "", ""),
+		skipHead:      bind(qSkipHead, "", ""),
 		complete:      bind(qComplete, "7", ""),
 		completeAsync: bind(qComplete, "7", async),
 		completeOne:   bind(qCompleteOne, "7", ""),

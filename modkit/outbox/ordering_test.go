@@ -1,0 +1,438 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// orderedLogDDL is the downstream of orderedPublisher: one row per publish
+// call, timed by the database clock, so that the publishes of several
+// processes can be compared.
+const orderedLogDDL = `CREATE TABLE ordered_log (
+	id          bigserial   PRIMARY KEY,
+	event_id    uuid        NOT NULL,
+	okey        text        NOT NULL,
+	seq         bigint      NOT NULL,
+	worker      text        NOT NULL,
+	started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+	finished_at timestamptz,
+	ok          boolean
+)`
+
+// orderedPublisher records each publish in ordered_log (its start, then its
+// end) and fails a tenth of them.
+func orderedPublisher(pool *pgxpool.Pool, worker string) func(context.Context, outbox.Delivery) error {
+	return func(ctx context.Context, d outbox.Delivery) error {
+		var id int64
+		if err := pool.QueryRow(ctx, `INSERT INTO ordered_log (event_id, okey, seq, worker) VALUES ($1, $2, $3, $4) RETURNING id`,
+			d.ID, d.OrderingKey, d.Sequence, worker).Scan(&id); err != nil {
+			return err
+		}
+		ok := rand.IntN(10) != 0
+		if _, err := pool.Exec(ctx, `UPDATE ordered_log SET finished_at = clock_timestamp(), ok = $2 WHERE id = $1`, id, ok); err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("downstream refused")
+		}
+		return nil
+	}
+}
+
+// enqueueKeyed enqueues perKey events for each of keys, interleaving the
+// keys, and returns the ids by key in enqueue order.
+func enqueueKeyed(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, keys []string, perKey int) map[string][]uuid.UUID {
+	t.Helper()
+	out := map[string][]uuid.UUID{}
+	for i := 0; i < perKey; i++ {
+		msgs := make([]outbox.Message, len(keys))
+		for j, k := range keys {
+			msgs[j] = msg(i)
+			msgs[j].OrderingKey = k
+		}
+		for start := 0; start < len(msgs); start += 500 {
+			res, err := c.EnqueueBatch(ctx, pool, msgs[start:min(len(msgs), start+500)])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j, r := range res {
+				k := keys[start+j]
+				out[k] = append(out[k], r.ID)
+			}
+		}
+	}
+	return out
+}
+
+// Eight dispatchers (six here on their own pools, two in processes that are
+// SIGKILLed mid-run), 1,000 keys of 50 events, a tenth of the publishes
+// failing: per key, first successful deliveries come in strictly increasing
+// sequence, no two publishes of one key overlap in time, nothing is lost.
+func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
+	const keys, perKey = 1000, 50
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	if _, err := pool.Exec(ctx, orderedLogDDL); err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("account-%04d", i)
+	}
+	byKey := enqueueKeyed(t, client, pool, names, perKey)
+
+	children := []*childProc{startChild(t, tdb.DSN, childOrdered), startChild(t, tdb.DSN, childOrdered)}
+	for i := range 6 {
+		cfg := testConfig(newOutcomeLog())
+		cfg.MaxAttempts, cfg.OnOutcome = 20, nil
+		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg,
+			outbox.Publisher{Topic: testTopic, Publish: orderedPublisher(tdb.NewPool(t), fmt.Sprintf("local-%d", i))})
+	}
+	// Kill each child once it has started some publishes; note when, by the
+	// database clock, it was certainly dead.
+	killedAt := map[int]time.Time{}
+	for _, c := range children {
+		for started := 0; started < 200; {
+			if c.next(t).what == "start" {
+				started++
+			}
+		}
+		pid := c.cmd.Process.Pid
+		c.kill(t)
+		var now time.Time
+		if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		killedAt[pid] = now
+	}
+	eventually(t, "every event delivered", func() bool { return countRows(t, pool, "status = 'delivered'") == keys*perKey })
+
+	// First successes in sequence order, per key.
+	rows, err := pool.Query(ctx, `SELECT okey, seq FROM (
+		SELECT DISTINCT ON (event_id) okey, seq, finished_at FROM ordered_log WHERE ok ORDER BY event_id, finished_at) f
+		ORDER BY okey, finished_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[string]int64{}
+	var firsts int
+	for rows.Next() {
+		var k string
+		var seq int64
+		if err := rows.Scan(&k, &seq); err != nil {
+			t.Fatal(err)
+		}
+		firsts++
+		if seq != last[k]+1 {
+			t.Errorf("key %s: first success of sequence %d after %d", k, seq, last[k])
+		}
+		last[k] = seq
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if firsts != keys*perKey {
+		t.Fatalf("%d events succeeded at least once, want %d", firsts, keys*perKey)
+	}
+	for k, ids := range byKey {
+		if last[k] != int64(len(ids)) {
+			t.Errorf("key %s: last sequence delivered %d, want %d", k, last[k], len(ids))
+		}
+	}
+
+	// No overlap: each publish of a key starts after the previous one
+	// ended (a killed process's unfinished publish ends at its death).
+	type span struct {
+		worker     string
+		start, end time.Time
+	}
+	spans := map[string][]span{}
+	rows, err = pool.Query(ctx, `SELECT okey, worker, started_at, finished_at FROM ordered_log ORDER BY okey, started_at, id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unfinished := 0
+	for rows.Next() {
+		var k, w string
+		var s span
+		var end *time.Time
+		if err := rows.Scan(&k, &w, &s.start, &end); err != nil {
+			t.Fatal(err)
+		}
+		s.worker = w
+		if end != nil {
+			s.end = *end
+		} else {
+			var pid int
+			if _, err := fmt.Sscanf(w, "child-%d", &pid); err != nil || killedAt[pid].IsZero() {
+				t.Fatalf("publish by %s of key %s never finished, and %s was not killed", w, k, w)
+			}
+			s.end = killedAt[pid]
+			unfinished++
+		}
+		spans[k] = append(spans[k], s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for k, ss := range spans {
+		for i := 1; i < len(ss); i++ {
+			if ss[i].start.Before(ss[i-1].end) {
+				t.Errorf("key %s: a publish by %s started at %v, before the one by %s ended at %v",
+					k, ss[i].worker, ss[i].start, ss[i-1].worker, ss[i-1].end)
+			}
+		}
+	}
+	checkLedger(t, pool)
+	t.Logf("%d keys x %d events; %d publishes cut short by the kills", keys, perKey, unfinished)
+}
+
+// Sequences are allocated in the producer's transaction: gap-free, in
+// commit order (producers of one key wait for each other), none for a
+// rolled-back transaction or a duplicate; producers of other keys never
+// wait.
+func TestOrderingKeySequences(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	keyed := func(i int, key, dedupe string) outbox.Message {
+		m := msg(i)
+		m.OrderingKey = key
+		if dedupe != "" {
+			m.DedupeKey = outbox.Key(dedupe)
+		}
+		return m
+	}
+	// A holds key k's sequence in an open transaction: a producer of
+	// another key goes on at once; one of k waits until A ends.
+	txA, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(ctx, txA, keyed(1, "k", "")); err != nil {
+		t.Fatal(err)
+	}
+	otherCtx, cancel := context.WithTimeout(ctx, guard)
+	defer cancel()
+	if _, err := client.Enqueue(otherCtx, pool, keyed(2, "other", "")); err != nil {
+		t.Fatalf("a producer of another key: %v (it must not wait for k's transaction)", err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := client.Enqueue(ctx, pool, keyed(3, "k", ""))
+		waited <- err
+	}()
+	eventually(t, "the second producer of k waiting on the first", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database() AND query LIKE '%modkit_outbox_enqueue(%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	// A rolls back: its sequence is not taken, the waiting one gets 1.
+	if err := txA.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, "the waiting producer", waited); err != nil {
+		t.Fatal(err)
+	}
+	// A duplicate takes no sequence; a batch numbers its events in order.
+	if _, err := client.Enqueue(ctx, pool, keyed(4, "k", "dup")); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := client.Enqueue(ctx, pool, keyed(5, "k", "dup")); err != nil || !res.AlreadyEnqueued {
+		t.Fatalf("duplicate: %+v %v", res, err)
+	}
+	batch, err := client.EnqueueBatch(ctx, pool, []outbox.Message{keyed(6, "k", ""), keyed(7, "j", ""), keyed(8, "k", "dup"), keyed(9, "k", "")})
+	if err != nil || !batch[2].AlreadyEnqueued {
+		t.Fatalf("batch: %+v %v", batch, err)
+	}
+	seqOf := func(id uuid.UUID) (string, int64) {
+		e := get(t, client, id)
+		return e.OrderingKey, e.Sequence
+	}
+	for i, want := range []int64{3, 1, 0, 4} { // k: 1 (the waiter), 2 (dup), then 3 and 4 from the batch; j: 1
+		if i == 2 {
+			continue
+		}
+		if _, seq := seqOf(batch[i].ID); seq != want {
+			t.Fatalf("batch event %d: sequence %d, want %d", i, seq, want)
+		}
+	}
+
+	// Concurrent producers of one key with random rollbacks: the committed
+	// sequences are exactly 1..n.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	committed := 0
+	for p := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				tx, err := pool.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if _, err := client.Enqueue(ctx, tx, keyed(p*100+i, "hot", "")); err != nil {
+					t.Error(err)
+					_ = tx.Rollback(ctx)
+					return
+				}
+				if rand.IntN(3) == 0 {
+					_ = tx.Rollback(ctx)
+					continue
+				}
+				if err := tx.Commit(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				committed++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	rows, err := pool.Query(ctx, `SELECT ordering_seq FROM modkit_outbox_events WHERE ordering_key = 'hot' ORDER BY ordering_seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seqs) != committed {
+		t.Fatalf("%d sequences for %d commits", len(seqs), committed)
+	}
+	for i, s := range seqs {
+		if s != int64(i+1) {
+			t.Fatalf("sequences of the hot key are not 1..%d: %v", committed, seqs)
+		}
+	}
+}
+
+// A dead head blocks its key and only its key; BlockedKeys lists it;
+// SkipHead lets the rest go on and is recorded; a replayed head is
+// delivered before the events behind it; a publisher may skip dead heads.
+func TestDeadHeadBlocksItsKey(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	keyed := func(i int, key string) outbox.Message {
+		m := msg(i)
+		m.OrderingKey = key
+		return m
+	}
+	var poison sync.Map // event ids that fail permanently
+	var mu sync.Mutex
+	delivered := map[string][]int64{}
+	publish := func(_ context.Context, d outbox.Delivery) error {
+		if _, bad := poison.Load(d.ID); bad {
+			return outbox.Permanent(errors.New("rail rejected the instruction"))
+		}
+		mu.Lock()
+		delivered[d.OrderingKey] = append(delivered[d.OrderingKey], d.Sequence)
+		mu.Unlock()
+		return nil
+	}
+	var ids = map[string][]uuid.UUID{}
+	for i := range 3 {
+		for _, k := range []string{"a", "b", "c"} {
+			res, err := client.Enqueue(ctx, pool, keyed(i, k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[k] = append(ids[k], res.ID)
+		}
+	}
+	poison.Store(ids["a"][0], true)
+	poison.Store(ids["c"][0], true)
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: publish})
+	log.waitFor(t, "b delivered and the heads of a and c dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		return finalCount(outbox.StatusDelivered, 3)(m) && finalCount(outbox.StatusDead, 2)(m)
+	})
+	blocked, err := client.Admin().BlockedKeys(ctx, 0)
+	if err != nil || len(blocked) != 2 || blocked[0].Waiting != 2 || blocked[0].HeadSequence != 1 {
+		t.Fatalf("blocked keys: %+v %v", blocked, err)
+	}
+	if e := get(t, client, ids["a"][1]); e.Status != outbox.StatusPending || e.Attempts != 0 {
+		t.Fatalf("the event behind a's dead head ran: %+v", e)
+	}
+	// Skip a's head: a goes on without it. Replay c's head: c goes on
+	// with it, in order.
+	if err := client.Admin().SkipHead(ctx, "alice", ids["a"][0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Admin().SkipHead(ctx, "alice", ids["b"][0]); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("skipping a delivered event: %v, want ErrNotFound", err)
+	}
+	poison.Delete(ids["c"][0])
+	if _, err := client.Admin().ReplayDead(ctx, "bob", outbox.EventFilter{}, ids["c"][0]); err != nil {
+		t.Fatal(err)
+	}
+	log.waitFor(t, "a's and c's remaining events delivered", finalCount(outbox.StatusDelivered, 3+2+3))
+	mu.Lock()
+	got := map[string][]int64{"a": delivered["a"], "b": delivered["b"], "c": delivered["c"]}
+	mu.Unlock()
+	if !slices.Equal(got["a"], []int64{2, 3}) || !slices.Equal(got["b"], []int64{1, 2, 3}) || !slices.Equal(got["c"], []int64{1, 2, 3}) {
+		t.Fatalf("deliveries by key: %v", got)
+	}
+	h, err := client.Admin().History(ctx, ids["a"][0])
+	if err != nil || len(h) != 2 || h[1].Outcome != "skipped" || h[1].Detail == "" {
+		t.Fatalf("history of the skipped head: %+v %v", h, err)
+	}
+	if blocked, _ := client.Admin().BlockedKeys(ctx, 0); len(blocked) != 0 {
+		t.Fatalf("still blocked: %+v", blocked)
+	}
+}
+
+// With SkipDeadHeads, a dead event does not hold its key back.
+func TestSkipDeadHeadsPolicy(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var first uuid.UUID
+	for i := range 3 {
+		m := msg(i)
+		m.OrderingKey = "k"
+		res, err := client.Enqueue(ctx, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = res.ID
+		}
+	}
+	var mu sync.Mutex
+	var seqs []int64
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, SkipDeadHeads: true,
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			if d.ID == first {
+				return outbox.Permanent(errors.New("poison"))
+			}
+			mu.Lock()
+			seqs = append(seqs, d.Sequence)
+			mu.Unlock()
+			return nil
+		}})
+	log.waitFor(t, "the rest of the key delivered", finalCount(outbox.StatusDelivered, 2))
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(seqs, []int64{2, 3}) {
+		t.Fatalf("delivered sequences %v, want [2 3]", seqs)
+	}
+}
