@@ -110,6 +110,7 @@ var workloads = []workload{
 	{name: "bulk", run: (*bench).runBulk},
 	{name: "scale", run: (*bench).runScale},
 	{name: "idle", run: (*bench).runIdle},
+	{name: "ordering", run: (*bench).runOrdering},
 	{name: "experiments", run: (*bench).runExperiments, optional: true},
 }
 
@@ -216,7 +217,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 func (o options) params() map[string]string {
 	p := map[string]string{"only": strings.Join(o.only, ","), "rounds": fmt.Sprint(o.rounds)}
 	has := func(name string) bool { return slices.Contains(o.only, name) }
-	if has("dispatch") || has("scale") || has("experiments") {
+	if has("dispatch") || has("scale") || has("experiments") || has("ordering") {
 		p["events"], p["batch"], p["concurrency"], p["raw_workers"] = itoa(int64(o.events)), fmt.Sprint(o.batch), fmt.Sprint(o.concurrency), fmt.Sprint(o.rawWorkers)
 	}
 	if has("latency") {

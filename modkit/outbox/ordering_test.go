@@ -41,7 +41,9 @@ func orderedPublisher(pool *pgxpool.Pool, worker string) func(context.Context, o
 			return err
 		}
 		ok := rand.IntN(10) != 0
-		if _, err := pool.Exec(ctx, `UPDATE ordered_log SET finished_at = clock_timestamp(), ok = $2 WHERE id = $1`, id, ok); err != nil {
+		// The end is recorded whatever the publish deadline: an unfinished
+		// row means the process died inside the publish.
+		if _, err := pool.Exec(context.WithoutCancel(ctx), `UPDATE ordered_log SET finished_at = clock_timestamp(), ok = $2 WHERE id = $1`, id, ok); err != nil {
 			return err
 		}
 		if !ok {
