@@ -28,6 +28,11 @@ END $revoke$;
 DROP TABLE modkit_outbox_attempts;
 DROP TABLE modkit_outbox_sequences;
 DROP INDEX modkit_outbox_events_ordering_idx;
+DROP INDEX modkit_outbox_events_held_idx;
+DROP INDEX modkit_outbox_events_claim_idx;
+CREATE INDEX modkit_outbox_events_claim_idx
+    ON modkit_outbox_events (created_at, id)
+    WHERE status IN ('pending', 'processing');
 DROP FUNCTION modkit_outbox_attempts_append_only();
 
 ALTER TABLE modkit_outbox_events
@@ -42,4 +47,5 @@ ALTER TABLE modkit_outbox_events
     DROP COLUMN headers,
     DROP COLUMN ordering_key,
     DROP COLUMN ordering_seq,
-    DROP COLUMN head_skipped;
+    DROP COLUMN head_skipped,
+    DROP COLUMN held;

@@ -24,12 +24,27 @@ ALTER TABLE modkit_outbox_events ADD COLUMN headers jsonb NULL;
 -- producer's transaction (modkit_outbox_sequences), gap-free. head_skipped
 -- marks a dead event an operator (or the publisher's policy) let the
 -- events after it pass.
+--
+-- held marks an event whose predecessor had not settled when it was
+-- enqueued: held events stay out of the claim index, so a claim never walks
+-- a backlog of blocked events. The predecessor's delivery (or skip) clears
+-- its successor's flag in the same statement; modkit_outbox_release_held
+-- repairs the rare successor whose enqueue committed while its predecessor
+-- settled. The flag is a hint: the claim checks the predecessor all the same.
 ALTER TABLE modkit_outbox_events
     ADD COLUMN ordering_key text NULL,
     ADD COLUMN ordering_seq bigint NULL,
-    ADD COLUMN head_skipped boolean NOT NULL DEFAULT false;
+    ADD COLUMN head_skipped boolean NOT NULL DEFAULT false,
+    ADD COLUMN held boolean NOT NULL DEFAULT false;
 CREATE UNIQUE INDEX modkit_outbox_events_ordering_idx
     ON modkit_outbox_events (namespace, topic, ordering_key, ordering_seq) WHERE ordering_key IS NOT NULL;
+CREATE INDEX modkit_outbox_events_held_idx
+    ON modkit_outbox_events (namespace, topic, ordering_key, ordering_seq) WHERE held;
+-- The claim index without held events (the claim filters on NOT held).
+DROP INDEX modkit_outbox_events_claim_idx;
+CREATE INDEX modkit_outbox_events_claim_idx
+    ON modkit_outbox_events (created_at, id)
+    WHERE status IN ('pending', 'processing') AND NOT held;
 CREATE TABLE modkit_outbox_sequences (
     namespace    text   NOT NULL,
     topic        text   NOT NULL,
@@ -162,8 +177,13 @@ BEGIN
         ON CONFLICT (namespace, topic, ordering_key) DO UPDATE SET last_seq = q.last_seq + 1
         RETURNING q.last_seq INTO v_seq;
     END IF;
-    INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload, headers, ordering_key, ordering_seq)
-    VALUES (p_id, p_namespace, p_topic, p_tenant, p_key, p_payload, p_headers, p_ordering_key, v_seq)
+    INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload, headers, ordering_key, ordering_seq, held)
+    VALUES (p_id, p_namespace, p_topic, p_tenant, p_key, p_payload, p_headers, p_ordering_key, v_seq,
+        v_seq > 1 AND EXISTS (
+            SELECT 1 FROM @s.modkit_outbox_events p
+            WHERE p.namespace = p_namespace AND p.topic = p_topic AND p.ordering_key = p_ordering_key
+              AND p.ordering_seq = v_seq - 1
+              AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped))))
     ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING
     RETURNING e.id INTO id;
     duplicate := NOT FOUND;
@@ -287,7 +307,7 @@ BEGIN
         SELECT e.id, e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
             e.claimed_at AS old_claimed_at, e.attempts AS old_attempts, e.ledger_seq AS old_seq
         FROM @s.modkit_outbox_events e
-        WHERE e.status IN ('pending', 'processing')
+        WHERE e.status IN ('pending', 'processing') AND NOT e.held
           AND ((e.status = 'pending' AND e.next_attempt_at <= v_now)
             OR (e.status = 'processing' AND e.locked_until < v_now))
           AND e.attempts < p_max_attempts
@@ -372,7 +392,15 @@ BEGIN
           AND e.status = 'processing' AND e.locked_until > v_now
         RETURNING e.id, e.ledger_seq, e.namespace, e.topic, a.outcome, a.token, e.claimed_at,
             CASE a.outcome WHEN 'released' THEN e.attempts + 1 ELSE e.attempts END AS attempt,
-            CASE WHEN a.outcome IN ('retry', 'dead') THEN left(a.err, 8192) END AS err),
+            CASE WHEN a.outcome IN ('retry', 'dead') THEN left(a.err, 8192) END AS err,
+            e.ordering_key, e.ordering_seq),
+    release AS (
+        -- A delivered event lets the next one of its key into the claim.
+        UPDATE @s.modkit_outbox_events AS s SET held = false
+        FROM upd u
+        WHERE u.outcome = 'delivered' AND u.ordering_key IS NOT NULL
+          AND s.namespace = u.namespace AND s.topic = u.topic AND s.ordering_key = u.ordering_key
+          AND s.ordering_seq = u.ordering_seq + 1 AND s.held),
     ledger AS (
         INSERT INTO @s.modkit_outbox_attempts
             (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
@@ -494,6 +522,36 @@ BEGIN
             format('purged by an operator: delivered more than %s ago', p_retention), session_user
         FROM del d)
     SELECT count(*) INTO v_n FROM del;
+    RETURN v_n;
+END $$;
+
+-- Clears the held flag of events of p_topics whose predecessor has settled
+-- (delivered, purged, skipped, or dead under p_skip_dead) but which are
+-- still held: their enqueue committed while the predecessor settled, so the
+-- settling statement could not see them. Only the first held event of a key
+-- can be such an event. The dispatcher runs it every PollInterval.
+CREATE FUNCTION @s.modkit_outbox_release_held(p_topics text[], p_skip_dead text[], p_limit int) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+DECLARE
+    v_n bigint;
+BEGIN
+    WITH first_held AS (
+        SELECT DISTINCT ON (h.namespace, h.topic, h.ordering_key) h.id, h.namespace, h.topic, h.ordering_key, h.ordering_seq
+        FROM @s.modkit_outbox_events h
+        WHERE h.held AND (h.namespace || ':' || h.topic) = ANY(p_topics)
+        ORDER BY h.namespace, h.topic, h.ordering_key, h.ordering_seq),
+    free AS (
+        SELECT f.id FROM first_held f
+        WHERE NOT EXISTS (
+            SELECT 1 FROM @s.modkit_outbox_events p
+            WHERE p.namespace = f.namespace AND p.topic = f.topic AND p.ordering_key = f.ordering_key
+              AND p.ordering_seq = f.ordering_seq - 1
+              AND (p.status IN ('pending', 'processing')
+                OR (p.status = 'dead' AND NOT p.head_skipped
+                    AND NOT ((f.namespace || ':' || f.topic) = ANY(coalesce(p_skip_dead, '{}'))))))
+        LIMIT p_limit)
+    UPDATE @s.modkit_outbox_events AS e SET held = false FROM free WHERE e.id = free.id AND e.held;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END $$;
 
@@ -707,7 +765,12 @@ BEGIN
     WITH upd AS (
         UPDATE @s.modkit_outbox_events AS e SET head_skipped = true, ledger_seq = e.ledger_seq + 1, updated_at = v_now
         WHERE e.id = p_id AND e.status = 'dead' AND e.ordering_key IS NOT NULL AND NOT e.head_skipped
-        RETURNING e.id, e.namespace, e.topic, e.ledger_seq)
+        RETURNING e.id, e.namespace, e.topic, e.ledger_seq, e.ordering_key, e.ordering_seq),
+    release AS (
+        UPDATE @s.modkit_outbox_events AS s SET held = false
+        FROM upd u
+        WHERE s.namespace = u.namespace AND s.topic = u.topic AND s.ordering_key = u.ordering_key
+          AND s.ordering_seq = u.ordering_seq + 1 AND s.held)
     INSERT INTO @s.modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, finished_at, detail, actor)
     SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'skipped', v_now,
         left('head skipped by ' || coalesce(p_by, 'unknown') || ': the events after it go on', 1024), session_user
@@ -820,6 +883,7 @@ BEGIN
             @s.modkit_outbox_complete_one(uuid, uuid, uuid, text, text, bigint, timestamptz),
             @s.modkit_outbox_sweep(text[], int, int, timestamptz),
             @s.modkit_outbox_purge(text[], interval, int, timestamptz),
+            @s.modkit_outbox_release_held(text[], text[], int),
             @s.modkit_outbox_elect(text[], uuid, interval, timestamptz),
             @s.modkit_outbox_resign(uuid, text[]),
             @s.modkit_outbox_depth(text[], timestamptz) TO modkit_outbox_dispatcher;

@@ -18,7 +18,7 @@ const orderedKeys = 1000
 // keys would leave them.
 func (t *target) preloadOrdered(ctx context.Context, src *eventSource, run string, n, keys int) error {
 	const chunk = 20000
-	cols := append(insertColumns[:len(insertColumns):len(insertColumns)], "created_at", "next_attempt_at", "ordering_key", "ordering_seq")
+	cols := append(insertColumns[:len(insertColumns):len(insertColumns)], "created_at", "next_attempt_at", "ordering_key", "ordering_seq", "held")
 	base := time.Now().Add(-time.Minute)
 	rows := make([][]any, 0, chunk)
 	for start := 0; start < n; start += chunk {
@@ -29,7 +29,9 @@ func (t *target) preloadOrdered(ctx context.Context, src *eventSource, run strin
 				return err
 			}
 			at := base.Add(time.Duration(i) * time.Microsecond)
-			rows = append(rows, append(v, at, at, fmt.Sprintf("key-%05d", i%keys), int64(i/keys+1)))
+			// As enqueues leave them: every event after a key's first is
+			// held behind its predecessor.
+			rows = append(rows, append(v, at, at, fmt.Sprintf("key-%05d", i%keys), int64(i/keys+1), i >= keys))
 		}
 		if _, err := t.admin.CopyFrom(ctx, t.table, cols, pgx.CopyFromRows(rows)); err != nil {
 			return fmt.Errorf("preload ordered: %w", err)

@@ -122,6 +122,9 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 		case <-poll.C:
 			wantClaim = true
 			resetTimer(poll, d.cfg.PollInterval)
+			if d.sawOrdered.Load() {
+				d.releaseHeld(ctx)
+			}
 		}
 	}
 }
@@ -135,7 +138,29 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]d
 	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
 		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead})
 	d.metrics.observeClaim(got)
+	for _, c := range got {
+		if c.OrderingKey != nil {
+			d.sawOrdered.Store(true)
+			break
+		}
+	}
 	return got, err
+}
+
+// releaseHeldMax bounds one releaseHeld.
+const releaseHeldMax = 1000
+
+// releaseHeld repairs events held behind an ordering predecessor that has
+// settled (see driver.Store.ReleaseHeld): the predecessor's outcome frees
+// its successor in the same statement, unless the successor's enqueue was
+// still committing then. Run on the poll timer by dispatchers that have
+// claimed ordered events.
+func (d *Dispatcher) releaseHeld(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
+	defer cancel()
+	if _, err := d.c.store.ReleaseHeld(ctx, d.reg.keys, d.reg.skipDead, releaseHeldMax); err != nil && ctx.Err() == nil {
+		d.log.Warn("releasing ordered events held behind settled ones failed; retrying at the next poll", "error", err)
+	}
 }
 
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {

@@ -157,6 +157,9 @@ type Dispatcher struct {
 
 	metrics  *metrics
 	hardStop atomic.Bool // publishes were cancelled by a stop
+	// sawOrdered: this dispatcher has claimed events with an ordering key,
+	// so it repairs held ones on its poll timer.
+	sawOrdered atomic.Bool
 
 	mu         sync.Mutex
 	pool       *workerPool // of the current run; nil when stopped

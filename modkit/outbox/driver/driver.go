@@ -152,6 +152,11 @@ type Store interface {
 	// BlockedKeys lists ordering keys whose earliest undelivered event is
 	// dead and not skipped, at most limit, longest dead first.
 	BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error)
+	// ReleaseHeld lets into the claim the events of the topics that wait
+	// behind an ordering predecessor that has settled (delivered, purged,
+	// skipped, or dead in one of skipDead) but were enqueued while it
+	// settled, at most limit; it returns how many.
+	ReleaseHeld(ctx context.Context, topics, skipDead []string, limit int) (int64, error)
 	// SkipHead lets the later events of a dead event's ordering key go on
 	// without it, recording who did it; false when id is not such an event.
 	SkipHead(ctx context.Context, id uuid.UUID, by string) (bool, error)

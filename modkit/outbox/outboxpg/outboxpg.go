@@ -638,6 +638,13 @@ func (s *store) BlockedKeys(ctx context.Context, limit int) ([]driver.BlockedKey
 	})
 }
 
+// ReleaseHeld implements driver.Store.
+func (s *store) ReleaseHeld(ctx context.Context, topics, skipDead []string, limit int) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, s.sql.releaseHeld, topics, skipDead, limit).Scan(&n)
+	return n, err
+}
+
 // SkipHead implements driver.Store.
 func (s *store) SkipHead(ctx context.Context, id uuid.UUID, by string) (bool, error) {
 	var ok bool

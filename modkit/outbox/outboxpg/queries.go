@@ -65,7 +65,8 @@ FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, $6
 
 	qBlockedKeys = `SELECT namespace, topic, ordering_key, head_id, head_seq, waiting, last_error, dead_since
 FROM {{fn}}modkit_outbox_blocked_keys($1)`
-	qSkipHead = `SELECT {{fn}}modkit_outbox_skip_head($1, $2)`
+	qSkipHead    = `SELECT {{fn}}modkit_outbox_skip_head($1, $2)`
+	qReleaseHeld = `SELECT {{fn}}modkit_outbox_release_held($1::text[], $2::text[], $3)`
 
 	qRolesPresent = `SELECT array_agg(r ORDER BY r) FROM unnest($1::text[]) AS r WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)`
 )
@@ -101,7 +102,7 @@ type queries struct {
 	resign, stats, depth, list, listPayload string
 	get, getPayload, history                string
 	replayIDs, replayFilter                 string
-	blockedKeys, skipHead                   string
+	blockedKeys, skipHead, releaseHeld      string
 }
 
 // newQueries fills the templates. With testClock, {{now}} becomes the
@@ -126,6 +127,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		claim:         bind(qClaim, "7", async),
 		blockedKeys:   bind(qBlockedKeys, "", ""),
 		skipHead:      bind(qSkipHead, "", ""),
+		releaseHeld:   bind(qReleaseHeld, "", ""),
 		complete:      bind(qComplete, "7", ""),
 		completeAsync: bind(qComplete, "7", async),
 		completeOne:   bind(qCompleteOne, "7", ""),

@@ -413,3 +413,39 @@ func TestLedger(t *testing.T) {
 		}
 	}
 }
+
+// An event enqueued while its ordering predecessor settled may stay held
+// (the settling statement could not see it); ReleaseHeld frees it, and
+// until then the claim passes it by.
+func TestReleaseHeld(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	key := "acct"
+	rows := rows(2, "test", "events")
+	for i := range rows {
+		rows[i].OrderingKey = &key
+		if _, err := s.Insert(ctx, pool, rows[i:i+1], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := uuid.New()
+	first := claim(t, s, 10, 3, w)
+	if len(first) != 1 || first[0].ID != rows[0].ID || first[0].OrderingSeq != 1 || *first[0].OrderingKey != key {
+		t.Fatalf("claim of a key's events: %+v, want only its first", first)
+	}
+	// Settle the first behind the driver's back, as if its outcome had
+	// committed before the second's enqueue: the second stays held.
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL WHERE id = $1`, rows[0].ID)
+	if again := claim(t, s, 10, 3, w); len(again) != 0 {
+		t.Fatalf("a held event was claimed: %+v", again)
+	}
+	if n, err := s.ReleaseHeld(ctx, []string{topic}, nil, 100); err != nil || n != 1 {
+		t.Fatalf("release held: %d, %v", n, err)
+	}
+	if got := claim(t, s, 10, 3, w); len(got) != 1 || got[0].ID != rows[1].ID || got[0].OrderingSeq != 2 {
+		t.Fatalf("after the release: %+v", got)
+	}
+	if n, _ := s.ReleaseHeld(ctx, []string{topic}, nil, 100); n != 0 {
+		t.Fatalf("a second release freed %d", n)
+	}
+}
