@@ -73,8 +73,9 @@ type DispatcherConfig struct {
 	// SweepInterval is how often maintenance runs: for each of its topics
 	// one dispatcher at a time (elected through a lease in the database)
 	// dead-letters events whose attempts are used up, purges delivered
-	// events past their retention and refreshes the depth gauges. Default
-	// 30s.
+	// events past their retention and reads the depth gauges (which are
+	// also kept fresh in between, within about a second of a change).
+	// Default 30s.
 	SweepInterval time.Duration
 	// Retention keeps delivered events this long before maintenance purges
 	// them, for the topics whose Publisher.Retention is zero. Purging ends
@@ -292,8 +293,9 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 		helpers.Add(1)
 		go func() { defer helpers.Done(); d.notifier(ctx, wake) }()
 	}
-	helpers.Add(1)
+	helpers.Add(2)
 	go func() { defer helpers.Done(); d.maintenance(ctx) }()
+	go func() { defer helpers.Done(); d.metrics.refreshGauges(ctx, d.c.store) }()
 
 	err := d.claimer(ctx, ready, pool, wake, due)
 	cancelRun()

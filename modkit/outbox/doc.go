@@ -166,9 +166,15 @@
 //     (its transaction's start, created_at) to its successful publish;
 //     queueing and retries included.
 //   - The gauges are read from the table by the one dispatcher that holds a
-//     topic's maintenance lease, every SweepInterval (30s by default), so
-//     they lag by up to that much and only topics with a running dispatcher
-//     are reported. pending.depth counts pending events (due or not),
+//     topic's maintenance lease (only topics with a running dispatcher are
+//     reported): at each maintenance pass (SweepInterval, 30s by default)
+//     and, in between, about a second after its claims, outcomes or
+//     enqueue notifications change them; while a topic has pending or
+//     processing events they are read every second (less often if reading
+//     them is slow: at most 1/20 of one connection's time), and an idle
+//     topic costs no reads. So they trail the table by about a second,
+//     except for changes made by other dispatchers of an otherwise idle
+//     topic, which show at the next pass. pending.depth counts pending events (due or not),
 //     processing.depth leased ones, dead.count dead ones;
 //     pending.oldest_age is how long the oldest due pending event has
 //     waited past its next_attempt_at (0 when none is due).
