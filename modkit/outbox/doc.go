@@ -172,9 +172,10 @@
 //     enqueue notifications change them; while a topic has pending or
 //     processing events they are read every second (less often if reading
 //     them is slow: at most 1/20 of one connection's time), and an idle
-//     topic costs no reads. So they trail the table by about a second,
-//     except for changes made by other dispatchers of an otherwise idle
-//     topic, which show at the next pass. pending.depth counts pending events (due or not),
+//     topic costs no reads. So they trail the table by about a second;
+//     only a change to an idle topic that this dispatcher neither makes nor
+//     hears of (an operator's replay that another dispatcher then
+//     delivers) waits for the next pass. pending.depth counts pending events (due or not),
 //     processing.depth leased ones, dead.count dead ones;
 //     pending.oldest_age is how long the oldest due pending event has
 //     waited past its next_attempt_at (0 when none is due).
