@@ -36,7 +36,7 @@ type overviewData struct {
 // dispatcherRow is one dispatcher's health on the overview.
 type dispatcherRow struct {
 	WorkerID string
-	State    string // running, degraded or stopped
+	State    string // Health.State: running, starting, degraded or stopped
 	outbox.Health
 }
 
@@ -72,15 +72,11 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for _, disp := range h.opts.Dispatchers {
-		hl := disp.Health()
-		row := dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: "stopped", Health: hl}
-		switch {
-		case hl.Degraded:
-			row.State = "degraded"
-		case hl.Running:
-			row.State = "running"
+		if disp == nil {
+			continue // an fx app without publishers has no dispatcher
 		}
-		d.Dispatchers = append(d.Dispatchers, row)
+		hl := disp.Health()
+		d.Dispatchers = append(d.Dispatchers, dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: hl.State(), Health: hl})
 	}
 	h.render(w, http.StatusOK, "overview.html", h.newPage(w, r, "Outbox", d))
 }
@@ -144,6 +140,8 @@ type eventData struct {
 	Event        outbox.Event
 	ShowPayloads bool
 	Payload      string
+	History      []outbox.Attempt
+	HistoryErr   string // why the history could not be read, if it could not
 }
 
 func (h *handler) event(w http.ResponseWriter, r *http.Request) {
@@ -164,6 +162,12 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	d := eventData{Event: ev, ShowPayloads: h.opts.ShowPayloads}
 	if d.ShowPayloads {
 		d.Payload = string(ev.Payload)
+	}
+	// The event is shown even when its history cannot be read (a role
+	// without access to the ledger, an older schema).
+	if d.History, err = h.admin.History(r.Context(), id); err != nil {
+		h.log.Warn("outboxui: reading an event's history failed", "event_id", id, "error", err)
+		d.HistoryErr = err.Error()
 	}
 	h.render(w, http.StatusOK, "event.html", h.newPage(w, r, "Event "+id.String(), d))
 }
