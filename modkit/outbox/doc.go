@@ -110,8 +110,9 @@
 // Client.Admin has Stats, List (pending, dead, … with filters and paging),
 // Get, ReplayDead (by id or filter), Purge, Series (throughput and delivery
 // latency per bucket, for charts) and Settled (recent outcomes, to follow
-// deliveries). Dispatcher.Health says whether a dispatcher is degraded and
-// why.
+// deliveries). Dispatcher.Health says whether a dispatcher is ready (its
+// first claim succeeded) and whether it is degraded, and why;
+// outboxui.HealthHandler serves it to probes.
 //
 // The command modkit-outbox (go install
 // github.com/modkit-go/modkit/cmd/modkit-outbox@latest) drives Admin from
