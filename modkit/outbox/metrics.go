@@ -210,8 +210,8 @@ func (m *metrics) touch() {
 }
 
 // setLeading records the topics whose gauges this dispatcher reports (those
-// whose maintenance lease it holds); nil when it leads none. A change drops
-// the values read so far.
+// whose maintenance lease it holds); nil when it leads none. The values of
+// topics no longer led are dropped.
 func (m *metrics) setLeading(topics []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -220,7 +220,7 @@ func (m *metrics) setLeading(topics []string) {
 	}
 	m.leading = slices.Clone(topics)
 	m.leadGen++
-	m.depth = nil
+	m.depth = slices.DeleteFunc(slices.Clone(m.depth), func(r driver.DepthRow) bool { return !slices.Contains(topics, r.Topic) })
 	if len(topics) > 0 {
 		m.touch()
 	}
@@ -260,7 +260,15 @@ func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, quiet bo
 	if gen == m.leadGen && seq > m.stored {
 		m.depth, m.stored = rows, seq
 	}
+	if !quiet && live(rows) {
+		m.touch() // a maintenance pass found work: the refresher follows it
+	}
 	return rows, true
+}
+
+// live reports whether rows have pending or processing events.
+func live(rows []driver.DepthRow) bool {
+	return slices.ContainsFunc(rows, func(r driver.DepthRow) bool { return r.Pending > 0 || r.Processing > 0 })
 }
 
 // gaugeRefreshMin is the shortest time between two reads of the depth
@@ -277,13 +285,13 @@ const gaugeCostFactor = 20
 // events, it reads them every gaugeRefreshMin (or gaugeCostFactor times the
 // read's duration, if longer); once they have none, it reads them only
 // after this dispatcher claims, records an outcome or hears of an enqueue,
-// so idle topics cost nothing. A failed read is not retried before the next
-// change or maintenance pass (which logs the failure). It returns when ctx
-// is cancelled.
+// or a maintenance pass finds them busy, so idle topics cost nothing. A
+// failed read is not retried before the next change or maintenance pass
+// (which logs the failure). It returns when ctx is cancelled.
 func (m *metrics) refreshGauges(ctx context.Context, store driver.Store) {
-	live, wait := false, gaugeRefreshMin
+	busy, wait := false, gaugeRefreshMin
 	for {
-		if !live {
+		if !busy {
 			select {
 			case <-ctx.Done():
 				return
@@ -301,7 +309,7 @@ func (m *metrics) refreshGauges(ctx context.Context, store driver.Store) {
 		start := time.Now()
 		rows, ok := m.refreshDepth(ctx, store, true)
 		wait = max(gaugeRefreshMin, gaugeCostFactor*time.Since(start))
-		live = ok && slices.ContainsFunc(rows, func(r driver.DepthRow) bool { return r.Pending > 0 || r.Processing > 0 })
+		busy = ok && live(rows)
 		if m.onRefresh != nil {
 			m.onRefresh()
 		}
