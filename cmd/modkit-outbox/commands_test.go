@@ -121,7 +121,61 @@ func TestEventsShow(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &v); err != nil || v.ID != id.String() || !strings.Contains(string(v.Payload), "s3cr3t") {
 		t.Fatalf("show --json --payload: %v\n%s", err, out)
 	}
+	if !strings.Contains(out, `"history": []`) || !strings.Contains(cli(t, f.dsn, "events", "show", id.String()).stdout, "history: no attempt finished yet") {
+		t.Fatalf("a new event's history is not shown empty:\n%s", out)
+	}
 	cli(t, f.dsn, "events", "show", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
+}
+
+// TestEventsShowHistory: events show prints the attempts ledger, as a
+// table and as JSON.
+func TestEventsShowHistory(t *testing.T) {
+	f := newFixture(t)
+	id := f.enqueue(t, orders, 1)[0]
+	f.settle(t, orders, 1, driver.Retry, 0)
+	f.settle(t, orders, 1, driver.Dead, 0)
+	cli(t, f.dsn, "dead", "replay", "--by", "history test", id.String()).must(t, exitOK)
+
+	var v eventView
+	out := cli(t, f.dsn, "events", "show", "--json", id.String()).must(t, exitOK).stdout
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("show --json: %v\n%s", err, out)
+	}
+	if len(v.History) != 3 {
+		t.Fatalf("history: %+v, want retry, dead, replayed", v.History)
+	}
+	for i, want := range []struct {
+		outcome string
+		attempt int
+		claim   bool
+	}{{"retry", 1, true}, {"dead", 2, true}, {"replayed", 0, false}} {
+		h := v.History[i]
+		if h.No != i+1 || h.Outcome != want.outcome || h.Attempt != want.attempt || (h.Worker != nil) != want.claim ||
+			(h.ClaimedAt != nil) != want.claim || h.FinishedAt.IsZero() {
+			t.Errorf("history entry %d: %+v, want %+v", i+1, h, want)
+		}
+	}
+	if d := v.History[0].Detail; !strings.Contains(d, "consumer said no") {
+		t.Errorf("the retry's detail %q", d)
+	}
+	if h := v.History[2]; !strings.Contains(h.Detail, "history test") || h.Actor == "" {
+		t.Errorf("the replay entry names neither who asked nor the database user: %+v", h)
+	}
+
+	out = cli(t, f.dsn, "events", "show", id.String()).must(t, exitOK).stdout
+	_, table, ok := strings.Cut(out, "history:\n")
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if !ok || len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "NO OUTCOME ATTEMPT WORKER CLAIMED FINISHED DETAIL ACTOR" {
+		t.Fatalf("history table:\n%s", out)
+	}
+	for i, prefix := range []string{"1 retry 1 " + *v.History[0].Worker, "2 dead 2 " + *v.History[1].Worker, "3 replayed - - -"} {
+		if got := strings.Join(strings.Fields(lines[i+1]), " "); !strings.HasPrefix(got, prefix) {
+			t.Errorf("history line %d: %q, want it to start with %q", i+1, got, prefix)
+		}
+	}
+	if !strings.Contains(lines[3], "replayed by history test") || !strings.HasSuffix(strings.TrimSpace(lines[3]), v.History[2].Actor) {
+		t.Errorf("the replay line: %q", lines[3])
+	}
 }
 
 // TestDeadReplay: a dry run changes nothing, more than one event needs a

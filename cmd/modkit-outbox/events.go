@@ -16,7 +16,7 @@ const eventsExamples = `  modkit-outbox events list --status dead
   modkit-outbox events list --topic shop/order_paid --since 2h --json
   modkit-outbox events list --status pending --limit 100 --after CURSOR   # the next page
   modkit-outbox events list --status dead --all --json > dead.json
-  modkit-outbox events show 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --payload
+  modkit-outbox events show 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --payload   # the row and its attempts history
 `
 
 func runEvents(ctx context.Context, e env, args []string) error {
@@ -118,10 +118,23 @@ func listEvents(ctx context.Context, e env, a *outbox.Admin, f outbox.EventFilte
 	return nil
 }
 
-// eventView is what events show prints: the row, and (once the attempts
-// ledger exists) its history, loaded in loadEventView.
+// eventView is what events show prints: the row and its history.
 type eventView struct {
 	eventJSON
+	History []attemptJSON `json:"history"`
+}
+
+// attemptJSON is one entry of an event's history (outbox.Attempt).
+type attemptJSON struct {
+	No         int        `json:"no"`
+	Outcome    string     `json:"outcome"`
+	Attempt    int        `json:"attempt"`
+	Worker     *string    `json:"worker"`
+	LeaseToken *string    `json:"lease_token"`
+	ClaimedAt  *time.Time `json:"claimed_at"`
+	FinishedAt time.Time  `json:"finished_at"`
+	Detail     string     `json:"detail"`
+	Actor      string     `json:"actor"`
 }
 
 func loadEventView(ctx context.Context, a *outbox.Admin, id uuid.UUID, withPayload bool) (eventView, error) {
@@ -132,7 +145,20 @@ func loadEventView(ctx context.Context, a *outbox.Admin, id uuid.UUID, withPaylo
 	if err != nil {
 		return eventView{}, err
 	}
-	return eventView{eventJSON: toJSON(ev, withPayload)}, nil
+	history, err := a.History(ctx, id)
+	if err != nil {
+		return eventView{}, err
+	}
+	v := eventView{eventJSON: toJSON(ev, withPayload), History: make([]attemptJSON, len(history))}
+	for i, h := range history {
+		v.History[i] = attemptJSON{No: h.No, Outcome: h.Outcome, Attempt: h.Attempt, Worker: uuidString(h.Worker),
+			LeaseToken: uuidString(h.LeaseToken), FinishedAt: h.FinishedAt.UTC(), Detail: h.Detail, Actor: h.Actor}
+		if h.ClaimedAt != nil {
+			t := h.ClaimedAt.UTC()
+			v.History[i].ClaimedAt = &t
+		}
+	}
+	return v, nil
 }
 
 func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON, withPayload bool) error {
@@ -168,5 +194,42 @@ func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON
 	} else {
 		fmt.Fprintf(tw, "payload\t(hidden; add --payload)\n")
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout)
+	if len(v.History) == 0 {
+		fmt.Fprintln(e.stdout, "history: no attempt finished yet")
+		return nil
+	}
+	fmt.Fprintln(e.stdout, "history:")
+	tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NO\tOUTCOME\tATTEMPT\tWORKER\tCLAIMED\tFINISHED\tDETAIL\tACTOR")
+	for _, h := range v.History {
+		attempt, claimed := "-", "-"
+		if h.Attempt > 0 {
+			attempt = fmt.Sprint(h.Attempt)
+		}
+		if h.ClaimedAt != nil {
+			claimed = fmtTime(*h.ClaimedAt)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.No, h.Outcome, attempt, str(h.Worker), claimed, fmtTime(h.FinishedAt),
+			orDash(oneLine(&h.Detail, 60)), orDash(h.Actor))
+	}
 	return tw.Flush()
+}
+
+func uuidString(u *uuid.UUID) *string {
+	if u == nil {
+		return nil
+	}
+	s := u.String()
+	return &s
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -9,12 +9,21 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/modkit-go/modkit/modkit/outbox/outboxui"
 )
 
 const serveExamples = `  modkit-outbox serve                                  # read-only, on 127.0.0.1:8080
   MODKIT_OUTBOX_TOKEN=$(openssl rand -hex 16) modkit-outbox serve --addr 127.0.0.1:9000
   modkit-outbox serve --show-payloads
+
+  # Least privilege: a login in modkit_outbox_reader gives a dashboard that
+  # the database itself keeps read-only and without payloads; one in
+  # modkit_outbox_operator may replay and purge (with the token), and each
+  # replay is recorded under that login.
+  #   CREATE ROLE outbox_ui LOGIN PASSWORD '…' IN ROLE modkit_outbox_reader;
+  DATABASE_URL=postgres://outbox_ui@db.internal/app modkit-outbox serve
 `
 
 func runServe(ctx context.Context, e env, args []string) error {
@@ -38,6 +47,24 @@ func runServe(ctx context.Context, e env, args []string) error {
 	}
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
+	role, err := roleRights(ctx, pool, f.schema)
+	if err != nil {
+		return err
+	}
+	mode := "read-only (set MODKIT_OUTBOX_TOKEN to enable replay and purge)"
+	if *token != "" {
+		mode = "operator actions enabled for holders of the token"
+	}
+	// The database role bounds what the dashboard may do, whatever its
+	// flags say.
+	if role.operate != nil && !*role.operate {
+		mode = fmt.Sprintf("read-only: database role %s may not replay or purge (grant it modkit_outbox_operator to enable actions)", role.user)
+		*token = ""
+	}
+	if *payloads && role.payloads != nil && !*role.payloads {
+		mode += fmt.Sprintf("; payloads hidden: database role %s may not read them", role.user)
+		*payloads = false
+	}
 	ui, err := outboxui.New(c.Admin(), outboxui.Options{OperatorToken: *token, ShowPayloads: *payloads,
 		By: "modkit-outbox serve", Logger: logger})
 	if errors.Is(err, outboxui.ErrWeakToken) {
@@ -51,10 +78,6 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return usageErr("--addr %s: %v", *addr, err)
 	}
 	srv := &http.Server{Handler: ui, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
-	mode := "read-only (set MODKIT_OUTBOX_TOKEN to enable replay and purge)"
-	if *token != "" {
-		mode = "operator actions enabled for holders of the token"
-	}
 	fmt.Fprintf(e.stdout, "dashboard on http://%s/ — %s\n", ln.Addr(), mode)
 	if s, ok := e.stdout.(interface{ Sync() error }); ok {
 		_ = s.Sync()
@@ -75,4 +98,26 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// rights is what the database lets the dashboard's role do; nil when it
+// cannot tell (the outbox functions are missing: not migrated, or an older
+// schema), in which case the database decides at each action.
+type rights struct {
+	user              string
+	operate, payloads *bool
+}
+
+// roleRights asks the database what the connected role may do in schema:
+// replay and purge (the operator role, or the owner), and read payloads.
+func roleRights(ctx context.Context, pool *pgxpool.Pool, schema string) (rights, error) {
+	var r rights
+	err := pool.QueryRow(ctx, `SELECT current_user::text,
+	has_function_privilege(to_regprocedure(format('%I.modkit_outbox_replay(uuid[], text, timestamptz)', $1::text)), 'EXECUTE'),
+	has_function_privilege(to_regprocedure(format('%I.modkit_outbox_get_payload(uuid)', $1::text)), 'EXECUTE')`, schema).
+		Scan(&r.user, &r.operate, &r.payloads)
+	if err != nil {
+		return r, fmt.Errorf("reading the database role's rights: %w", err)
+	}
+	return r, nil
 }

@@ -73,8 +73,9 @@ type DispatcherConfig struct {
 	// SweepInterval is how often maintenance runs: for each of its topics
 	// one dispatcher at a time (elected through a lease in the database)
 	// dead-letters events whose attempts are used up, purges delivered
-	// events past their retention and refreshes the depth gauges. Default
-	// 30s.
+	// events past their retention and reads the depth gauges (which are
+	// also kept fresh in between, within about a second of a change).
+	// Default 30s.
 	SweepInterval time.Duration
 	// Retention keeps delivered events this long before maintenance purges
 	// them, for the topics whose Publisher.Retention is zero. Purging ends
@@ -295,8 +296,9 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 		helpers.Add(1)
 		go func() { defer helpers.Done(); d.notifier(ctx, wake) }()
 	}
-	helpers.Add(1)
+	helpers.Add(2)
 	go func() { defer helpers.Done(); d.maintenance(ctx) }()
+	go func() { defer helpers.Done(); d.metrics.refreshGauges(ctx, d.c.store) }()
 
 	err := d.claimer(ctx, ready, pool, wake, due)
 	cancelRun()
@@ -338,10 +340,16 @@ func waitUntil(pool *workerPool, deadline time.Time) bool {
 // Health is a dispatcher's state as an operator or a readiness probe sees
 // it.
 type Health struct {
-	// Running: the dispatcher is started and claiming.
+	// Running: the dispatcher is ready (its first claim of this run
+	// succeeded, which is also when Start returns) and not stopping.
+	// Readiness probes check this.
 	Running bool
-	// Degraded: running, but something keeps events from flowing normally;
-	// Problems says what.
+	// Starting: Start was called but no claim has succeeded yet (the
+	// database is slow or unreachable; Problems says so once a claim
+	// failed).
+	Starting bool
+	// Degraded: started, but something keeps events from flowing
+	// normally; Problems says what.
 	Degraded bool
 	// Problems are human sentences, one per problem, naming the topic or
 	// the failing operation.
@@ -351,14 +359,33 @@ type Health struct {
 	Abandoned int
 }
 
-// Health reports whether the dispatcher is running and whether it is
-// degraded: a topic has publishes that outlived their deadline (the
-// publisher ignores its context), or claims are failing.
+// State sums h up in one word: "degraded", "running", "starting" or
+// "stopped".
+func (h Health) State() string {
+	switch {
+	case h.Degraded:
+		return "degraded"
+	case h.Running:
+		return "running"
+	case h.Starting:
+		return "starting"
+	}
+	return "stopped"
+}
+
+// Health reports whether the dispatcher is ready (its first claim
+// succeeded) and whether it is degraded: a topic has publishes that
+// outlived their deadline (the publisher ignores its context), or claims
+// are failing. In an fx app, take the *Dispatcher from the graph (it is nil
+// when no publisher is registered) to read it, show it on the outboxui
+// dashboard (Options.Dispatchers) or serve it to probes
+// (outboxui.HealthHandler).
 func (d *Dispatcher) Health() Health {
 	d.mu.Lock()
 	pool, claimErr, claimErrAt := d.pool, d.claimErr, d.claimErrAt
 	d.mu.Unlock()
-	h := Health{Running: pool != nil && d.task.Status() == lifecycle.Running}
+	status := d.task.Status()
+	h := Health{Running: pool != nil && status == lifecycle.Running, Starting: pool != nil && status == lifecycle.Starting}
 	if pool == nil {
 		return h
 	}

@@ -110,8 +110,9 @@
 // Client.Admin has Stats, List (pending, dead, … with filters and paging),
 // Get, ReplayDead (by id or filter), Purge, Series (throughput and delivery
 // latency per bucket, for charts) and Settled (recent outcomes, to follow
-// deliveries). Dispatcher.Health says whether a dispatcher is degraded and
-// why.
+// deliveries). Dispatcher.Health says whether a dispatcher is ready (its
+// first claim succeeded) and whether it is degraded, and why;
+// outboxui.HealthHandler serves it to probes.
 //
 // The command modkit-outbox (go install
 // github.com/modkit-go/modkit/cmd/modkit-outbox@latest) drives Admin from
@@ -195,9 +196,16 @@
 //     (its transaction's start, created_at) to its successful publish;
 //     queueing and retries included.
 //   - The gauges are read from the table by the one dispatcher that holds a
-//     topic's maintenance lease, every SweepInterval (30s by default), so
-//     they lag by up to that much and only topics with a running dispatcher
-//     are reported. pending.depth counts pending events (due or not),
+//     topic's maintenance lease (only topics with a running dispatcher are
+//     reported): at each maintenance pass (SweepInterval, 30s by default)
+//     and, in between, about a second after its claims, outcomes or
+//     enqueue notifications change them; while a topic has pending or
+//     processing events they are read every second (less often if reading
+//     them is slow: at most 1/20 of one connection's time), and an idle
+//     topic costs no reads. So they trail the table by about a second;
+//     only a change to an idle topic that this dispatcher neither makes nor
+//     hears of (an operator's replay that another dispatcher then
+//     delivers) waits for the next pass. pending.depth counts pending events (due or not),
 //     processing.depth leased ones, dead.count dead ones;
 //     pending.oldest_age is how long the oldest due pending event has
 //     waited past its next_attempt_at (0 when none is due); stuck.depth

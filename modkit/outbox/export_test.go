@@ -9,6 +9,10 @@ import (
 // the roles d held; set it before Start.
 func OnMaintenance(d *Dispatcher, fn func(held []string)) { d.onMaintenance = fn }
 
+// OnGaugeRefresh sets a hook called after each read of the depth gauges by
+// d's refresher (between maintenance passes); set it before Start.
+func OnGaugeRefresh(d *Dispatcher, fn func()) { d.metrics.onRefresh = fn }
+
 // AtomicTime is a time.Time safe for concurrent use, for test clocks.
 type AtomicTime struct{ v atomic.Pointer[time.Time] }
 

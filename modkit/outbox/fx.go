@@ -22,7 +22,9 @@ import (
 // and stops with it; if it fails on its own, it asks the app to shut down.
 // With no publisher registered the *Dispatcher is nil, nothing runs and
 // Module says so once in the log: a service that only enqueues includes
-// Module all the same.
+// Module all the same. Take the *Dispatcher from the graph for its Health
+// (outboxui.Options.Dispatchers and outboxui.HealthHandler accept it, nil
+// included).
 //
 // Add WithMigrations to have the app migrate the outbox (and, optionally,
 // its own tables) when it starts. A start hook of your own that migrates is

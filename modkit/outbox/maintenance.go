@@ -12,7 +12,8 @@ import (
 // Maintenance keeps the table healthy: it dead-letters events whose
 // attempts are used up but which no claim will pick again (a worker died on
 // the last attempt), purges delivered events past their topic's retention,
-// and refreshes the depth gauges. Each topic's maintenance runs on one
+// and reads the depth gauges (which the gauge refresher, metrics.go, keeps
+// fresh between passes). Each topic's maintenance runs on one
 // dispatcher at a time: every SweepInterval each dispatcher asks the
 // database for the lease of the role "maintenance:<namespace>:<topic>" of
 // each of its topics; a live holder keeps renewing it, and another
@@ -73,23 +74,30 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string) {
 		return // stopping: the resign follows
 	}
 	if len(held) > 0 {
+		d.metrics.setLeading(topicsOf(held))
 		// Stay inside the lease, with a margin for clock drift.
 		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(d.maintenanceTTL()*2/3))
 		d.maintain(pctx, held)
 		cancel()
 	} else {
-		d.metrics.setDepth(nil) // another dispatcher reports these topics now
+		d.metrics.setLeading(nil) // another dispatcher reports these topics now
 	}
 	if d.onMaintenance != nil {
 		d.onMaintenance(held)
 	}
 }
 
-func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
+// topicsOf returns the topics ("namespace:topic") of maintenance roles.
+func topicsOf(roles []string) []string {
 	topics := make([]string, len(roles))
 	for i, r := range roles {
 		topics[i] = strings.TrimPrefix(r, maintenanceRolePrefix)
 	}
+	return topics
+}
+
+func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
+	topics := topicsOf(roles)
 	swept, err := d.c.store.Sweep(ctx, driver.SweepParams{Topics: topics, MaxAttempts: d.cfg.MaxAttempts, Limit: purgeBatch})
 	if err != nil {
 		if ctx.Err() == nil {
@@ -138,5 +146,5 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
 			d.log.Info("purged delivered events", "count", n, "retention", r, "topics", byRetention[r])
 		}
 	}
-	d.metrics.refreshDepth(ctx, d.c.store, topics)
+	d.metrics.refreshDepth(ctx, d.c.store, false)
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -33,8 +34,24 @@ type metrics struct {
 
 	meter metric.Meter
 	d     *Dispatcher
+
 	mu    sync.Mutex
-	depth []driver.DepthRow // of the topics this dispatcher maintains
+	depth []driver.DepthRow // of the topics this dispatcher leads
+	// leading are the topics whose maintenance lease this dispatcher
+	// holds: it reports their gauges. leadGen changes with them, so that a
+	// read begun under an older lead is dropped.
+	leading []string
+	leadGen uint64
+	// readSeq numbers the depth reads; stored is the newest one stored,
+	// so that a slow read never overwrites a newer one.
+	readSeq, stored uint64
+	// changed is signalled (without blocking) when the depth may have
+	// changed: a claim found events, an outcome was recorded, an enqueue
+	// was announced, or the lead changed.
+	changed chan struct{}
+	// onRefresh, if set, is called after each read of the gauges by the
+	// refresher (tests).
+	onRefresh func()
 }
 
 // register registers the gauges' callback for one run of the dispatcher:
@@ -43,7 +60,7 @@ type metrics struct {
 // when it was first created.) Call the returned function when the run
 // ends.
 func (m *metrics) register() func() {
-	m.setDepth(nil)
+	m.setLeading(nil)
 	reg, err := m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		m.mu.Lock()
 		for _, r := range m.depth {
@@ -69,13 +86,13 @@ func (m *metrics) register() func() {
 	}
 	return func() {
 		_ = reg.Unregister()
-		m.setDepth(nil)
+		m.setLeading(nil)
 	}
 }
 
 func newMetrics(d *Dispatcher) (*metrics, error) {
 	meter := otel.Meter(meterName)
-	m := &metrics{}
+	m := &metrics{changed: make(chan struct{}, 1)}
 	var errs []error
 	counter := func(name, desc string) metric.Int64Counter {
 		c, err := meter.Int64Counter(name, metric.WithDescription(desc))
@@ -125,6 +142,7 @@ func (m *metrics) topicAttrs(namespace, topic string) metric.MeasurementOption {
 }
 
 func (m *metrics) observe(r result, o Outcome) {
+	m.touch()
 	ctx := context.Background()
 	msg := r.c.d
 	attrs := m.topicAttrs(msg.Namespace, msg.Topic)
@@ -152,6 +170,7 @@ func (m *metrics) observeClaim(got []driver.Claimed) {
 	if len(got) == 0 {
 		return
 	}
+	m.touch()
 	ctx := context.Background()
 	type counts struct{ events, repaired int64 }
 	per := map[[2]string]*counts{}
@@ -177,18 +196,54 @@ func (m *metrics) observeClaim(got []driver.Claimed) {
 
 // observeWakeup counts a notification for topic ("namespace:topic").
 func (m *metrics) observeWakeup(topic string) {
+	m.touch()
 	ns, t, _ := strings.Cut(topic, ":")
 	m.wakeups.Add(context.Background(), 1, m.topicAttrs(ns, t))
 }
 
-// refreshDepth reads the gauges of topics; a failure keeps the old values.
-func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, topics []string) {
+// touch notes that the depth may have changed.
+func (m *metrics) touch() {
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
+
+// setLeading records the topics whose gauges this dispatcher reports (those
+// whose maintenance lease it holds); nil when it leads none. The values of
+// topics no longer led are dropped.
+func (m *metrics) setLeading(topics []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if slices.Equal(m.leading, topics) {
+		return
+	}
+	m.leading = slices.Clone(topics)
+	m.leadGen++
+	m.depth = slices.DeleteFunc(slices.Clone(m.depth), func(r driver.DepthRow) bool { return !slices.Contains(topics, r.Topic) })
+	if len(topics) > 0 {
+		m.touch()
+	}
+}
+
+// refreshDepth reads the gauges of the topics this dispatcher leads and
+// reports whether it read any (false when it leads none or the read
+// failed); a failure keeps the old values, and is logged unless quiet.
+func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, quiet bool) ([]driver.DepthRow, bool) {
+	m.mu.Lock()
+	topics, gen := m.leading, m.leadGen
+	m.readSeq++
+	seq := m.readSeq
+	m.mu.Unlock()
+	if len(topics) == 0 {
+		return nil, false
+	}
 	rows, err := store.Depth(ctx, topics)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !quiet {
 			m.d.log.Warn("reading the depth gauges failed; they keep their last values", "error", err)
 		}
-		return
+		return nil, false
 	}
 	// Topics with no live rows read zero rather than vanish.
 	have := map[string]bool{}
@@ -200,11 +255,63 @@ func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, topics [
 			rows = append(rows, driver.DepthRow{Topic: t})
 		}
 	}
-	m.setDepth(rows)
-}
-
-func (m *metrics) setDepth(rows []driver.DepthRow) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.depth = rows
+	if gen == m.leadGen && seq > m.stored {
+		m.depth, m.stored = rows, seq
+	}
+	if !quiet && live(rows) {
+		m.touch() // a maintenance pass found work: the refresher follows it
+	}
+	return rows, true
+}
+
+// live reports whether rows have pending or processing events.
+func live(rows []driver.DepthRow) bool {
+	return slices.ContainsFunc(rows, func(r driver.DepthRow) bool { return r.Pending > 0 || r.Processing > 0 })
+}
+
+// gaugeRefreshMin is the shortest time between two reads of the depth
+// gauges by the refresher: they lag behind the table by about this much.
+const gaugeRefreshMin = time.Second
+
+// gaugeCostFactor: the refresher waits at least this many times as long as
+// its last read took, so that on a table where counting is slow the gauges
+// never take more than 1/gaugeCostFactor of a connection's time.
+const gaugeCostFactor = 20
+
+// refreshGauges keeps the depth gauges of the topics this dispatcher leads
+// fresh between maintenance passes: while they have pending or processing
+// events, it reads them every gaugeRefreshMin (or gaugeCostFactor times the
+// read's duration, if longer); once they have none, it reads them only
+// after this dispatcher claims, records an outcome or hears of an enqueue,
+// or a maintenance pass finds them busy, so idle topics cost nothing. A
+// failed read is not retried before the next change or maintenance pass
+// (which logs the failure). It returns when ctx is cancelled.
+func (m *metrics) refreshGauges(ctx context.Context, store driver.Store) {
+	busy, wait := false, gaugeRefreshMin
+	for {
+		if !busy {
+			select {
+			case <-ctx.Done():
+				return
+			case <-m.changed:
+			}
+		}
+		// At most one read per wait; it covers the changes made meanwhile.
+		if !sleepCtx(ctx, wait) {
+			return
+		}
+		select {
+		case <-m.changed:
+		default:
+		}
+		start := time.Now()
+		rows, ok := m.refreshDepth(ctx, store, true)
+		wait = max(gaugeRefreshMin, gaugeCostFactor*time.Since(start))
+		busy = ok && live(rows)
+		if m.onRefresh != nil {
+			m.onRefresh()
+		}
+	}
 }

@@ -2,7 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
@@ -80,4 +82,89 @@ func TestSweptDeadCountedUnderItsTopic(t *testing.T) {
 		none, _ := mtValue(rm, "outbox.events.dead", *attribute.EmptySet())
 		t.Errorf("outbox.events.dead of %v = %v, want 1 (without attributes: %v)", topic, v, none)
 	}
+}
+
+// The depth gauges follow claims and outcomes within about a second, not
+// only the maintenance passes: with the next pass an hour away, they show
+// the events a publisher holds, and zero once those are delivered.
+func TestDepthGaugesFollowDeliveries(t *testing.T) {
+	reader := mtInstall(t)
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	topic := outbox.Topic{Namespace: "gauges", Topic: "fresh"}
+	for i := range 3 {
+		if _, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(`{}`)}); err != nil {
+			t.Fatalf("enqueue %d: %v", i, err)
+		}
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.SweepInterval = time.Hour // one maintenance pass, at start
+	d, err := c.NewDispatcher(cfg, outbox.Publisher{Topic: topic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refreshed := make(chan struct{}, 1)
+	outbox.OnGaugeRefresh(d, func() {
+		select {
+		case refreshed <- struct{}{}:
+		default:
+		}
+	})
+	passes := make(mtPasses, 1)
+	outbox.OnMaintenance(d, passes.hook)
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	t.Cleanup(unblock) // before the stop
+	passes.waitHeld(t, "the maintenance lease", "maintenance:gauges:fresh")
+
+	attrs := mtTopicAttrs(topic)
+	// awaitGauges waits for a read of the refresher that leaves the gauges
+	// at want.
+	awaitGauges := func(what string, want map[string]float64) {
+		t.Helper()
+		timeout := time.After(guard)
+		got := map[string]float64{}
+		for {
+			rm := mtCollect(t, reader)
+			ok := true
+			for name, w := range want {
+				v, points := mtValue(rm, name, attrs)
+				got[name] = v
+				ok = ok && points == 1 && v == w
+			}
+			if ok {
+				return
+			}
+			select {
+			case <-refreshed:
+			case <-timeout:
+				t.Fatalf("timed out waiting for the gauges %s: %v, want %v", what, got, want)
+			}
+		}
+	}
+	awaitGauges("while the publisher holds the events", map[string]float64{
+		"outbox.pending.depth": 0, "outbox.processing.depth": 3, "outbox.dead.count": 0,
+	})
+	unblock()
+	log.waitFor(t, "3 delivered", finalCount(outbox.StatusDelivered, 3))
+	awaitGauges("after the deliveries", map[string]float64{
+		"outbox.pending.depth": 0, "outbox.processing.depth": 0, "outbox.dead.count": 0, "outbox.pending.oldest_age": 0,
+	})
 }

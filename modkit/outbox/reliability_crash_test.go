@@ -33,6 +33,9 @@ import (
 const (
 	childModeEnv = "OUTBOX_RELIABILITY_CHILD" // "crash" or "last-attempt"; unset: not a child
 	childDSNEnv  = "OUTBOX_RELIABILITY_DSN"   // the test database
+	// childAppName is the application_name of the child's sessions
+	// (PGAPPNAME), so that a test can wait for them to end.
+	childAppName = "outbox-reliability-child"
 )
 
 // Child modes.
@@ -189,7 +192,7 @@ func startChild(t *testing.T, dsn, mode string) *childProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperDispatcherProcess$", "-test.count=1", "-test.timeout=5m")
 	// TEST_DATABASE_URL makes the child's pgtest.Main use our server
 	// instead of starting a cluster of its own.
-	cmd.Env = append(os.Environ(), childModeEnv+"="+mode, childDSNEnv+"="+dsn, "TEST_DATABASE_URL="+dsn)
+	cmd.Env = append(os.Environ(), childModeEnv+"="+mode, childDSNEnv+"="+dsn, "TEST_DATABASE_URL="+dsn, "PGAPPNAME="+childAppName)
 	// A child frozen by SIGSTOP never sees its stdin close: it dies with
 	// this process instead.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -321,6 +324,15 @@ func crashAndRecover(t *testing.T, seed uint64) {
 		}
 	}
 	child.kill(t)
+	// A statement the child sent before it died (an outcome write) may
+	// still commit: its sessions must end before the leases are read.
+	eventually(t, "the killed process's sessions to end", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", childAppName).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
 	byChild := countWhere(t, pool, "published_log", "true")
 	leased := countRows(t, pool, "status = 'processing'")
 	orphans := leasesHeld(t, pool)

@@ -6,9 +6,24 @@
 //	mux.Handle("/outbox/", http.StripPrefix("/outbox", ui))
 //
 // It shows per-topic depth, the age of the oldest due event, throughput and
-// dead counts; the health of the dispatchers given in Options.Dispatchers; a chart of throughput and delivery latency over the last
-// hour; the events with filters; and each event's detail. Everything it
-// serves is embedded: no CDN, no script from elsewhere.
+// dead counts; the health of the dispatchers given in Options.Dispatchers; a
+// chart of throughput and delivery latency over the last hour; the events
+// with filters; and each event's detail with its history of attempts.
+// Everything it serves is embedded: no CDN, no script from elsewhere.
+//
+// In an fx app, build it from the graph (the *outbox.Dispatcher is nil when
+// the app registers no publisher; the dashboard skips it) and mount
+// HealthHandler for probes:
+//
+//	fx.Invoke(func(mux *http.ServeMux, c *outbox.Client, d *outbox.Dispatcher) error {
+//		ui, err := outboxui.New(c.Admin(), outboxui.Options{Dispatchers: []*outbox.Dispatcher{d}})
+//		if err != nil {
+//			return err
+//		}
+//		mux.Handle("/outbox/", http.StripPrefix("/outbox", ui))
+//		mux.Handle("GET /healthz/outbox", outboxui.HealthHandler(d))
+//		return nil
+//	})
 //
 // # Security
 //
@@ -72,7 +87,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Dispatchers of this process to show with their Health on the
 	// overview, when the dashboard is mounted in the application that runs
-	// them. Optional.
+	// them. Optional; nil entries are skipped, so an fx app can pass the
+	// *outbox.Dispatcher of its graph, which is nil when it registers no
+	// publisher.
 	Dispatchers []*outbox.Dispatcher
 }
 

@@ -243,6 +243,16 @@ func TestDashboardInChromium(t *testing.T) {
 	if n := count(t, ctx, p, "#replay"); n != 0 {
 		t.Fatal("a replay button before signing in")
 	}
+	// Its history: the one claim, which ended dead.
+	if n := count(t, ctx, p, "#history tbody tr"); n != 1 {
+		t.Fatalf("history rows of the dead event: %d, want 1", n)
+	}
+	if got := text(t, ctx, p, `#history tr[data-no="1"] td.outcome`); got != "dead" {
+		t.Fatalf("history outcome %q, want dead", got)
+	}
+	if got := text(t, ctx, p, `#history tr[data-no="1"] td.detail`); !strings.Contains(got, "410 Gone") {
+		t.Fatalf("history detail %q", got)
+	}
 	detail := base + "events/" + w.deadOrder.String()
 
 	// The replay without the operator credential (a well-formed form with
@@ -311,6 +321,23 @@ func TestDashboardInChromium(t *testing.T) {
 	if got := text(t, ctx, p, "#status"); got != "delivered" {
 		t.Fatalf("status after the dispatcher ran: %q", got)
 	}
+	// The history tells the whole story: dead, replayed by the dashboard
+	// (with the database user), delivered.
+	if n := count(t, ctx, p, "#history tbody tr"); n != 3 {
+		t.Fatalf("history rows after replay and delivery: %d, want 3", n)
+	}
+	for no, want := range []string{"dead", "replayed", "delivered"} {
+		if got := text(t, ctx, p, fmt.Sprintf(`#history tr[data-no="%d"] td.outcome`, no+1)); got != want {
+			t.Errorf("history entry %d: %q, want %q", no+1, got, want)
+		}
+	}
+	if got := text(t, ctx, p, `#history tr[data-no="2"] td.detail`); !strings.Contains(got, "outboxui") {
+		t.Errorf("the replay's detail %q does not name the dashboard", got)
+	}
+	if got := text(t, ctx, p, `#history tr[data-no="2"] td.actor`); got == "" {
+		t.Error("the replay's actor (database user) is empty")
+	}
+	screenshot(t, ctx, p, "event-history.png")
 	if s := w.status(t, w.deadMail); s != outbox.StatusDead {
 		t.Fatalf("another dead event changed to %s", s)
 	}
@@ -460,10 +487,17 @@ func TestDashboardDispatchers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := serve(t, w, outboxui.Options{Dispatchers: []*outbox.Dispatcher{d}})
+	// nil: the dispatcher of an fx app without publishers.
+	base := serve(t, w, outboxui.Options{Dispatchers: []*outbox.Dispatcher{d, nil}})
+	health := httptest.NewServer(outboxui.HealthHandler(d, nil))
+	t.Cleanup(health.Close)
 	row := `<tr data-worker="` + d.Config().WorkerID.String() + `" class="`
-	if body, _ := get(t, newJar(), base); !strings.Contains(body, row+`stopped"`) {
+	if body, _ := get(t, newJar(), base); !strings.Contains(body, row+`stopped"`) || strings.Count(body, "<tr data-worker=") != 1 {
 		t.Fatalf("a dispatcher not started:\n%s", body)
+	}
+	if code, h := probe(t, health.URL); code != http.StatusServiceUnavailable || h.Status != "unavailable" || len(h.Dispatchers) != 1 ||
+		h.Dispatchers[0].State != "stopped" || h.Dispatchers[0].Ready {
+		t.Fatalf("health of a dispatcher not started: %d %+v", code, h)
 	}
 	if err := d.Start(bg); err != nil {
 		t.Fatal(err)
@@ -476,4 +510,46 @@ func TestDashboardDispatchers(t *testing.T) {
 	if body, _ := get(t, newJar(), base); !strings.Contains(body, row+`running"`) {
 		t.Fatalf("a running dispatcher:\n%s", body)
 	}
+	if code, h := probe(t, health.URL); code != http.StatusOK || h.Status != "ok" || len(h.Dispatchers) != 1 ||
+		h.Dispatchers[0].State != "running" || !h.Dispatchers[0].Ready || h.Dispatchers[0].Degraded ||
+		h.Dispatchers[0].WorkerID != d.Config().WorkerID.String() {
+		t.Fatalf("health of a running dispatcher: %d %+v", code, h)
+	}
+	if resp, err := http.Post(health.URL, "text/plain", nil); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("POST to the health handler: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	// With no dispatcher at all (an fx app that only enqueues) it is healthy.
+	none := httptest.NewServer(outboxui.HealthHandler(nil))
+	t.Cleanup(none.Close)
+	if code, h := probe(t, none.URL); code != http.StatusOK || h.Status != "ok" || len(h.Dispatchers) != 0 {
+		t.Fatalf("health without dispatchers: %d %+v", code, h)
+	}
+}
+
+// healthBody is what HealthHandler answers.
+type healthBody struct {
+	Status      string `json:"status"`
+	Dispatchers []struct {
+		WorkerID string   `json:"worker_id"`
+		State    string   `json:"state"`
+		Ready    bool     `json:"ready"`
+		Degraded bool     `json:"degraded"`
+		Problems []string `json:"problems"`
+	} `json:"dispatchers"`
+}
+
+func probe(t *testing.T, u string) (int, healthBody) {
+	t.Helper()
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h healthBody
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatalf("health body: %v", err)
+	}
+	return resp.StatusCode, h
 }

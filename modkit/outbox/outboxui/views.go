@@ -31,12 +31,15 @@ type overviewData struct {
 	Series           outbox.Series
 	LastP50, LastP95 time.Duration
 	Dispatchers      []dispatcherRow
+	// SeriesErr says why the series could not be read; the chart and the
+	// hourly figures are then left out.
+	SeriesErr string
 }
 
 // dispatcherRow is one dispatcher's health on the overview.
 type dispatcherRow struct {
 	WorkerID string
-	State    string // running, degraded or stopped
+	State    string // Health.State: running, starting, degraded or stopped
 	outbox.Health
 }
 
@@ -47,17 +50,21 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusInternalServerError, "Reading the statistics failed: "+err.Error())
 		return
 	}
+	// Without the series (a database role that may not read the delivery
+	// history) the overview still shows the counts.
+	d := overviewData{}
 	series, err := h.admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, "Reading the delivery history failed: "+err.Error())
-		return
+		h.log.Warn("outboxui: reading the delivery history failed; the overview goes without its chart", "error", err)
+		d.SeriesErr = err.Error()
+		series = outbox.Series{}
 	}
 	hourly := map[outbox.Topic]int64{}
 	for _, ts := range series.Topics {
 		hourly[ts.Topic] = ts.Delivered
 	}
-	minutes := series.End.Sub(series.Start).Minutes()
-	d := overviewData{Series: series, Chart: chartSVG(series)}
+	minutes := max(series.End.Sub(series.Start).Minutes(), 1)
+	d.Series, d.Chart = series, chartSVG(series)
 	for _, t := range st.Topics {
 		q := url.Values{"namespace": {t.Namespace}, "topic": {t.Topic.Topic}}
 		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: q.Encode()}
@@ -72,15 +79,11 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	for _, disp := range h.opts.Dispatchers {
-		hl := disp.Health()
-		row := dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: "stopped", Health: hl}
-		switch {
-		case hl.Degraded:
-			row.State = "degraded"
-		case hl.Running:
-			row.State = "running"
+		if disp == nil {
+			continue // an fx app without publishers has no dispatcher
 		}
-		d.Dispatchers = append(d.Dispatchers, row)
+		hl := disp.Health()
+		d.Dispatchers = append(d.Dispatchers, dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: hl.State(), Health: hl})
 	}
 	h.render(w, http.StatusOK, "overview.html", h.newPage(w, r, "Outbox", d))
 }
@@ -144,6 +147,8 @@ type eventData struct {
 	Event        outbox.Event
 	ShowPayloads bool
 	Payload      string
+	History      []outbox.Attempt
+	HistoryErr   string // why the history could not be read, if it could not
 }
 
 func (h *handler) event(w http.ResponseWriter, r *http.Request) {
@@ -164,6 +169,12 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	d := eventData{Event: ev, ShowPayloads: h.opts.ShowPayloads}
 	if d.ShowPayloads {
 		d.Payload = string(ev.Payload)
+	}
+	// The event is shown even when its history cannot be read (a role
+	// without access to the ledger, an older schema).
+	if d.History, err = h.admin.History(r.Context(), id); err != nil {
+		h.log.Warn("outboxui: reading an event's history failed", "event_id", id, "error", err)
+		d.HistoryErr = err.Error()
 	}
 	h.render(w, http.StatusOK, "event.html", h.newPage(w, r, "Event "+id.String(), d))
 }

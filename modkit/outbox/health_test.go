@@ -1,0 +1,70 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// A dispatcher is ready only once a claim succeeds: while its claims fail
+// (here they wait on a table lock until their deadline), Start waits and
+// Health reports it starting and degraded by the failing claims; when a
+// claim succeeds, Start returns and Health reports it running and healthy.
+func TestHealthReadyAfterFirstClaim(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	cfg := testConfig(newOutcomeLog())
+	cfg.LeaseDuration = time.Second // a claim gives up after LeaseHeadroom, 200ms
+	d, err := c.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := d.Health(); h.State() != "stopped" || h.Running || h.Starting || h.Degraded {
+		t.Fatalf("health before Start: %+v (%s)", h, h.State())
+	}
+
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, "LOCK TABLE modkit_outbox_events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan error, 1)
+	go func() { started <- d.Start(ctx) }()
+	t.Cleanup(func() {
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	eventually(t, "a failed claim reported", func() bool { return d.Health().Degraded })
+	h := d.Health()
+	if !h.Starting || h.Running || h.State() != "degraded" || !strings.Contains(strings.Join(h.Problems, "\n"), "claims failing") {
+		t.Fatalf("health while claims fail before the first success: %+v (%s)", h, h.State())
+	}
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned (%v) before any claim succeeded", err)
+	default:
+	}
+
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, "Start to return", started); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if h := d.Health(); !h.Running || h.Starting || h.Degraded || len(h.Problems) != 0 || h.State() != "running" {
+		t.Fatalf("health after the first claim: %+v (%s)", h, h.State())
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := d.Health(); h.State() != "stopped" {
+		t.Fatalf("health after Stop: %+v (%s)", h, h.State())
+	}
+}
