@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -16,6 +15,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
 
 	"github.com/modkit-go/modkit/migrations"
 	"github.com/modkit-go/modkit/modkit/db"
@@ -238,28 +241,30 @@ func TestMigrateSQLGolangMigrate(t *testing.T) {
 	if n := len(knownMigrations(t)); len(ups) != n || len(downs) != n {
 		t.Fatalf("ups %v downs %v", ups, downs)
 	}
-	conn, err := pgx.ConnectConfig(bg, inSchema(t, f, "viamigrate"))
+	// golang-migrate itself, with its pgx v5 driver, applies the files
+	// and reverts them.
+	drv, err := migratepgx.WithInstance(sqlDB(t, inSchema(t, f, "viamigrate")), &migratepgx.Config{MigrationsTable: "schema_migrations"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(bg)
-	slices.Sort(ups)
-	apply := func(names []string) {
-		for _, n := range names {
-			body, err := os.ReadFile(filepath.Join(dir, n))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := conn.Exec(bg, string(body)); err != nil {
-				t.Fatalf("%s: %v", n, err)
-			}
-		}
+	src, err := iofs.New(os.DirFS(dir), ".")
+	if err != nil {
+		t.Fatal(err)
 	}
-	apply(ups)
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", drv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Up(); err != nil {
+		t.Fatalf("golang-migrate up: %v", err)
+	}
+	if v, dirty, err := m.Version(); err != nil || dirty || int(v) != len(ups) {
+		t.Fatalf("golang-migrate version %d (dirty %v, %v), want %d", v, dirty, err, len(ups))
+	}
 	sameSchema(t, f, "viamigrate")
-	slices.Sort(downs)
-	slices.Reverse(downs)
-	apply(downs)
+	if err := m.Down(); err != nil {
+		t.Fatalf("golang-migrate down: %v", err)
+	}
 	noOutboxTables(t, f, "viamigrate")
 }
 
