@@ -2,9 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -38,6 +41,33 @@ TOTAL                    2        0           2          2     -
 	}
 	if len(st.Topics) != 2 || st.Total.Dead != 2 || st.Topics[1].Delivered != 2 || st.Topics[1].Pending != 2 {
 		t.Fatalf("stats --json: %+v", st)
+	}
+}
+
+// TestStatsBlockedKeys: an ordering key whose head is dead is listed after
+// the table, and in the JSON.
+func TestStatsBlockedKeys(t *testing.T) {
+	f := newFixture(t)
+	for i := range 3 {
+		if _, err := f.client.Enqueue(bg, f.pool, outbox.Message{Namespace: orders.Namespace, Topic: orders.Topic,
+			OrderingKey: "acct-7", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head := f.settle(t, orders, 3, driver.Dead, 0) // only the head is claimable
+	if len(head) != 1 {
+		t.Fatalf("claimed %d events of one key, want its head alone", len(head))
+	}
+	out := cli(t, f.dsn, "stats").must(t, exitOK).stdout
+	if !strings.Contains(out, "BLOCKED ORDERING KEYS") || !strings.Contains(out, "acct-7") || !strings.Contains(out, head[0].String()) {
+		t.Fatalf("stats without the blocked key:\n%s", out)
+	}
+	var st statsJSON
+	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json").must(t, exitOK).stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.BlockedKeys) != 1 || st.BlockedKeys[0].OrderingKey != "acct-7" || st.BlockedKeys[0].Waiting != 2 || st.BlockedKeys[0].HeadSequence != 1 {
+		t.Fatalf("stats --json blocked keys: %+v", st.BlockedKeys)
 	}
 }
 
@@ -176,6 +206,21 @@ func TestEventsShowHistory(t *testing.T) {
 	if !strings.Contains(lines[3], "replayed by history test") || !strings.HasSuffix(strings.TrimSpace(lines[3]), v.History[2].Actor) {
 		t.Errorf("the replay line: %q", lines[3])
 	}
+
+	// Delivered and purged: the row is gone, the history stays and shows.
+	f.settle(t, orders, 1, driver.Delivered, 0)
+	if n, err := f.client.Admin().Purge(bg, 0, orders); err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+	out = cli(t, f.dsn, "events", "show", "--json", id.String()).must(t, exitOK).stdout
+	v = eventView{}
+	if err := json.Unmarshal([]byte(out), &v); err != nil || !v.Purged || len(v.History) != 5 || v.History[4].Outcome != "purged" {
+		t.Fatalf("show of a purged event: %+v %v\n%s", v, err, out)
+	}
+	if out := cli(t, f.dsn, "events", "show", id.String()).must(t, exitOK).stdout; !strings.Contains(out, "purged") {
+		t.Fatalf("show of a purged event:\n%s", out)
+	}
+	cli(t, f.dsn, "events", "show", uuid.NewString()).must(t, exitNotFound)
 }
 
 // TestDeadReplay: a dry run changes nothing, more than one event needs a

@@ -121,6 +121,9 @@ func listEvents(ctx context.Context, e env, a *outbox.Admin, f outbox.EventFilte
 // eventView is what events show prints: the row and its history.
 type eventView struct {
 	eventJSON
+	// Purged: the event's row is gone (purged after delivery); its
+	// history is kept.
+	Purged  bool          `json:"purged,omitempty"`
 	History []attemptJSON `json:"history"`
 }
 
@@ -139,17 +142,23 @@ type attemptJSON struct {
 
 func loadEventView(ctx context.Context, a *outbox.Admin, id uuid.UUID, withPayload bool) (eventView, error) {
 	ev, err := a.Get(ctx, id)
-	if errors.Is(err, outbox.ErrNotFound) {
-		return eventView{}, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema)", id))
-	}
-	if err != nil {
+	purged := errors.Is(err, outbox.ErrNotFound)
+	if err != nil && !purged {
 		return eventView{}, err
 	}
 	history, err := a.History(ctx, id)
 	if err != nil {
 		return eventView{}, err
 	}
-	v := eventView{eventJSON: toJSON(ev, withPayload), History: make([]attemptJSON, len(history))}
+	if purged && len(history) == 0 {
+		return eventView{}, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema)", id))
+	}
+	v := eventView{Purged: purged, History: make([]attemptJSON, len(history))}
+	if purged {
+		v.ID = id.String()
+	} else {
+		v.eventJSON = toJSON(ev, withPayload)
+	}
 	for i, h := range history {
 		v.History[i] = attemptJSON{No: h.No, Outcome: h.Outcome, Attempt: h.Attempt, Worker: uuidString(h.Worker),
 			LeaseToken: uuidString(h.LeaseToken), FinishedAt: h.FinishedAt.UTC(), Detail: h.Detail, Actor: h.Actor}
@@ -168,6 +177,10 @@ func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON
 	}
 	if asJSON {
 		return writeJSON(e.stdout, v)
+	}
+	if v.Purged {
+		fmt.Fprintf(e.stdout, "id %s: purged (the event's row is gone; its history is kept)\n", v.ID)
+		return printHistory(e, v.History)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	str := func(p *string) string {
@@ -198,14 +211,19 @@ func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON
 		return err
 	}
 	fmt.Fprintln(e.stdout)
-	if len(v.History) == 0 {
+	return printHistory(e, v.History)
+}
+
+// printHistory prints an event's history as a table.
+func printHistory(e env, history []attemptJSON) error {
+	if len(history) == 0 {
 		fmt.Fprintln(e.stdout, "history: no attempt finished yet")
 		return nil
 	}
 	fmt.Fprintln(e.stdout, "history:")
-	tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NO\tOUTCOME\tATTEMPT\tWORKER\tCLAIMED\tFINISHED\tDETAIL\tACTOR")
-	for _, h := range v.History {
+	for _, h := range history {
 		attempt, claimed := "-", "-"
 		if h.Attempt > 0 {
 			attempt = fmt.Sprint(h.Attempt)
@@ -213,7 +231,11 @@ func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON
 		if h.ClaimedAt != nil {
 			claimed = fmtTime(*h.ClaimedAt)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.No, h.Outcome, attempt, str(h.Worker), claimed, fmtTime(h.FinishedAt),
+		worker := "-"
+		if h.Worker != nil {
+			worker = *h.Worker
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.No, h.Outcome, attempt, worker, claimed, fmtTime(h.FinishedAt),
 			orDash(oneLine(&h.Detail, 60)), orDash(h.Actor))
 	}
 	return tw.Flush()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
@@ -13,9 +14,24 @@ const statsExamples = `  modkit-outbox stats
 `
 
 type statsJSON struct {
-	Topics []topicStatsJSON `json:"topics"`
-	Total  topicStatsJSON   `json:"total"`
+	Topics      []topicStatsJSON `json:"topics"`
+	Total       topicStatsJSON   `json:"total"`
+	BlockedKeys []blockedKeyJSON `json:"blocked_keys"`
 }
+
+type blockedKeyJSON struct {
+	Namespace    string `json:"namespace"`
+	Topic        string `json:"topic"`
+	OrderingKey  string `json:"ordering_key"`
+	Head         string `json:"head"`
+	HeadSequence int64  `json:"head_sequence"`
+	Waiting      int64  `json:"waiting"`
+	DeadSince    string `json:"dead_since"`
+	LastError    string `json:"last_error,omitempty"`
+}
+
+// blockedKeysShown bounds the blocked keys stats prints.
+const blockedKeysShown = 100
 
 type topicStatsJSON struct {
 	Namespace           string  `json:"namespace,omitempty"`
@@ -51,10 +67,19 @@ func runStats(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	blocked, err := c.Admin().BlockedKeys(ctx, blockedKeysShown)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
-		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total)}
+		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total), BlockedKeys: []blockedKeyJSON{}}
 		for _, t := range st.Topics {
 			out.Topics = append(out.Topics, topicStatsToJSON(t))
+		}
+		for _, b := range blocked {
+			out.BlockedKeys = append(out.BlockedKeys, blockedKeyJSON{Namespace: b.Topic.Namespace, Topic: b.Topic.Topic,
+				OrderingKey: b.OrderingKey, Head: b.Head.String(), HeadSequence: b.HeadSequence, Waiting: b.Waiting,
+				DeadSince: b.DeadSince.UTC().Format(time.RFC3339), LastError: b.LastError})
 		}
 		return writeJSON(e.stdout, out)
 	}
@@ -67,5 +92,20 @@ func runStats(ctx context.Context, e env, args []string) error {
 		row(t.Namespace, t.Topic.Topic, t)
 	}
 	row("TOTAL", "", st.Total)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(blocked) == 0 {
+		return nil
+	}
+	// Ordering keys held back by a dead event: replay it (dead replay ID)
+	// to deliver it first, or skip it with Admin.SkipHead.
+	fmt.Fprintf(e.stdout, "\nBLOCKED ORDERING KEYS (a dead event holds back the rest of its key; replay it, or skip it with Admin.SkipHead)\n")
+	tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tKEY\tHEAD\tSEQ\tWAITING\tDEAD FOR")
+	for _, b := range blocked {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.Topic.Namespace, b.Topic.Topic, b.OrderingKey, b.Head, b.HeadSequence,
+			b.Waiting, fmtAge(time.Since(b.DeadSince)))
+	}
 	return tw.Flush()
 }
