@@ -54,7 +54,7 @@ func (b *bench) drainOrdered(ctx context.Context, label string, n, keys int) (dr
 	}
 	res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, b.opts.dispatcherSettings, false)
 	if err == nil {
-		b.log.Info(label+": dispatcher drained", "events_per_s", int(res.rate()), "keys", keys)
+		b.log.Info(label+": dispatcher drained", "events_per_s", int(res.rate()), "keys", keys, "statements", res.queries.breakdown())
 	}
 	return res, err
 }
