@@ -52,8 +52,18 @@
 //     at any point leads to redelivery after the lease expires, with the
 //     same ID and DedupeKey: consumers must be idempotent on them (or use
 //     Publisher.HandleTx, below).
+//   - Per-key order: events with the same Message.OrderingKey in one
+//     namespace and topic are published one at a time in the order their
+//     transactions committed (Delivery.Sequence, allocated in the
+//     producer's transaction, gap-free). A key's next event is claimed
+//     only after the previous one is delivered, by any dispatcher; after a
+//     crash the same event is delivered again before anything after it. A
+//     dead event holds its key back (Admin.BlockedKeys) until it is
+//     replayed or skipped (Admin.SkipHead), unless Publisher.SkipDeadHeads.
+//     Events without a key, and events of different keys, are not ordered.
 //   - Fencing: every claim issues a fresh lease token, and an outcome is
-//     recorded only with the current token of an unexpired lease. A worker
+//     recorded only with the current token of an unexpired lease held by
+//     the same worker (WorkerID). A worker
 //     that stalled past its lease (GC pause, network partition) changes
 //     nothing; it never settles an event that another worker now owns.
 //   - No double publishing under valid leases: claims use FOR UPDATE SKIP
