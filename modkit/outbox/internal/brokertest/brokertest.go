@@ -84,15 +84,16 @@ func Enqueue(t testing.TB, c *outbox.Client, d *outboxtest.DB, n int) []uuid.UUI
 	return ids
 }
 
-// Config is the dispatcher configuration the scenarios run: big claims,
-// wide concurrency, quick retries and enough attempts to ride out a cut
-// connection.
-func Config(onOutcome func(outbox.Delivery, outbox.Outcome)) outbox.DispatcherConfig {
+// Config is the dispatcher configuration the scenarios run: wide
+// concurrency, quick retries and enough attempts to ride out a cut
+// connection, with the given lease (short in a process that is killed, so
+// that the survivor takes its events over soon).
+func Config(lease time.Duration, onOutcome func(outbox.Delivery, outbox.Outcome)) outbox.DispatcherConfig {
 	return outbox.DispatcherConfig{
-		BatchSize:     500,
-		Concurrency:   64,
-		LeaseDuration: time.Second,
-		PollInterval:  20 * time.Millisecond,
+		BatchSize:     200,
+		Concurrency:   32,
+		LeaseDuration: lease,
+		PollInterval:  min(100*time.Millisecond, lease/3),
 		MaxAttempts:   50,
 		Retry:         outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 50 * time.Millisecond},
 		SweepInterval: 100 * time.Millisecond,
@@ -102,13 +103,48 @@ func Config(onOutcome func(outbox.Delivery, outbox.Outcome)) outbox.DispatcherCo
 	}
 }
 
+// Calls counts publish calls per event id: an event may reach the broker
+// as many times as it was handed to a publisher, and no more.
+type Calls struct {
+	mu sync.Mutex
+	n  map[uuid.UUID]int
+}
+
+// NewCalls returns an empty count.
+func NewCalls() *Calls { return &Calls{n: map[uuid.UUID]int{}} }
+
+func (c *Calls) add(id uuid.UUID) {
+	c.mu.Lock()
+	c.n[id]++
+	c.mu.Unlock()
+}
+
+// Of returns how many publish calls id had.
+func (c *Calls) Of(id uuid.UUID) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[id]
+}
+
+// Wrap counts pub's publish calls (before each call is made).
+func (c *Calls) Wrap(pub outbox.Publisher) outbox.Publisher {
+	publish := pub.Publish
+	pub.Publish = func(ctx context.Context, d outbox.Delivery) error {
+		c.add(d.ID)
+		return publish(ctx, d)
+	}
+	return pub
+}
+
 // Delivered runs a dispatcher of c for pub until no event of Topic is left
-// pending or processing, then stops it. onPublished, if set, is called
-// after each successful publish with the number of successes so far.
-// Events dead-lettered on the way fail the test.
-func Delivered(t testing.TB, c *outbox.Client, pub outbox.Publisher, onPublished func(n int)) {
+// pending or processing, then stops it. Its publish calls are counted in
+// calls. onPublished, if set, is called after each successful publish with
+// the number of successes so far. Events dead-lettered on the way fail the
+// test.
+func Delivered(t testing.TB, c *outbox.Client, pub outbox.Publisher, calls *Calls, onPublished func(n int)) {
 	t.Helper()
 	ctx := context.Background()
+	pub = calls.Wrap(pub)
 	if onPublished != nil {
 		publish := pub.Publish
 		var mu sync.Mutex
@@ -126,14 +162,21 @@ func Delivered(t testing.TB, c *outbox.Client, pub outbox.Publisher, onPublished
 		}
 	}
 	wake := make(chan struct{}, 1)
-	var deadMu sync.Mutex
-	var dead []string
-	d, err := c.NewDispatcher(Config(func(d outbox.Delivery, o outbox.Outcome) {
-		if o.Status == outbox.StatusDead {
-			deadMu.Lock()
-			dead = append(dead, fmt.Sprintf("%s: %s", d.ID, o.Error))
-			deadMu.Unlock()
+	var (
+		mu       sync.Mutex
+		dead     []string
+		finished int // outcomes that ended an event: delivered or dead
+	)
+	d, err := c.NewDispatcher(Config(10*time.Second, func(d outbox.Delivery, o outbox.Outcome) {
+		if o.LeaseLost || o.Released || (o.Status != outbox.StatusDelivered && o.Status != outbox.StatusDead) {
+			return
 		}
+		mu.Lock()
+		finished++
+		if o.Status == outbox.StatusDead {
+			dead = append(dead, fmt.Sprintf("%s: %s", d.ID, o.Error))
+		}
+		mu.Unlock()
 		select {
 		case wake <- struct{}{}:
 		default:
@@ -152,64 +195,54 @@ func Delivered(t testing.TB, c *outbox.Client, pub outbox.Publisher, onPublished
 	}()
 	timeout := time.NewTimer(guard)
 	defer timeout.Stop()
+	// The table is read only when the outcomes say that the events left
+	// at the last reading have all ended.
+	target := 0
 	for {
-		stats, err := c.Admin().Stats(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		left := int64(0)
-		for _, s := range stats.Topics {
-			if s.Topic == Topic {
-				left += s.Pending + s.Processing
+		mu.Lock()
+		done := finished
+		mu.Unlock()
+		if done >= target {
+			left := undelivered(t, c)
+			if left == 0 {
+				break
 			}
-		}
-		if left == 0 {
-			break
+			target = done + int(left)
 		}
 		select {
 		case <-wake:
 		case <-timeout.C:
-			t.Fatalf("%d events still pending or processing after %v", left, guard)
+			t.Fatalf("events still pending or processing after %v: %d ended of %d expected", guard, done, target)
 		}
 	}
-	deadMu.Lock()
-	defer deadMu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
 	if len(dead) > 0 {
 		t.Fatalf("%d events dead-lettered, first: %s", len(dead), dead[0])
 	}
 }
 
-// Reattempted returns the events of Topic published more than once by the
-// outbox (attempts > 1): the only ones a broker may hold twice.
-func Reattempted(t testing.TB, d *outboxtest.DB) map[uuid.UUID]bool {
+// undelivered counts the pending and processing events of Topic.
+func undelivered(t testing.TB, c *outbox.Client) int64 {
 	t.Helper()
-	rows, err := d.Provider.Pool.Query(context.Background(),
-		`SELECT id FROM modkit_outbox_events WHERE namespace = $1 AND topic = $2 AND attempts > 1`,
-		Topic.Namespace, Topic.Topic)
+	stats, err := c.Admin().Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	out := map[uuid.UUID]bool{}
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
+	for _, s := range stats.Topics {
+		if s.Topic == Topic {
+			return s.Pending + s.Processing
 		}
-		out[id] = true
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return 0
 }
 
 // Check compares got, the number of times the broker holds each event id,
 // with ids, the events enqueued: every one must be there, nothing else may
-// be, and an event may be there twice only if the outbox published it more
-// than once (reattempted). With exactlyOnce, no duplicate is allowed at
-// all. It logs the figures and returns the number of duplicates.
-func Check(t testing.TB, ids []uuid.UUID, got map[uuid.UUID]int, reattempted map[uuid.UUID]bool, exactlyOnce bool) int {
+// be, and none may be there more often than calls says it was handed to a
+// publisher. With exactlyOnce, no duplicate is allowed at all. It logs the
+// figures and returns the number of duplicates.
+func Check(t testing.TB, ids []uuid.UUID, got map[uuid.UUID]int, calls *Calls, exactlyOnce bool) int {
 	t.Helper()
 	want := make(map[uuid.UUID]bool, len(ids))
 	for _, id := range ids {
@@ -233,15 +266,23 @@ func Check(t testing.TB, ids []uuid.UUID, got map[uuid.UUID]int, reattempted map
 			dups += n - 1
 			if exactlyOnce {
 				t.Errorf("event %s is held %d times; want exactly once", id, n)
-			} else if !reattempted[id] {
-				t.Errorf("event %s is held %d times but was published in one attempt", id, n)
+			} else if c := calls.Of(id); n > c {
+				t.Errorf("event %s is held %d times but was handed to a publisher %d time(s)", id, n, c)
 			}
 		}
 	}
 	if missing > 0 {
 		t.Errorf("%d of %d events missing at the broker", missing, len(ids))
 	}
-	t.Logf("%d events enqueued, %d distinct ids at the broker, %d duplicate message(s), %d event(s) published more than once by the outbox",
-		len(ids), len(got)-extra, dups, len(reattempted))
+	again := 0
+	calls.mu.Lock()
+	for _, c := range calls.n {
+		if c > 1 {
+			again++
+		}
+	}
+	calls.mu.Unlock()
+	t.Logf("%d events enqueued, %d distinct ids at the broker, %d duplicate message(s), %d event(s) handed to a publisher more than once",
+		len(ids), len(got)-extra, dups, again)
 	return dups
 }

@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
@@ -23,12 +25,20 @@ import (
 // the process a child.
 const childDSNEnv = "BROKERTEST_CHILD_DSN"
 
-// deliveredLine is what the child prints after each delivered event.
-const deliveredLine = "brokertest: delivered"
+// childLease is the lease of the child's dispatcher: the survivor takes
+// its events over this long after the kill.
+const childLease = 2 * time.Second
+
+// The child's report lines.
+const (
+	publishPrefix = "brokertest: publish " // + event id, before each publish call
+	deliveredLine = "brokertest: delivered"
+)
 
 // Child is the body of the test function that a crash scenario re-executes
 // the test binary to run: it runs a dispatcher for newPublisher's publisher
-// on the parent's database until it is killed (or its stdin closes). It
+// on the parent's database until it is killed (or its stdin closes),
+// reporting each publish call before making it and each delivery. It
 // skips when the process is not a crash scenario's child.
 func Child(t *testing.T, newPublisher func(t testing.TB) outbox.Publisher) {
 	dsn := os.Getenv(childDSNEnv)
@@ -45,36 +55,33 @@ func Child(t *testing.T, newPublisher func(t testing.TB) outbox.Publisher) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := bufio.NewWriter(os.Stdout)
-	lines := make(chan struct{}, 1<<16)
-	d, err := c.NewDispatcher(Config(func(_ outbox.Delivery, o outbox.Outcome) {
+	// Each line is written before what it reports is done, unbuffered, so
+	// that the parent has seen it whenever the kill comes.
+	var mu sync.Mutex
+	say := func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		_, _ = os.Stdout.WriteString(line + "\n")
+	}
+	pub := newPublisher(t)
+	publish := pub.Publish
+	pub.Publish = func(ctx context.Context, d outbox.Delivery) error {
+		say(publishPrefix + d.ID.String())
+		return publish(ctx, d)
+	}
+	d, err := c.NewDispatcher(Config(childLease, func(_ outbox.Delivery, o outbox.Outcome) {
 		if o.Status == outbox.StatusDelivered && !o.LeaseLost {
-			lines <- struct{}{}
+			say(deliveredLine)
 		}
-	}), newPublisher(t))
+	}), pub)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := d.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stdinClosed := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(stdinClosed)
-	}()
-	for {
-		select {
-		case <-lines:
-			_, _ = out.WriteString(deliveredLine + "\n")
-			if len(lines) == 0 {
-				_ = out.Flush()
-			}
-		case <-stdinClosed:
-			_ = d.Stop(ctx)
-			return
-		}
-	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = d.Stop(ctx)
 }
 
 // Crash describes a crash scenario.
@@ -90,9 +97,8 @@ type Crash struct {
 
 // RunCrash delivers the events already enqueued on c with a dispatcher in
 // a child process that is SIGKILLed mid-run, then with survivor in this
-// process until none is left. It returns how many deliveries the child
-// reported.
-func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash, survivor outbox.Publisher) int {
+// process until none is left. It returns the publish calls of both.
+func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash, survivor outbox.Publisher) *Calls {
 	t.Helper()
 	killAfter := cr.KillAfter
 	if killAfter == 0 {
@@ -111,6 +117,7 @@ func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash,
 	if err != nil {
 		t.Fatal(err)
 	}
+	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +142,15 @@ func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash,
 		_ = cmd.Wait()
 		_ = stdin.Close()
 	}()
+	calls := NewCalls()
 	seen := 0
+	read := func(line string) {
+		if line == deliveredLine {
+			seen++
+		} else if id, ok := strings.CutPrefix(line, publishPrefix); ok {
+			calls.add(uuid.MustParse(id))
+		}
+	}
 	timeout := time.NewTimer(guard)
 	defer timeout.Stop()
 	for seen < killAfter {
@@ -145,9 +160,7 @@ func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash,
 				_ = cmd.Wait()
 				t.Fatalf("the dispatcher process exited after %d deliveries:\n%s", seen, stderr)
 			}
-			if line == deliveredLine {
-				seen++
-			}
+			read(line)
 		case <-timeout.C:
 			t.Fatalf("the dispatcher process reported %d deliveries in %v", seen, guard)
 		}
@@ -157,14 +170,14 @@ func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash,
 	}
 	killed = true
 	for line := range lines {
-		if line == deliveredLine {
-			seen++
-		}
+		read(line)
 	}
 	if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("the dispatcher process ended with %v, want killed", err)
 	}
-	t.Logf("dispatcher process SIGKILLed after it reported %d deliveries", seen)
-	Delivered(t, c, survivor, nil)
-	return seen
+	killedAt := time.Now()
+	t.Logf("dispatcher process SIGKILLed after it reported %d deliveries, %v after it started", seen, killedAt.Sub(start).Round(time.Millisecond))
+	Delivered(t, c, survivor, calls, nil)
+	t.Logf("the survivor delivered the rest in %v (the child's leases last %v)", time.Since(killedAt).Round(time.Millisecond), childLease)
+	return calls
 }
