@@ -9,7 +9,7 @@
 //
 // # Example
 //
-//	cl, _ := kgo.NewClient(kgo.SeedBrokers("localhost:9092"))
+//	cl, _ := kgo.NewClient(kgo.SeedBrokers("localhost:9092"), kgo.ProducerLinger(0))
 //	defer cl.Close()
 //	pub, _ := outboxkafka.New(cl, outboxkafka.Config{})
 //	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
@@ -32,12 +32,19 @@
 // events with neither unkeyed. Once the outbox has an ordering key, it is
 // meant to become the default; set Config.Key to pin today's behaviour.
 //
-// # Batching
+// # Batching and linger
 //
 // The dispatcher publishes events concurrently, and the franz-go client
-// gathers the records produced at the same time into one produce request
-// per partition (kgo.ProducerLinger adds a wait to gather more); each
-// publish still waits for its own record's acknowledgement.
+// gathers the records produced while a request is on its way into one
+// produce request per partition; each publish still waits for its own
+// record's acknowledgement. A publish also waits out the client's linger
+// (kgo.ProducerLinger, 10ms by default) before its record is sent, so with
+// the dispatcher's 32 publishes in flight the default linger caps a topic
+// near 32 records per 10ms. Give the client kgo.ProducerLinger(0): batches
+// still form from the concurrent publishes. Measured on the in-process
+// kfake cluster (BenchmarkPublish, 2 shared cores): 32 in flight, 2,856
+// events/s with the default linger and 80,120 with none; 1 in flight, 91
+// and 8,904.
 package outboxkafka
 
 import (

@@ -40,10 +40,11 @@ func startCluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	return c
 }
 
-// newClient opens a franz-go client on addrs, closed when the test ends.
+// newClient opens a franz-go client on addrs without linger (as the
+// package doc advises), closed when the test ends.
 func newClient(t testing.TB, addrs []string, opts ...kgo.Opt) *kgo.Client {
 	t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...)}, opts...)...)
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
