@@ -148,6 +148,45 @@ func TestDeliveredThroughSIGKILL(t *testing.T) {
 	brokertest.Check(t, ids, got, calls, true)
 }
 
+// TestDeliveredThroughConnectionCut delivers 10,000 events
+// (BROKERTEST_EVENTS) through a proxy that cuts the NATS connection a third
+// and two thirds of the way: the client reconnects, the acks pending at
+// the cut fail (nats.ErrDisconnected) and are retried, and the stream
+// holds each event exactly once.
+func TestDeliveredThroughConnectionCut(t *testing.T) {
+	srv := startServer(t)
+	stream := createStream(t, connect(t, srv.ClientURL()))
+	proxy := brokertest.NewProxy(t, srv.Addr().String())
+	nc, err := nats.Connect("nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the cut's write errors are expected
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	n := brokertest.Events(t)
+	ids := brokertest.Enqueue(t, c, db, n)
+
+	calls := brokertest.NewCalls()
+	brokertest.Delivered(t, c, newPublisher(t, js, outboxnats.Config{}).For(brokertest.Topic), calls, func(k int) {
+		if k == n/3 || k == 2*n/3 {
+			proxy.Cut()
+		}
+	})
+	if nc.Stats().Reconnects < 2 {
+		t.Errorf("%d reconnects, want 2", nc.Stats().Reconnects)
+	}
+	got := map[uuid.UUID]int{}
+	for _, m := range readAll(t, connect(t, srv.ClientURL()), stream) {
+		got[uuid.MustParse(m.Headers().Get(outboxnats.HeaderMsgID))]++
+	}
+	brokertest.Check(t, ids, got, calls, true)
+}
+
 // checkSeq checks that the message's x-seq header belongs to its payload.
 func checkSeq(t *testing.T, m jetstream.Msg) {
 	t.Helper()
