@@ -67,12 +67,15 @@ func DefaultRoute(d outbox.Delivery) (exchange, key string) { return "", d.Names
 // was bound to receive it (mandatory routing). Publish wraps it in
 // outbox.Permanent.
 type UnroutableError struct {
+	// Exchange and RoutingKey the message was published with.
 	Exchange, RoutingKey string
-	// ReplyCode and ReplyText are the broker's reason (312 NO_ROUTE).
+	// ReplyCode is the broker's reason code (312 NO_ROUTE).
 	ReplyCode uint16
+	// ReplyText is the broker's reason ("NO_ROUTE").
 	ReplyText string
 }
 
+// Error names the route and the broker's reason.
 func (e *UnroutableError) Error() string {
 	return fmt.Sprintf("outboxamqp: message unroutable: exchange %q, routing key %q: %d %s", e.Exchange, e.RoutingKey, e.ReplyCode, e.ReplyText)
 }

@@ -9,7 +9,8 @@
 //	webhook-signature: "v1," + base64(HMAC-SHA256(secret, id + "." + timestamp + "." + body))
 //
 // and the event's own headers (the W3C trace context among them), except
-// those that HTTP or the scheme reserve (see Config.URL for the endpoint).
+// those that HTTP or the scheme reserve (Content-Type, Content-Length,
+// Host, hop-by-hop headers and webhook-*).
 //
 // # Example
 //
@@ -75,8 +76,8 @@ type Config struct {
 	// URL maps an event to the URL it is POSTed to (per tenant, per topic,
 	// …). Default: Endpoint for every event.
 	URL func(d outbox.Delivery) string
-	// Secret signs the requests: base64 of at least 24 random bytes,
-	// optionally prefixed with "whsec_". Required.
+	// Secret signs the requests: base64, optionally prefixed with
+	// "whsec_" (the scheme advises 24 to 64 random bytes). Required.
 	Secret string
 	// Timeout bounds each request, the response body included. Default
 	// TimeoutDefault (10s); the publish deadline also bounds it.
@@ -103,6 +104,8 @@ type StatusError struct {
 	retryAfter time.Duration
 }
 
+// Error names the URL, the status, the delay asked for and the start of
+// the body.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("outboxhttp: %s answered %d %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode))
 	if e.retryAfter > 0 {
