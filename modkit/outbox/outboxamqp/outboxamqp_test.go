@@ -110,8 +110,8 @@ func readAll(t testing.TB, ch *amqp.Channel, queue string) []amqp.Delivery {
 	return out
 }
 
-// TestDeliveredThroughConnectionCut delivers 10,000 events
-// (BROKERTEST_EVENTS) through a proxy that cuts the broker connection a
+// TestDeliveredThroughConnectionCut delivers 10,000 events (3,000 under -race;
+// BROKERTEST_EVENTS) through a proxy that cuts the broker connection a
 // third and two thirds of the way: the publisher reconnects, the queue
 // holds every event, and holds one more than once only if the outbox handed
 // it to the publisher more than once (consumers de-duplicate on

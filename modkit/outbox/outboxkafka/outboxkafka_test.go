@@ -119,7 +119,7 @@ func TestCrashChild(t *testing.T) {
 	})
 }
 
-// TestDeliveredThroughSIGKILL delivers 10,000 events (BROKERTEST_EVENTS)
+// TestDeliveredThroughSIGKILL delivers 10,000 events (3,000 under -race; BROKERTEST_EVENTS)
 // with a dispatcher process SIGKILLed a third of the way, then a survivor:
 // the topic holds every event, and holds one twice only if the outbox
 // published it more than once (Kafka's idempotence does not span producer

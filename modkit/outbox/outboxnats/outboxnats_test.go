@@ -121,7 +121,7 @@ func TestCrashChild(t *testing.T) {
 	})
 }
 
-// TestDeliveredThroughSIGKILL delivers 10,000 events (BROKERTEST_EVENTS)
+// TestDeliveredThroughSIGKILL delivers 10,000 events (3,000 under -race; BROKERTEST_EVENTS)
 // with a dispatcher process SIGKILLed a third of the way, then a survivor:
 // the stream holds each event exactly once, the redeliveries dropped by
 // Nats-Msg-Id.
@@ -148,8 +148,8 @@ func TestDeliveredThroughSIGKILL(t *testing.T) {
 	brokertest.Check(t, ids, got, calls, true)
 }
 
-// TestDeliveredThroughConnectionCut delivers 10,000 events
-// (BROKERTEST_EVENTS) through a proxy that cuts the NATS connection a third
+// TestDeliveredThroughConnectionCut delivers 10,000 events (3,000 under -race;
+// BROKERTEST_EVENTS) through a proxy that cuts the NATS connection a third
 // and two thirds of the way: the client reconnects, the acks pending at
 // the cut fail (nats.ErrDisconnected) and are retried, and the stream
 // holds each event exactly once.
