@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -52,12 +53,21 @@ type Config struct {
 	// URL of the broker, e.g. "amqp://guest:guest@localhost:5672/".
 	// Required unless Dial is set.
 	URL string
-	// Dial opens a connection. Default: amqp.Dial(URL).
+	// Dial opens a connection. Default: amqp.DialConfig(URL) with a 5s
+	// connection timeout (so that a dial to an unreachable broker ends
+	// well within a publish deadline), a 10s heartbeat and the connection
+	// name "modkit-outbox".
 	Dial func() (*amqp.Connection, error)
 	// Route maps an event to the exchange and routing key it is
 	// published with. Default: DefaultRoute.
 	Route func(d outbox.Delivery) (exchange, key string)
 }
+
+// The default dial's settings.
+const (
+	dialTimeout = 5 * time.Second
+	heartbeat   = 10 * time.Second
+)
 
 // DefaultRoute publishes to the default exchange ("") with the routing key
 // "<namespace>.<topic>": the message goes to the queue of that name.
@@ -128,7 +138,11 @@ func New(cfg Config) (*Publisher, error) {
 			return nil, fmt.Errorf("%w: outboxamqp: URL: %v", outbox.ErrInvalidConfig, err)
 		}
 		url := cfg.URL
-		cfg.Dial = func() (*amqp.Connection, error) { return amqp.Dial(url) }
+		cfg.Dial = func() (*amqp.Connection, error) {
+			c := amqp.Config{Dial: amqp.DefaultDial(dialTimeout), Heartbeat: heartbeat, Properties: amqp.NewConnectionProperties()}
+			c.Properties.SetClientConnectionName("modkit-outbox")
+			return amqp.DialConfig(url, c)
+		}
 	}
 	if cfg.Route == nil {
 		cfg.Route = DefaultRoute
