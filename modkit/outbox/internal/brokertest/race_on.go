@@ -1,0 +1,6 @@
+//go:build race
+
+package brokertest
+
+// raceEnabled: the binary is built with the race detector.
+const raceEnabled = true

@@ -1,0 +1,318 @@
+// Package outboxamqp publishes outbox events to RabbitMQ (AMQP 0-9-1)
+// through github.com/rabbitmq/amqp091-go.
+//
+// Each event becomes one message, published with the mandatory flag to an
+// exchange and routing key given by Config.Route (default: the default
+// exchange "" and the routing key "<namespace>.<topic>", which delivers to
+// the queue of that name). The message has the payload as body,
+// content-type application/json, delivery mode persistent, message-id =
+// the event id (the same on every redelivery: consumers de-duplicate on
+// it), type "<namespace>.<topic>", timestamp = the event's creation, and
+// the event's headers as AMQP headers.
+//
+// # Example
+//
+//	pub, err := outboxamqp.New(outboxamqp.Config{URL: "amqp://guest:guest@localhost:5672/"})
+//	defer pub.Close()
+//	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
+//
+// # Guarantees
+//
+// The channel is in confirm mode: a publish returns nil only once the
+// broker has confirmed the message (for a persistent message on a durable
+// queue, written it to disk). A message the broker could not route to any
+// queue comes back (basic.return) and is reported as an *UnroutableError
+// wrapped in outbox.Permanent, so the event is dead-lettered rather than
+// silently dropped; replay it once its queue is bound. A negative
+// confirmation, a lost connection or a closed channel is an error to
+// retry.
+//
+// # Connections
+//
+// The Publisher holds one connection and one confirm channel, opened on
+// the first publish and opened again on the next publish after either
+// closes (a network failure, a broker restart, a channel error such as a
+// missing exchange). Publishes share the channel; their confirmations are
+// awaited concurrently.
+package outboxamqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// URL of the broker, e.g. "amqp://guest:guest@localhost:5672/".
+	// Required unless Dial is set.
+	URL string
+	// Dial opens a connection. Default: amqp.DialConfig(URL) with a 5s
+	// connection timeout (so that a dial to an unreachable broker ends
+	// well within a publish deadline), a 10s heartbeat and the connection
+	// name "modkit-outbox".
+	Dial func() (*amqp.Connection, error)
+	// Route maps an event to the exchange and routing key it is
+	// published with. Default: DefaultRoute.
+	Route func(d outbox.Delivery) (exchange, key string)
+}
+
+// The default dial's settings.
+const (
+	dialTimeout = 5 * time.Second
+	heartbeat   = 10 * time.Second
+)
+
+// DefaultRoute publishes to the default exchange ("") with the routing key
+// "<namespace>.<topic>": the message goes to the queue of that name.
+func DefaultRoute(d outbox.Delivery) (exchange, key string) { return "", d.Namespace + "." + d.Topic }
+
+// UnroutableError is a message that the broker returned because no queue
+// was bound to receive it (mandatory routing). Publish wraps it in
+// outbox.Permanent.
+type UnroutableError struct {
+	// Exchange and RoutingKey the message was published with.
+	Exchange, RoutingKey string
+	// ReplyCode is the broker's reason code (312 NO_ROUTE).
+	ReplyCode uint16
+	// ReplyText is the broker's reason ("NO_ROUTE").
+	ReplyText string
+}
+
+// Error names the route and the broker's reason.
+func (e *UnroutableError) Error() string {
+	return fmt.Sprintf("outboxamqp: message unroutable: exchange %q, routing key %q: %d %s", e.Exchange, e.RoutingKey, e.ReplyCode, e.ReplyText)
+}
+
+// ErrNotConfirmed is returned (wrapped) when the broker did not confirm a
+// message: a negative confirmation, or the channel closed first. The
+// publish is retried.
+var ErrNotConfirmed = errors.New("outboxamqp: message not confirmed by the broker")
+
+// ErrClosed is returned by Publish after Close.
+var ErrClosed = errors.New("outboxamqp: publisher closed")
+
+// Publisher publishes outbox events to RabbitMQ. It is safe for concurrent
+// use.
+type Publisher struct {
+	dial  func() (*amqp.Connection, error)
+	route func(outbox.Delivery) (string, string)
+
+	mu     sync.Mutex
+	sess   *session
+	closed bool
+}
+
+// session is one connection with its confirm channel and the reader of
+// its returned messages.
+type session struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	// returns is unbuffered: the library hands a basic.return over before
+	// it processes the confirmation that follows it, so once a
+	// confirmation is in, the reader has taken that return.
+	returns chan amqp.Return
+	// barrier is received by the reader between returns: a send on it
+	// completes only after the reader has recorded every return it took.
+	barrier chan struct{}
+	done    chan struct{} // closed when the reader exits
+
+	mu       sync.Mutex
+	returned map[string]amqp.Return // by message-id
+}
+
+// New returns a Publisher. It connects on the first publish. Errors match
+// outbox.ErrInvalidConfig.
+func New(cfg Config) (*Publisher, error) {
+	if cfg.Dial == nil {
+		if cfg.URL == "" {
+			return nil, fmt.Errorf("%w: outboxamqp: set URL or Dial", outbox.ErrInvalidConfig)
+		}
+		if _, err := amqp.ParseURI(cfg.URL); err != nil {
+			return nil, fmt.Errorf("%w: outboxamqp: URL: %v", outbox.ErrInvalidConfig, err)
+		}
+		url := cfg.URL
+		cfg.Dial = func() (*amqp.Connection, error) {
+			c := amqp.Config{Dial: amqp.DefaultDial(dialTimeout), Heartbeat: heartbeat, Properties: amqp.NewConnectionProperties()}
+			c.Properties.SetClientConnectionName("modkit-outbox")
+			return amqp.DialConfig(url, c)
+		}
+	}
+	if cfg.Route == nil {
+		cfg.Route = DefaultRoute
+	}
+	return &Publisher{dial: cfg.Dial, route: cfg.Route}, nil
+}
+
+// For returns the outbox.Publisher of topic, for NewDispatcher.
+func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
+	return outbox.Publisher{Topic: topic, Name: "outboxamqp " + topic.String(), Publish: p.Publish}
+}
+
+// Close closes the connection. Publishes after it fail with ErrClosed.
+// Call it once the dispatchers using the Publisher have stopped.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	s := p.sess
+	p.sess, p.closed = nil, true
+	p.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	err := s.conn.Close()
+	<-s.done
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// Message builds the AMQP message of d.
+func (p *Publisher) Message(d outbox.Delivery) amqp.Publishing {
+	m := amqp.Publishing{
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    d.ID.String(),
+		Type:         d.Namespace + "." + d.Topic,
+		Timestamp:    d.CreatedAt,
+		Body:         d.Payload,
+	}
+	if len(d.Headers) > 0 {
+		m.Headers = make(amqp.Table, len(d.Headers))
+		for k, v := range d.Headers {
+			m.Headers[k] = v
+		}
+	}
+	return m
+}
+
+// Publish sends d with the mandatory flag and waits for the broker's
+// confirmation or the end of ctx (see the package doc for the outcomes).
+func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
+	exchange, key := p.route(d)
+	s, err := p.session()
+	if err != nil {
+		return err
+	}
+	msg := p.Message(d)
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	if err != nil {
+		p.drop(s)
+		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, err)
+	}
+	defer s.forget(msg.MessageId)
+	select {
+	case <-dc.Done():
+	case <-ctx.Done():
+		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, context.Cause(ctx))
+	}
+	if !dc.Acked() {
+		if s.ch.IsClosed() {
+			p.drop(s)
+			return fmt.Errorf("%w: exchange %q, routing key %q: the channel closed first", ErrNotConfirmed, exchange, key)
+		}
+		return fmt.Errorf("%w: exchange %q, routing key %q: negative confirmation", ErrNotConfirmed, exchange, key)
+	}
+	if ret, ok := s.returnOf(msg.MessageId); ok {
+		return outbox.Permanent(&UnroutableError{Exchange: ret.Exchange, RoutingKey: ret.RoutingKey, ReplyCode: ret.ReplyCode, ReplyText: ret.ReplyText})
+	}
+	return nil
+}
+
+// session returns the open session, opening one if there is none or it
+// closed.
+func (p *Publisher) session() (*session, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	if s := p.sess; s != nil {
+		if !s.ch.IsClosed() {
+			return s, nil
+		}
+		_ = s.conn.Close()
+		p.sess = nil
+	}
+	s, err := p.open()
+	if err != nil {
+		return nil, fmt.Errorf("%w: connect: %w", ErrNotConfirmed, err)
+	}
+	p.sess = s
+	return s, nil
+}
+
+func (p *Publisher) open() (*session, error) {
+	conn, err := p.dial()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	s := &session{conn: conn, ch: ch, returns: make(chan amqp.Return), barrier: make(chan struct{}),
+		done: make(chan struct{}), returned: map[string]amqp.Return{}}
+	ch.NotifyReturn(s.returns)
+	go s.readReturns()
+	return s, nil
+}
+
+// drop closes s if it is still the current session, so that the next
+// publish opens another.
+func (p *Publisher) drop(s *session) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sess == s {
+		p.sess = nil
+		_ = s.conn.Close()
+	}
+}
+
+// readReturns records returned messages until the channel closes (which
+// closes returns).
+func (s *session) readReturns() {
+	defer close(s.done)
+	for {
+		select {
+		case r, ok := <-s.returns:
+			if !ok {
+				return
+			}
+			s.mu.Lock()
+			s.returned[r.MessageId] = r
+			s.mu.Unlock()
+		case <-s.barrier:
+		}
+	}
+}
+
+// returnOf reports whether the message came back unroutable. Call it after
+// the message's confirmation.
+func (s *session) returnOf(id string) (amqp.Return, bool) {
+	select {
+	case s.barrier <- struct{}{}:
+	case <-s.done:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.returned[id]
+	return r, ok
+}
+
+// forget drops the record of a message's return, if any.
+func (s *session) forget(id string) {
+	s.mu.Lock()
+	delete(s.returned, id)
+	s.mu.Unlock()
+}

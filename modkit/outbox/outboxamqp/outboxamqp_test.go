@@ -1,0 +1,254 @@
+package outboxamqp_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/internal/brokertest"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxamqp"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
+)
+
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+var ctx = context.Background()
+
+// brokerURL is AMQP_URL, or the local RabbitMQ the project's machines run.
+// The test is skipped when the broker cannot be reached.
+func brokerURL(t testing.TB) *url.URL {
+	t.Helper()
+	raw := os.Getenv("AMQP_URL")
+	if raw == "" {
+		raw = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("AMQP_URL: %v", err)
+	}
+	c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+	if err != nil {
+		t.Skipf("RabbitMQ is not reachable at %s (set AMQP_URL to run the outboxamqp tests against another broker): %v", u.Redacted(), err)
+	}
+	_ = c.Close()
+	return u
+}
+
+// declareQueue declares a durable queue with a name of its own, deleted
+// when the test ends, and returns the name and a channel for reading it.
+func declareQueue(t testing.TB, u *url.URL) (string, *amqp.Channel) {
+	t.Helper()
+	conn, err := amqp.Dial(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "outboxamqp-test-" + uuid.NewString()
+	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(name, false, false, false) })
+	return name, ch
+}
+
+func newPublisher(t testing.TB, cfg outboxamqp.Config) *outboxamqp.Publisher {
+	t.Helper()
+	p, err := outboxamqp.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return p
+}
+
+func toQueue(queue string) func(outbox.Delivery) (string, string) {
+	return func(outbox.Delivery) (string, string) { return "", queue }
+}
+
+// readAll consumes every message in the queue.
+func readAll(t testing.TB, ch *amqp.Channel, queue string) []amqp.Delivery {
+	t.Helper()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := ch.Consume(queue, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]amqp.Delivery, 0, q.Messages)
+	timeout := time.After(2 * time.Minute)
+	for len(out) < q.Messages {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				t.Fatalf("consumer closed after %d of %d messages", len(out), q.Messages)
+			}
+			out = append(out, m)
+		case <-timeout:
+			t.Fatalf("read %d of %d messages", len(out), q.Messages)
+		}
+	}
+	return out
+}
+
+// TestDeliveredThroughConnectionCut delivers 10,000 events (3,000 under -race;
+// BROKERTEST_EVENTS) through a proxy that cuts the broker connection a
+// third and two thirds of the way: the publisher reconnects, the queue
+// holds every event, and holds one more than once only if the outbox handed
+// it to the publisher more than once (consumers de-duplicate on
+// message-id).
+func TestDeliveredThroughConnectionCut(t *testing.T) {
+	u := brokerURL(t)
+	queue, ch := declareQueue(t, u)
+	proxy := brokertest.NewProxy(t, u.Host)
+	via := *u
+	via.Host = proxy.Addr()
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	n := brokertest.Events(t)
+	ids := brokertest.Enqueue(t, c, db, n)
+
+	calls := brokertest.NewCalls()
+	pub := newPublisher(t, outboxamqp.Config{URL: via.String(), Route: toQueue(queue)})
+	start := time.Now()
+	brokertest.Delivered(t, c, pub.For(brokertest.Topic), calls, func(k int) {
+		if k == n/3 || k == 2*n/3 {
+			proxy.Cut()
+			t.Logf("connection cut after %d publishes, %v", k, time.Since(start).Round(time.Millisecond))
+		}
+	})
+	t.Logf("%d events delivered in %v", n, time.Since(start).Round(time.Millisecond))
+
+	got := map[uuid.UUID]int{}
+	for _, m := range readAll(t, ch, queue) {
+		id, err := uuid.Parse(m.MessageId)
+		if err != nil {
+			t.Fatalf("message without an event id: %v", err)
+		}
+		got[id]++
+		var p struct{ N int }
+		if err := json.Unmarshal(m.Body, &p); err != nil {
+			t.Fatal(err)
+		}
+		if seq, _ := m.Headers["x-seq"].(string); seq != strconv.Itoa(p.N) {
+			t.Fatalf("message %s: x-seq %q, body n %d", id, seq, p.N)
+		}
+	}
+	brokertest.Check(t, ids, got, calls, false)
+}
+
+// TestMessage: the properties of a delivered event's message.
+func TestMessage(t *testing.T) {
+	u := brokerURL(t)
+	queue, ch := declareQueue(t, u)
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	res, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: "test", Topic: "events",
+		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		Payload: json.RawMessage(`{"hello":"world"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Drain(t, c, newPublisher(t, outboxamqp.Config{URL: u.String(), Route: toQueue(queue)}).For(brokertest.Topic))
+	msgs := readAll(t, ch, queue)
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages, want 1", len(msgs))
+	}
+	m := msgs[0]
+	if m.MessageId != res.ID.String() || m.DeliveryMode != amqp.Persistent || m.ContentType != "application/json" ||
+		m.Type != "test.events" || m.Timestamp.IsZero() || m.Headers["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
+		t.Errorf("message id %q mode %d type %q content-type %q timestamp %v headers %v",
+			m.MessageId, m.DeliveryMode, m.Type, m.ContentType, m.Timestamp, m.Headers)
+	}
+	var body map[string]string
+	if err := json.Unmarshal(m.Body, &body); err != nil || body["hello"] != "world" {
+		t.Errorf("body %s", m.Body)
+	}
+}
+
+// TestUnroutableIsPermanent: a message no queue receives comes back and is
+// a permanent failure naming the route, while the publisher goes on
+// publishing routable messages.
+func TestUnroutableIsPermanent(t *testing.T) {
+	u := brokerURL(t)
+	queue, ch := declareQueue(t, u)
+	nowhere := "outboxamqp-test-nowhere-" + uuid.NewString()
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: func(d outbox.Delivery) (string, string) {
+		if d.Topic == "lost" {
+			return "", nowhere
+		}
+		return "", queue
+	}})
+	for i := range 3 {
+		err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "lost", Payload: json.RawMessage(`{}`)})
+		var ue *outboxamqp.UnroutableError
+		if !outbox.IsPermanent(err) || !errors.As(err, &ue) || ue.RoutingKey != nowhere || ue.ReplyCode != 312 {
+			t.Fatalf("unroutable %d: got %v, want a permanent *UnroutableError with NO_ROUTE", i, err)
+		}
+		if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
+			t.Fatalf("routable %d: %v", i, err)
+		}
+	}
+	if got := len(readAll(t, ch, queue)); got != 3 {
+		t.Fatalf("%d routable messages in the queue, want 3", got)
+	}
+}
+
+// TestMissingExchangeRetried: publishing to an exchange that does not
+// exist fails (the broker closes the channel) with an error to retry, and
+// the next publish opens a new channel.
+func TestMissingExchangeRetried(t *testing.T) {
+	u := brokerURL(t)
+	queue, _ := declareQueue(t, u)
+	exchange := "outboxamqp-test-missing"
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: func(d outbox.Delivery) (string, string) {
+		if d.Topic == "missing" {
+			return exchange, "x"
+		}
+		return "", queue
+	}})
+	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "missing", Payload: json.RawMessage(`{}`)})
+	if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
+		t.Fatalf("missing exchange: got %v, want ErrNotConfirmed to retry", err)
+	}
+	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
+		t.Fatalf("after the channel error: %v", err)
+	}
+}
+
+// TestConfig: New needs a URL or Dial; Publish after Close fails.
+func TestConfig(t *testing.T) {
+	if _, err := outboxamqp.New(outboxamqp.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("no URL: got %v", err)
+	}
+	if _, err := outboxamqp.New(outboxamqp.Config{URL: "http://x"}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("bad URL: got %v", err)
+	}
+	p, err := outboxamqp.New(outboxamqp.Config{URL: "amqp://127.0.0.1:1/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New()}); !errors.Is(err, outboxamqp.ErrClosed) {
+		t.Errorf("after Close: got %v", err)
+	}
+}

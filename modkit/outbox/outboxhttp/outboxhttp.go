@@ -1,0 +1,295 @@
+// Package outboxhttp delivers outbox events as signed HTTP webhooks,
+// following the Standard Webhooks scheme (https://www.standardwebhooks.com).
+//
+// Each event is one POST of its payload (Content-Type: application/json)
+// with the headers
+//
+//	webhook-id:        the event id (the same on every redelivery: receivers de-duplicate on it)
+//	webhook-timestamp: seconds since the Unix epoch when this attempt was signed
+//	webhook-signature: "v1," + base64(HMAC-SHA256(secret, id + "." + timestamp + "." + body))
+//
+// and the event's own headers (the W3C trace context among them), except
+// those that HTTP or the scheme reserve (Content-Type, Content-Length,
+// Host, hop-by-hop headers and webhook-*).
+//
+// # Example
+//
+//	pub, err := outboxhttp.New(outboxhttp.Config{
+//		Endpoint: "https://example.com/hooks/billing",
+//		Secret:   "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+//	})
+//	defer pub.Close()
+//	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
+//
+// # Outcomes
+//
+// A 2xx response is a delivery. Any other status is a *StatusError: 4xx
+// other than 408 and 429 are wrapped in outbox.Permanent (the receiver
+// refused the event; retrying sends the same thing again); 408, 429, 3xx
+// (redirects are not followed) and 5xx are retried, as are network errors
+// and timeouts. Each request is bounded by Config.Timeout.
+//
+// # Retry-After
+//
+// A response's Retry-After header (seconds or an HTTP date) is parsed into
+// StatusError.RetryAfter. The dispatcher does not yet take a delay from a
+// publish error: it retries on its own RetryPolicy, so a receiver asking
+// for a longer pause may be called again sooner, and answer 429 or 503
+// again, until its pause is over or the event's attempts run out.
+package outboxhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// The Standard Webhooks headers.
+const (
+	HeaderID        = "webhook-id"
+	HeaderTimestamp = "webhook-timestamp"
+	HeaderSignature = "webhook-signature"
+)
+
+// idleConnsPerHost is how many idle connections the Publisher's own client
+// keeps per host: more than the dispatcher's default Concurrency.
+const idleConnsPerHost = 64
+
+// TimeoutDefault bounds each request when Config.Timeout is zero.
+const TimeoutDefault = 10 * time.Second
+
+// Config configures a Publisher.
+type Config struct {
+	// Endpoint is the URL every event is POSTed to, unless URL is set.
+	Endpoint string
+	// URL maps an event to the URL it is POSTed to (per tenant, per topic,
+	// …). Default: Endpoint for every event.
+	URL func(d outbox.Delivery) string
+	// Secret signs the requests: base64, optionally prefixed with
+	// "whsec_" (the scheme advises 24 to 64 random bytes). Required.
+	Secret string
+	// Timeout bounds each request, the response body included. Default
+	// TimeoutDefault (10s); the publish deadline also bounds it.
+	Timeout time.Duration
+	// Client sends the requests. Default: a client of its own (closed by
+	// Close) that does not follow redirects and keeps up to 64 idle
+	// connections per host. A client that follows
+	// redirects turns the POST into a GET on 301–303.
+	Client *http.Client
+	// Now is the clock of webhook-timestamp. Default time.Now.
+	Now func() time.Time
+}
+
+// StatusError is a response other than 2xx.
+type StatusError struct {
+	// StatusCode of the response.
+	StatusCode int
+	// Body holds the start of the response body (up to 512 bytes), for
+	// logs.
+	Body string
+	// URL the request went to.
+	URL string
+
+	retryAfter time.Duration
+}
+
+// Error names the URL, the status, the delay asked for and the start of
+// the body.
+func (e *StatusError) Error() string {
+	s := fmt.Sprintf("outboxhttp: %s answered %d %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	if e.retryAfter > 0 {
+		s += fmt.Sprintf(" (retry after %v)", e.retryAfter)
+	}
+	if e.Body != "" {
+		s += ": " + e.Body
+	}
+	return s
+}
+
+// RetryAfter is the delay the response's Retry-After header asked for;
+// zero when it had none (or an unreadable one).
+func (e *StatusError) RetryAfter() time.Duration { return e.retryAfter }
+
+// Permanent reports whether the status says that retrying cannot help: a
+// 4xx other than 408 Request Timeout and 429 Too Many Requests.
+func (e *StatusError) Permanent() bool {
+	return e.StatusCode >= 400 && e.StatusCode < 500 &&
+		e.StatusCode != http.StatusRequestTimeout && e.StatusCode != http.StatusTooManyRequests
+}
+
+// ErrRequest matches (errors.Is) failures to get any response: the
+// connection, the timeout. They are retried.
+var ErrRequest = errors.New("outboxhttp: request failed")
+
+// Signer computes Standard Webhooks signatures with one secret.
+type Signer struct{ key []byte }
+
+// NewSigner decodes secret (base64, with or without the "whsec_" prefix).
+// Errors match outbox.ErrInvalidConfig.
+func NewSigner(secret string) (*Signer, error) {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: outboxhttp: Secret is not base64 (with an optional whsec_ prefix): %v", outbox.ErrInvalidConfig, err)
+	}
+	if len(key) == 0 {
+		return nil, fmt.Errorf("%w: outboxhttp: Secret is empty", outbox.ErrInvalidConfig)
+	}
+	return &Signer{key: key}, nil
+}
+
+// Sign returns the webhook-signature value of a message: "v1," and the
+// base64 HMAC-SHA256 of "id.timestamp.body".
+func (s *Signer) Sign(id string, timestamp int64, body []byte) string {
+	mac := hmac.New(sha256.New, s.key)
+	mac.Write([]byte(id))
+	mac.Write([]byte{'.'})
+	mac.Write([]byte(strconv.FormatInt(timestamp, 10)))
+	mac.Write([]byte{'.'})
+	mac.Write(body)
+	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// Publisher POSTs outbox events as signed webhooks. It is safe for
+// concurrent use.
+type Publisher struct {
+	signer  *Signer
+	url     func(outbox.Delivery) string
+	timeout time.Duration
+	client  *http.Client
+	owned   bool
+	now     func() time.Time
+}
+
+// New returns a Publisher for cfg. Errors match outbox.ErrInvalidConfig.
+func New(cfg Config) (*Publisher, error) {
+	signer, err := NewSigner(cfg.Secret)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.URL == nil {
+		if cfg.Endpoint == "" {
+			return nil, fmt.Errorf("%w: outboxhttp: set Endpoint or URL", outbox.ErrInvalidConfig)
+		}
+		endpoint := cfg.Endpoint
+		cfg.URL = func(outbox.Delivery) string { return endpoint }
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("%w: outboxhttp: Timeout is %v; it must not be negative", outbox.ErrInvalidConfig, cfg.Timeout)
+	}
+	p := &Publisher{signer: signer, url: cfg.URL, timeout: cfg.Timeout, client: cfg.Client, now: cfg.Now}
+	if p.timeout == 0 {
+		p.timeout = TimeoutDefault
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if p.client == nil {
+		p.owned = true
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// The dispatcher publishes concurrently, mostly to one host: keep
+		// a connection per publish in flight instead of the default two.
+		tr.MaxIdleConnsPerHost = idleConnsPerHost
+		p.client = &http.Client{
+			Transport:     tr,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	return p, nil
+}
+
+// Close closes the idle connections of the Publisher's own client (not
+// those of a Config.Client). Call it once the dispatchers using it have
+// stopped.
+func (p *Publisher) Close() {
+	if p.owned {
+		p.client.CloseIdleConnections()
+	}
+}
+
+// For returns the outbox.Publisher of topic, for NewDispatcher.
+func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
+	return outbox.Publisher{Topic: topic, Name: "outboxhttp " + topic.String(), Publish: p.Publish}
+}
+
+// reserved are the header names an event's headers may not set.
+var reserved = map[string]bool{
+	"content-type": true, "content-length": true, "host": true, "connection": true, "keep-alive": true,
+	"transfer-encoding": true, "te": true, "trailer": true, "upgrade": true, "expect": true,
+	"proxy-authorization": true, "proxy-connection": true,
+}
+
+// Request builds the signed request of d, timestamped now.
+func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Request, error) {
+	url := p.url(d)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(d.Payload))
+	if err != nil {
+		return nil, fmt.Errorf("outboxhttp: URL %q: %w", url, err)
+	}
+	for k, v := range d.Headers {
+		if lk := strings.ToLower(k); !reserved[lk] && !strings.HasPrefix(lk, "webhook-") {
+			req.Header.Set(k, v)
+		}
+	}
+	id := d.ID.String()
+	ts := p.now().Unix()
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderID, id)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(HeaderSignature, p.signer.Sign(id, ts, d.Payload))
+	return req, nil
+}
+
+// Publish POSTs d and classifies the response (see the package doc).
+func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	req, err := p.Request(ctx, d)
+	if err != nil {
+		return outbox.Permanent(err) // the URL cannot be used, now or later
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrRequest, err)
+	}
+	defer resp.Body.Close()
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // so the connection can be reused
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return nil
+	}
+	serr := &StatusError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(head)), URL: req.URL.Redacted(),
+		retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), p.now())}
+	if serr.Permanent() {
+		return outbox.Permanent(serr)
+	}
+	return serr
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP date; zero if neither.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		return time.Duration(min(secs, int64(24*time.Hour/time.Second))) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil && at.After(now) {
+		return at.Sub(now)
+	}
+	return 0
+}

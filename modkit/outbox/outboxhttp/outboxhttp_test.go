@@ -1,0 +1,294 @@
+package outboxhttp_test
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/internal/brokertest"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxhttp"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
+)
+
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+var ctx = context.Background()
+
+const (
+	secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	urlEnv = "OUTBOXHTTP_TEST_URL" // the receiver, for the crash child
+)
+
+// receiver is a webhook endpoint that checks every request's Standard
+// Webhooks signature (computed here independently of the package) and
+// counts the accepted ones by webhook-id.
+type receiver struct {
+	t   testing.TB
+	key []byte
+
+	mu       sync.Mutex
+	byID     map[uuid.UUID]int
+	requests []*http.Request
+	bodies   [][]byte
+	rejected int
+}
+
+func newReceiver(t testing.TB) (*receiver, *httptest.Server) {
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &receiver{t: t, key: key, byID: map[uuid.UUID]int{}}
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return r, srv
+}
+
+func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if msg := rc.verify(r.Header, body); msg != "" {
+		rc.mu.Lock()
+		rc.rejected++
+		rc.mu.Unlock()
+		rc.t.Errorf("receiver: %s", msg)
+		http.Error(w, msg, http.StatusUnauthorized)
+		return
+	}
+	id := uuid.MustParse(r.Header.Get("webhook-id"))
+	rc.mu.Lock()
+	rc.byID[id]++
+	rc.requests = append(rc.requests, r)
+	rc.bodies = append(rc.bodies, body)
+	rc.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// verify checks the signature and the timestamp (within five minutes).
+func (rc *receiver) verify(h http.Header, body []byte) string {
+	id, ts, sigs := h.Get("webhook-id"), h.Get("webhook-timestamp"), h.Get("webhook-signature")
+	secs, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return "bad webhook-timestamp " + ts
+	}
+	if d := time.Since(time.Unix(secs, 0)); d > 5*time.Minute || d < -5*time.Minute {
+		return "webhook-timestamp out of tolerance"
+	}
+	mac := hmac.New(sha256.New, rc.key)
+	mac.Write([]byte(id + "." + ts + "." + string(body)))
+	want := mac.Sum(nil)
+	for _, s := range strings.Fields(sigs) {
+		v, sig, ok := strings.Cut(s, ",")
+		if !ok || v != "v1" {
+			continue
+		}
+		got, err := base64.StdEncoding.DecodeString(sig)
+		if err == nil && hmac.Equal(got, want) {
+			return ""
+		}
+	}
+	return "no valid signature in " + sigs
+}
+
+func newPublisher(t testing.TB, cfg outboxhttp.Config) *outboxhttp.Publisher {
+	t.Helper()
+	if cfg.Secret == "" {
+		cfg.Secret = secret
+	}
+	p, err := outboxhttp.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// TestCrashChild is the dispatcher process of TestDeliveredThroughSIGKILL.
+func TestCrashChild(t *testing.T) {
+	brokertest.Child(t, func(t testing.TB) outbox.Publisher {
+		return newPublisher(t, outboxhttp.Config{Endpoint: os.Getenv(urlEnv)}).For(brokertest.Topic)
+	})
+}
+
+// TestDeliveredThroughSIGKILL delivers 10,000 events (3,000 under -race; BROKERTEST_EVENTS)
+// as webhooks with a dispatcher process SIGKILLed a third of the way, then
+// a survivor: every request is correctly signed, every event arrived, and
+// one arrived twice only if the outbox published it more than once
+// (receivers de-duplicate on webhook-id).
+func TestDeliveredThroughSIGKILL(t *testing.T) {
+	rc, srv := newReceiver(t)
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	n := brokertest.Events(t)
+	ids := brokertest.Enqueue(t, c, db, n)
+
+	calls := brokertest.RunCrash(t, c, db, n, brokertest.Crash{ChildTest: "TestCrashChild", Env: []string{urlEnv + "=" + srv.URL}},
+		newPublisher(t, outboxhttp.Config{Endpoint: srv.URL}).For(brokertest.Topic))
+
+	rc.mu.Lock()
+	got := rc.byID
+	for i, r := range rc.requests {
+		var p struct{ N int }
+		if err := json.Unmarshal(rc.bodies[i], &p); err != nil {
+			t.Fatal(err)
+		}
+		if seq := r.Header.Get("x-seq"); seq != strconv.Itoa(p.N) {
+			t.Fatalf("request %s: x-seq %q, body n %d", r.Header.Get("webhook-id"), seq, p.N)
+		}
+	}
+	rc.mu.Unlock()
+	brokertest.Check(t, ids, got, calls, false)
+}
+
+// TestSignatureVector reproduces the Standard Webhooks reference vector,
+// with and without the whsec_ prefix.
+func TestSignatureVector(t *testing.T) {
+	for _, s := range []string{secret, strings.TrimPrefix(secret, "whsec_")} {
+		signer, err := outboxhttp.NewSigner(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := signer.Sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, []byte(`{"test": 2432232314}`))
+		if want := "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="; got != want {
+			t.Errorf("secret %q: signature %s, want %s", s, got, want)
+		}
+	}
+	for _, bad := range []string{"", "whsec_", "whsec_not base64!"} {
+		if _, err := outboxhttp.New(outboxhttp.Config{Endpoint: "http://x", Secret: bad}); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("secret %q: got %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+	if _, err := outboxhttp.New(outboxhttp.Config{Secret: secret}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("no endpoint: got %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestRequest: a delivered event's request carries the payload, the
+// scheme's headers and the event's headers (not those it may not set).
+func TestRequest(t *testing.T) {
+	rc, srv := newReceiver(t)
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	res, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: "test", Topic: "events",
+		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"x-custom": "yes", "webhook-id": "forged", "content-type": "text/plain"},
+		Payload: json.RawMessage(`{"hello":"world"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, outboxhttp.Config{URL: func(d outbox.Delivery) string {
+		return srv.URL + "/hooks/" + d.Namespace + "/" + d.Topic
+	}})
+	outboxtest.Drain(t, c, p.For(brokertest.Topic))
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.requests) != 1 {
+		t.Fatalf("%d requests, want 1", len(rc.requests))
+	}
+	r := rc.requests[0]
+	if r.Method != http.MethodPost || r.URL.Path != "/hooks/test/events" {
+		t.Errorf("%s %s, want POST /hooks/test/events", r.Method, r.URL.Path)
+	}
+	h := r.Header
+	if h.Get("webhook-id") != res.ID.String() || h.Get("content-type") != "application/json" ||
+		h.Get("x-custom") != "yes" || !strings.HasPrefix(h.Get("traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
+		t.Errorf("headers %v", h)
+	}
+	var body map[string]string
+	if err := json.Unmarshal(rc.bodies[0], &body); err != nil || body["hello"] != "world" {
+		t.Errorf("body %s", rc.bodies[0])
+	}
+}
+
+// TestStatuses: 2xx succeeds; 4xx other than 408 and 429 is permanent;
+// 408, 429, 5xx and 3xx are retried; Retry-After is read in seconds and as
+// a date.
+func TestStatuses(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		if ra := r.URL.Query().Get("retry-after"); ra != "" {
+			w.Header().Set("Retry-After", ra)
+		}
+		if code >= 300 && code < 400 {
+			w.Header().Set("Location", "/200")
+		}
+		w.WriteHeader(code)
+		_, _ = io.WriteString(w, "status body")
+	}))
+	t.Cleanup(srv.Close)
+	var path string
+	p := newPublisher(t, outboxhttp.Config{URL: func(outbox.Delivery) string { return srv.URL + path }, Now: func() time.Time { return now }})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+	cases := []struct {
+		path       string
+		ok, perm   bool
+		retryAfter time.Duration
+	}{
+		{"/200", true, false, 0},
+		{"/204", true, false, 0},
+		{"/400", false, true, 0},
+		{"/401", false, true, 0},
+		{"/404", false, true, 0},
+		{"/410", false, true, 0},
+		{"/422", false, true, 0},
+		{"/408", false, false, 0},
+		{"/429?retry-after=7", false, false, 7 * time.Second},
+		{"/503?retry-after=" + strings.ReplaceAll(now.Add(90*time.Second).Format(http.TimeFormat), " ", "%20"), false, false, 90 * time.Second},
+		{"/500", false, false, 0},
+		{"/302", false, false, 0},
+	}
+	for _, tc := range cases {
+		path = tc.path
+		err := p.Publish(ctx, d)
+		if tc.ok {
+			if err != nil {
+				t.Errorf("%s: %v", tc.path, err)
+			}
+			continue
+		}
+		var se *outboxhttp.StatusError
+		if !errors.As(err, &se) {
+			t.Errorf("%s: got %v, want a *StatusError", tc.path, err)
+			continue
+		}
+		if outbox.IsPermanent(err) != tc.perm || se.RetryAfter() != tc.retryAfter || se.Body != "status body" {
+			t.Errorf("%s: %v: permanent %v retry-after %v; want %v %v", tc.path, err, outbox.IsPermanent(err), se.RetryAfter(), tc.perm, tc.retryAfter)
+		}
+	}
+}
+
+// TestTimeout: a receiver that does not answer within Timeout fails the
+// publish with an error to retry.
+func TestTimeout(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	p := newPublisher(t, outboxhttp.Config{Endpoint: srv.URL, Timeout: 50 * time.Millisecond})
+	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)})
+	if !errors.Is(err, outboxhttp.ErrRequest) || !errors.Is(err, context.DeadlineExceeded) || outbox.IsPermanent(err) {
+		t.Fatalf("got %v, want ErrRequest with DeadlineExceeded, to retry", err)
+	}
+}

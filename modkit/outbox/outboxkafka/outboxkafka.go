@@ -1,0 +1,177 @@
+// Package outboxkafka publishes outbox events to Apache Kafka through a
+// franz-go client (github.com/twmb/franz-go/pkg/kgo).
+//
+// Each event becomes one record: on the topic "<namespace>.<topic>"
+// (Config.Topic overrides it), keyed by Config.Key, with the payload as
+// value, the event's headers as record headers, and the event id in the
+// header "outbox-event-id" (HeaderEventID) for consumers to de-duplicate
+// on.
+//
+// # Example
+//
+//	cl, _ := kgo.NewClient(kgo.SeedBrokers("localhost:9092"), kgo.ProducerLinger(0))
+//	defer cl.Close()
+//	pub, _ := outboxkafka.New(cl, outboxkafka.Config{})
+//	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
+//
+// # Guarantees
+//
+// New refuses a client whose idempotent writes are disabled; franz-go's
+// idempotent producer requires acks from all in-sync replicas, so a
+// publish returns nil only once every in-sync replica has the record, and the broker drops the copies of a
+// produce request that the client re-sends after a network error. That
+// de-duplication lives inside one producer session: a record that the
+// outbox delivers again (after a dispatcher crash, a lost outcome or a
+// publish abandoned at its deadline) is a second record with the same
+// outbox-event-id header. Consumers must de-duplicate on it.
+//
+// # Keys and partitions
+//
+// The record key chooses the partition, and so what keeps its order in
+// Kafka. DefaultKey uses the tenant id, then the dedupe key, and leaves
+// events with neither unkeyed. Once the outbox has an ordering key, it is
+// meant to become the default; set Config.Key to pin today's behaviour.
+//
+// # Batching and linger
+//
+// The dispatcher publishes events concurrently, and the franz-go client
+// gathers the records produced while a request is on its way into one
+// produce request per partition; each publish still waits for its own
+// record's acknowledgement. A publish also waits out the client's linger
+// (kgo.ProducerLinger, 10ms by default) before its record is sent, so with
+// the dispatcher's 32 publishes in flight the default linger caps a topic
+// near 32 records per 10ms. Give the client kgo.ProducerLinger(0): batches
+// still form from the concurrent publishes. Measured on the in-process
+// kfake cluster (BenchmarkPublish, 2 shared cores): 32 in flight, 2,856
+// events/s with the default linger and 80,120 with none; 1 in flight, 91
+// and 8,904.
+package outboxkafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// HeaderEventID is the record header holding the event id.
+const HeaderEventID = "outbox-event-id"
+
+// Config configures a Publisher. The zero Config is valid.
+type Config struct {
+	// Topic maps an event to its Kafka topic. Default: DefaultTopic.
+	Topic func(d outbox.Delivery) string
+	// Key maps an event to its record key (nil for none). Default:
+	// DefaultKey.
+	Key func(d outbox.Delivery) []byte
+}
+
+// DefaultTopic is "<namespace>.<topic>", e.g. "billing.invoice_paid".
+// Kafka topic names are at most 249 characters of [a-zA-Z0-9._-]; the
+// outbox's names fit unless namespace and topic together pass that length.
+func DefaultTopic(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
+
+// DefaultKey is the event's tenant id (its hyphenated string), or else its
+// dedupe key, or else nil (no key: the client spreads such records over
+// the partitions).
+func DefaultKey(d outbox.Delivery) []byte {
+	switch {
+	case d.TenantID != nil:
+		return []byte(d.TenantID.String())
+	case d.DedupeKey != nil:
+		return []byte(*d.DedupeKey)
+	}
+	return nil
+}
+
+// ErrNotAcknowledged is returned (wrapped) when Kafka did not acknowledge
+// a record: the publish is retried unless the error is permanent.
+var ErrNotAcknowledged = errors.New("outboxkafka: record not acknowledged by Kafka")
+
+// Publisher produces outbox events to Kafka. It is safe for concurrent use
+// and does not own the client: close it when the dispatchers have
+// stopped.
+type Publisher struct {
+	cl    *kgo.Client
+	topic func(outbox.Delivery) string
+	key   func(outbox.Delivery) []byte
+}
+
+// New returns a Publisher producing through cl. It fails with an error
+// matching outbox.ErrInvalidConfig if cl has idempotent writes disabled
+// (kgo.DisableIdempotentWrite).
+func New(cl *kgo.Client, cfg Config) (*Publisher, error) {
+	if cl == nil {
+		return nil, fmt.Errorf("%w: outboxkafka: the client is nil", outbox.ErrInvalidConfig)
+	}
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		return nil, fmt.Errorf("%w: outboxkafka: the client has idempotent writes disabled (kgo.DisableIdempotentWrite)", outbox.ErrInvalidConfig)
+	}
+	if cfg.Topic == nil {
+		cfg.Topic = DefaultTopic
+	}
+	if cfg.Key == nil {
+		cfg.Key = DefaultKey
+	}
+	return &Publisher{cl: cl, topic: cfg.Topic, key: cfg.Key}, nil
+}
+
+// For returns the outbox.Publisher of topic, for NewDispatcher.
+func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
+	return outbox.Publisher{Topic: topic, Name: "outboxkafka " + topic.String(), Publish: p.Publish}
+}
+
+// Record builds the record of d: topic, key, value and headers (the
+// event's, sorted by name, then HeaderEventID).
+func (p *Publisher) Record(d outbox.Delivery) *kgo.Record {
+	r := &kgo.Record{Topic: p.topic(d), Key: p.key(d), Value: d.Payload}
+	names := make([]string, 0, len(d.Headers))
+	for k := range d.Headers {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	r.Headers = make([]kgo.RecordHeader, 0, len(names)+1)
+	for _, k := range names {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(d.Headers[k])})
+	}
+	r.Headers = append(r.Headers, kgo.RecordHeader{Key: HeaderEventID, Value: []byte(d.ID.String())})
+	return r
+}
+
+// Publish produces d's record and waits for its acknowledgement or the end
+// of ctx. Records refused for their size or topic name are permanent
+// errors.
+func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
+	r := p.Record(d)
+	done := make(chan error, 1)
+	p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { done <- err })
+	select {
+	case err := <-done:
+		if err == nil {
+			return nil
+		}
+		err = fmt.Errorf("%w: topic %q: %w", ErrNotAcknowledged, r.Topic, err)
+		if isPermanent(err) {
+			return outbox.Permanent(err)
+		}
+		return err
+	case <-ctx.Done():
+		// An in-flight record of an idempotent producer cannot be
+		// withdrawn; its outcome is dropped and the event retried.
+		return fmt.Errorf("%w: topic %q: %w", ErrNotAcknowledged, r.Topic, context.Cause(ctx))
+	}
+}
+
+func isPermanent(err error) bool {
+	for _, k := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException, kerr.InvalidRecord} {
+		if errors.Is(err, k) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,237 @@
+package outboxkafka_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/internal/brokertest"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxkafka"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
+)
+
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+var ctx = context.Background()
+
+const (
+	kafkaTopic = "test.events"
+	addrsEnv   = "OUTBOXKAFKA_TEST_BROKERS" // the kfake cluster, for the crash child
+)
+
+// startCluster runs an in-process kfake cluster with the test topic, one
+// partition, closed when the test ends.
+func startCluster(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(1, kafkaTopic)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// newClient opens a franz-go client on addrs without linger (as the
+// package doc advises), closed when the test ends.
+func newClient(t testing.TB, addrs []string, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func newPublisher(t testing.TB, cl *kgo.Client, cfg outboxkafka.Config) *outboxkafka.Publisher {
+	t.Helper()
+	p, err := outboxkafka.New(cl, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// readAll consumes the test topic from the start until it has read up to
+// the partition's high watermark and holds at least want distinct event
+// ids.
+func readAll(t testing.TB, addrs []string, want int) []*kgo.Record {
+	t.Helper()
+	cl := newClient(t, addrs, kgo.ConsumeTopics(kafkaTopic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var out []*kgo.Record
+	ids := map[string]bool{}
+	caughtUp := false
+	for len(ids) < want || !caughtUp {
+		fetches := cl.PollFetches(pctx)
+		if err := pctx.Err(); err != nil {
+			t.Fatalf("read %d records (%d distinct ids), want %d ids: %v", len(out), len(ids), want, err)
+		}
+		for _, e := range fetches.Errors() {
+			t.Fatalf("fetch: %v", e.Err)
+		}
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			for _, r := range p.Records {
+				out = append(out, r)
+				ids[eventID(t, r).String()] = true
+			}
+			if n := len(p.Records); n > 0 {
+				caughtUp = p.Records[n-1].Offset+1 == p.HighWatermark
+			}
+		})
+	}
+	return out
+}
+
+func header(r *kgo.Record, key string) (string, bool) {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+func eventID(t testing.TB, r *kgo.Record) uuid.UUID {
+	t.Helper()
+	s, _ := header(r, outboxkafka.HeaderEventID)
+	id, err := uuid.Parse(s)
+	if err != nil {
+		t.Fatalf("record at offset %d without an event id: %v", r.Offset, err)
+	}
+	return id
+}
+
+// TestCrashChild is the dispatcher process of TestDeliveredThroughSIGKILL.
+func TestCrashChild(t *testing.T) {
+	brokertest.Child(t, func(t testing.TB) outbox.Publisher {
+		return newPublisher(t, newClient(t, strings.Split(os.Getenv(addrsEnv), ",")), outboxkafka.Config{}).For(brokertest.Topic)
+	})
+}
+
+// TestDeliveredThroughSIGKILL delivers 10,000 events (3,000 under -race; BROKERTEST_EVENTS)
+// with a dispatcher process SIGKILLed a third of the way, then a survivor:
+// the topic holds every event, and holds one twice only if the outbox
+// published it more than once (Kafka's idempotence does not span producer
+// sessions; consumers de-duplicate on outbox-event-id).
+func TestDeliveredThroughSIGKILL(t *testing.T) {
+	cluster := startCluster(t)
+	addrs := cluster.ListenAddrs()
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	n := brokertest.Events(t)
+	ids := brokertest.Enqueue(t, c, db, n)
+
+	calls := brokertest.RunCrash(t, c, db, n, brokertest.Crash{ChildTest: "TestCrashChild", Env: []string{addrsEnv + "=" + strings.Join(addrs, ",")}},
+		newPublisher(t, newClient(t, addrs), outboxkafka.Config{}).For(brokertest.Topic))
+
+	got := map[uuid.UUID]int{}
+	for _, r := range readAll(t, addrs, n) {
+		got[eventID(t, r)]++
+		var p struct{ N int }
+		if err := json.Unmarshal(r.Value, &p); err != nil {
+			t.Fatal(err)
+		}
+		if seq, _ := header(r, "x-seq"); seq != jsonInt(p.N) {
+			t.Fatalf("record at offset %d: x-seq %q, value n %d", r.Offset, seq, p.N)
+		}
+	}
+	brokertest.Check(t, ids, got, calls, false)
+}
+
+func jsonInt(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestRecord: topic, key, value and headers of delivered events, with the
+// default key (tenant, then dedupe key, then none) and a custom topic and
+// key.
+func TestRecord(t *testing.T) {
+	cluster := startCluster(t, kfake.SeedTopics(1, "custom-topic"))
+	addrs := cluster.ListenAddrs()
+	cl := newClient(t, addrs)
+	p := newPublisher(t, cl, outboxkafka.Config{})
+	tenant := uuid.New()
+	key := tenant.String() + "/k"
+	cases := []struct {
+		d       outbox.Delivery
+		wantKey string
+	}{
+		{outbox.Delivery{TenantID: &tenant, DedupeKey: &key}, tenant.String()},
+		{outbox.Delivery{DedupeKey: outbox.Key("plain")}, "plain"},
+		{outbox.Delivery{}, ""},
+	}
+	for i, tc := range cases {
+		tc.d.ID, tc.d.Namespace, tc.d.Topic, tc.d.Payload = uuid.New(), "test", "events", json.RawMessage(`{"i":`+jsonInt(i)+`}`)
+		tc.d.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "b": "2", "a": "1"}
+		if err := p.Publish(ctx, tc.d); err != nil {
+			t.Fatal(err)
+		}
+		cases[i] = tc
+	}
+	recs := readAll(t, addrs, len(cases))
+	if len(recs) != len(cases) {
+		t.Fatalf("%d records, want %d", len(recs), len(cases))
+	}
+	for i, r := range recs {
+		tc := cases[i]
+		if eventID(t, r) != tc.d.ID || string(r.Key) != tc.wantKey || string(r.Value) != string(tc.d.Payload) {
+			t.Errorf("record %d: id %s key %q value %s; want %s %q %s", i, eventID(t, r), r.Key, r.Value, tc.d.ID, tc.wantKey, tc.d.Payload)
+		}
+		var names []string
+		for _, h := range r.Headers {
+			names = append(names, h.Key)
+		}
+		if got := strings.Join(names, ","); got != "a,b,traceparent,outbox-event-id" {
+			t.Errorf("record %d headers %s", i, got)
+		}
+	}
+
+	custom := newPublisher(t, cl, outboxkafka.Config{
+		Topic: func(outbox.Delivery) string { return "custom-topic" },
+		Key:   func(d outbox.Delivery) []byte { return []byte("k-" + d.Topic) },
+	})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+	if err := custom.Publish(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	cons := newClient(t, addrs, kgo.ConsumeTopics("custom-topic"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	pctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	r := cons.PollRecords(pctx, 1).Records()
+	if len(r) != 1 || string(r[0].Key) != "k-events" || eventID(t, r[0]) != d.ID {
+		t.Fatalf("custom topic and key: got %v", r)
+	}
+}
+
+// TestClientChecked: New refuses a client without idempotent writes (and
+// franz-go refuses idempotence without acks from all in-sync replicas).
+func TestClientChecked(t *testing.T) {
+	cluster := startCluster(t)
+	cl := newClient(t, cluster.ListenAddrs(), kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck()))
+	if _, err := outboxkafka.New(cl, outboxkafka.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("got %v, want ErrInvalidConfig", err)
+	}
+	if _, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.RequiredAcks(kgo.LeaderAck())); err == nil {
+		t.Error("franz-go accepted an idempotent producer with leader acks")
+	}
+}
+
+// TestTooLargeIsPermanent: a record over the client's batch limit is a
+// permanent failure.
+func TestTooLargeIsPermanent(t *testing.T) {
+	cluster := startCluster(t)
+	p := newPublisher(t, newClient(t, cluster.ListenAddrs(), kgo.ProducerBatchMaxBytes(1024)), outboxkafka.Config{})
+	big := json.RawMessage(`"` + strings.Repeat("x", 4000) + `"`)
+	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: big})
+	if !outbox.IsPermanent(err) {
+		t.Fatalf("got %v, want a permanent error", err)
+	}
+}

@@ -1,0 +1,134 @@
+// Package outboxnats publishes outbox events to NATS JetStream.
+//
+// Each event becomes one JetStream message on a subject derived from its
+// namespace and topic ("<namespace>.<topic>" unless Config.Subject says
+// otherwise), with the payload as data, the event's headers as NATS
+// headers, and the event id as Nats-Msg-Id. JetStream drops a message whose
+// Nats-Msg-Id it has already stored within the stream's duplicate window
+// (Duplicates, two minutes by default), so an event that the outbox
+// delivers again after a crash or a lost outcome is stored once as long as
+// the redelivery falls inside that window: size the window to cover the
+// dispatcher's LeaseDuration plus its retry backoff.
+//
+// # Example
+//
+//	nc, _ := nats.Connect(url)
+//	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+//	pub, _ := outboxnats.New(js, outboxnats.Config{})
+//	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
+//
+// # Acknowledgements and batching
+//
+// A publish returns nil only once JetStream has acknowledged the message
+// (stored it in a stream). Messages are sent with the asynchronous
+// publish API, so the dispatcher's concurrent publishes share the
+// connection and their acknowledgements are awaited together instead of
+// one round trip after another; each call still waits for its own ack (or
+// its context's end) before it returns. Give the JetStream context a
+// PublishAsyncTimeout (jetstream.WithPublishAsyncTimeout) so that pending
+// acknowledgements lost with a connection are failed instead of kept.
+//
+// # Failures
+//
+// A subject no stream listens on, a full stream, a lost connection or a
+// missing ack are returned as errors to retry. A message over the server's
+// maximum payload, or a subject that NATS refuses, is returned wrapped in
+// outbox.Permanent, since no retry can change it.
+package outboxnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// Config configures a Publisher. The zero Config is valid.
+type Config struct {
+	// Subject maps an event to the subject it is published on. Default:
+	// DefaultSubject.
+	Subject func(d outbox.Delivery) string
+}
+
+// DefaultSubject is "<namespace>.<topic>", e.g. "billing.invoice_paid".
+// The outbox's names may contain '.', which NATS reads as a token
+// separator: "a.b" / "c" gives "a.b.c", to be matched with wildcards
+// accordingly.
+func DefaultSubject(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
+
+// Header names set on every message besides the event's own headers.
+const (
+	// HeaderMsgID carries the event id; JetStream de-duplicates on it.
+	HeaderMsgID = jetstream.MsgIDHeader
+)
+
+// ErrNotAcknowledged is returned (wrapped) when JetStream did not
+// acknowledge a message: the publish is retried.
+var ErrNotAcknowledged = errors.New("outboxnats: message not acknowledged by JetStream")
+
+// Publisher publishes outbox events to JetStream. It is safe for concurrent
+// use and holds no resources of its own: close the NATS connection when
+// done.
+type Publisher struct {
+	js      jetstream.JetStream
+	subject func(outbox.Delivery) string
+}
+
+// New returns a Publisher that publishes through js.
+func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: outboxnats: the JetStream context is nil", outbox.ErrInvalidConfig)
+	}
+	if cfg.Subject == nil {
+		cfg.Subject = DefaultSubject
+	}
+	return &Publisher{js: js, subject: cfg.Subject}, nil
+}
+
+// For returns the outbox.Publisher of topic, for NewDispatcher.
+func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
+	return outbox.Publisher{Topic: topic, Name: "outboxnats " + topic.String(), Publish: p.Publish}
+}
+
+// Msg builds the JetStream message of d: its subject, payload, headers and
+// Nats-Msg-Id.
+func (p *Publisher) Msg(d outbox.Delivery) *nats.Msg {
+	m := nats.NewMsg(p.subject(d))
+	m.Data = d.Payload
+	for k, v := range d.Headers {
+		m.Header.Set(k, v)
+	}
+	m.Header.Set(HeaderMsgID, d.ID.String())
+	return m
+}
+
+// Publish sends d and waits for JetStream's acknowledgement or the end of
+// ctx. A duplicate acknowledged as such (already stored under the same
+// Nats-Msg-Id) is a success.
+func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
+	m := p.Msg(d)
+	fut, err := p.js.PublishMsgAsync(m)
+	if err != nil {
+		return classify(m.Subject, err)
+	}
+	select {
+	case <-fut.Ok():
+		return nil
+	case err := <-fut.Err():
+		return classify(m.Subject, err)
+	case <-ctx.Done():
+		return fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, m.Subject, context.Cause(ctx))
+	}
+}
+
+func classify(subject string, err error) error {
+	err = fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, subject, err)
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
+		return outbox.Permanent(err)
+	}
+	return err
+}

@@ -1,0 +1,291 @@
+package outboxnats_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/internal/brokertest"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxnats"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
+)
+
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+var ctx = context.Background()
+
+const (
+	streamName = "TEST"
+	urlEnv     = "OUTBOXNATS_TEST_URL" // the in-process server, for the crash child
+)
+
+// startServer runs an in-process nats-server with JetStream, shut down when
+// the test ends.
+func startServer(t testing.TB, opts ...func(*server.Options)) *server.Server {
+	t.Helper()
+	o := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true}
+	for _, f := range opts {
+		f(o)
+	}
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		t.Fatal("nats-server did not start")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
+}
+
+// connect opens a JetStream context on url, closed when the test ends.
+func connect(t testing.TB, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// createStream makes the stream that stores "test.>".
+func createStream(t testing.TB, js jetstream.JetStream) jetstream.Stream {
+	t.Helper()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"test.>"},
+		Storage: jetstream.MemoryStorage, Duplicates: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newPublisher(t testing.TB, js jetstream.JetStream, cfg outboxnats.Config) *outboxnats.Publisher {
+	t.Helper()
+	p, err := outboxnats.New(js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// readAll reads every message of the stream.
+func readAll(t testing.TB, js jetstream.JetStream, s jetstream.Stream) []jetstream.Msg {
+	t.Helper()
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.OrderedConsumer(ctx, streamName, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []jetstream.Msg
+	for uint64(len(out)) < info.State.Msgs {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			out = append(out, m)
+		}
+		if err := batch.Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+// TestCrashChild is the dispatcher process of TestDeliveredThroughSIGKILL.
+func TestCrashChild(t *testing.T) {
+	brokertest.Child(t, func(t testing.TB) outbox.Publisher {
+		return newPublisher(t, connect(t, os.Getenv(urlEnv)), outboxnats.Config{}).For(brokertest.Topic)
+	})
+}
+
+// TestDeliveredThroughSIGKILL delivers 10,000 events (3,000 under -race; BROKERTEST_EVENTS)
+// with a dispatcher process SIGKILLed a third of the way, then a survivor:
+// the stream holds each event exactly once, the redeliveries dropped by
+// Nats-Msg-Id.
+func TestDeliveredThroughSIGKILL(t *testing.T) {
+	srv := startServer(t)
+	js := connect(t, srv.ClientURL())
+	stream := createStream(t, js)
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	n := brokertest.Events(t)
+	ids := brokertest.Enqueue(t, c, db, n)
+
+	calls := brokertest.RunCrash(t, c, db, n, brokertest.Crash{ChildTest: "TestCrashChild", Env: []string{urlEnv + "=" + srv.ClientURL()}},
+		newPublisher(t, js, outboxnats.Config{}).For(brokertest.Topic))
+
+	got := map[uuid.UUID]int{}
+	for _, m := range readAll(t, js, stream) {
+		id, err := uuid.Parse(m.Headers().Get(outboxnats.HeaderMsgID))
+		if err != nil {
+			t.Fatalf("message without an event id: %v", err)
+		}
+		got[id]++
+		checkSeq(t, m)
+	}
+	brokertest.Check(t, ids, got, calls, true)
+}
+
+// TestDeliveredThroughConnectionCut delivers 10,000 events (3,000 under -race;
+// BROKERTEST_EVENTS) through a proxy that cuts the NATS connection a third
+// and two thirds of the way: the client reconnects, the acks pending at
+// the cut fail (nats.ErrDisconnected) and are retried, and the stream
+// holds each event exactly once.
+func TestDeliveredThroughConnectionCut(t *testing.T) {
+	srv := startServer(t)
+	stream := createStream(t, connect(t, srv.ClientURL()))
+	proxy := brokertest.NewProxy(t, srv.Addr().String())
+	nc, err := nats.Connect("nats://"+proxy.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // the cut's write errors are expected
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	n := brokertest.Events(t)
+	ids := brokertest.Enqueue(t, c, db, n)
+
+	calls := brokertest.NewCalls()
+	brokertest.Delivered(t, c, newPublisher(t, js, outboxnats.Config{}).For(brokertest.Topic), calls, func(k int) {
+		if k == n/3 || k == 2*n/3 {
+			proxy.Cut()
+		}
+	})
+	if nc.Stats().Reconnects < 2 {
+		t.Errorf("%d reconnects, want 2", nc.Stats().Reconnects)
+	}
+	got := map[uuid.UUID]int{}
+	for _, m := range readAll(t, connect(t, srv.ClientURL()), stream) {
+		got[uuid.MustParse(m.Headers().Get(outboxnats.HeaderMsgID))]++
+	}
+	brokertest.Check(t, ids, got, calls, true)
+}
+
+// checkSeq checks that the message's x-seq header belongs to its payload.
+func checkSeq(t *testing.T, m jetstream.Msg) {
+	t.Helper()
+	var p struct{ N int }
+	if err := json.Unmarshal(m.Data(), &p); err != nil {
+		t.Fatal(err)
+	}
+	if seq := m.Headers().Get("x-seq"); seq != jsonInt(p.N) {
+		t.Fatalf("message %s: x-seq %q, payload n %d", m.Headers().Get(outboxnats.HeaderMsgID), seq, p.N)
+	}
+}
+
+func jsonInt(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// TestMessage: subject, payload, headers (the trace context included) and
+// Nats-Msg-Id of a delivered event, under the default and a custom subject.
+func TestMessage(t *testing.T) {
+	srv := startServer(t)
+	js := connect(t, srv.ClientURL())
+	stream := createStream(t, js)
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	tenant := uuid.New()
+	res, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: "test", Topic: "events", TenantID: &tenant,
+		Headers: map[string]string{"content-type": "application/json", "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		Payload: json.RawMessage(`{"hello":"world"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := outbox.Topic{Namespace: "test", Topic: "custom"}
+	res2, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: other.Namespace, Topic: other.Topic, Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	custom := newPublisher(t, js, outboxnats.Config{Subject: func(d outbox.Delivery) string { return "test.by-tenant." + d.Topic }})
+	outboxtest.Drain(t, c, newPublisher(t, js, outboxnats.Config{}).For(brokertest.Topic), custom.For(other))
+
+	msgs := readAll(t, js, stream)
+	if len(msgs) != 2 {
+		t.Fatalf("stream holds %d messages, want 2", len(msgs))
+	}
+	bySubject := map[string]jetstream.Msg{}
+	for _, m := range msgs {
+		bySubject[m.Subject()] = m
+	}
+	m, ok := bySubject["test.events"]
+	if !ok {
+		t.Fatalf("no message on test.events; subjects: %v", bySubject)
+	}
+	h := m.Headers()
+	if h.Get("Nats-Msg-Id") != res.ID.String() || h.Get("content-type") != "application/json" ||
+		!strings.HasPrefix(h.Get("traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
+		t.Errorf("headers %v; want the event id, content-type and traceparent", h)
+	}
+	if string(m.Data()) != `{"hello": "world"}` && string(m.Data()) != `{"hello":"world"}` {
+		t.Errorf("data %s", m.Data())
+	}
+	if m2, ok := bySubject["test.by-tenant.custom"]; !ok || m2.Headers().Get("Nats-Msg-Id") != res2.ID.String() {
+		t.Errorf("custom subject: got subjects %v", bySubject)
+	}
+}
+
+// TestRedeliveryDropped: publishing the same delivery again stores nothing
+// new and succeeds.
+func TestRedeliveryDropped(t *testing.T) {
+	srv := startServer(t)
+	js := connect(t, srv.ClientURL())
+	stream := createStream(t, js)
+	p := newPublisher(t, js, outboxnats.Config{})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Attempt: 1}
+	for attempt := 1; attempt <= 3; attempt++ {
+		d.Attempt = attempt
+		if err := p.Publish(ctx, d); err != nil {
+			t.Fatalf("attempt %d: %v", attempt, err)
+		}
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages, want 1", info.State.Msgs)
+	}
+}
+
+// TestFailures: no stream for the subject is retried; a payload over the
+// server's limit is permanent.
+func TestFailures(t *testing.T) {
+	srv := startServer(t, func(o *server.Options) { o.MaxPayload = 1024 })
+	js := connect(t, srv.ClientURL())
+	createStream(t, js)
+	p := newPublisher(t, js, outboxnats.Config{})
+
+	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "nostream", Topic: "events", Payload: json.RawMessage(`{}`)})
+	if err == nil || outbox.IsPermanent(err) {
+		t.Errorf("no stream: got %v, want an error to retry", err)
+	}
+	big := json.RawMessage(`"` + strings.Repeat("x", 2000) + `"`)
+	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: big})
+	if !outbox.IsPermanent(err) {
+		t.Errorf("payload over the limit: got %v, want a permanent error", err)
+	}
+}
