@@ -78,11 +78,25 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed, no attempts left: %v")
 	default:
 		o.Kind, out.Status, o.Error = driver.Retry, StatusPending, fail("attempt %d of %d failed: %v")
-		o.Delay = d.cfg.Retry.Backoff(m.Attempt)
+		o.Delay = max(d.cfg.Retry.Backoff(m.Attempt), retryAfter(r.err))
 		out.RetryIn = o.Delay
 	}
 	out.Error = o.Error
 	return o, out
+}
+
+// retryAfterMax bounds the delay a publish error may ask for.
+const retryAfterMax = 24 * time.Hour
+
+// retryAfter is the delay a publish error asks for through a
+// RetryAfter() time.Duration method (an HTTP 429 or 503 with Retry-After,
+// a broker's back-off), at most retryAfterMax; 0 when it asks for none.
+func retryAfter(err error) time.Duration {
+	var ra interface{ RetryAfter() time.Duration }
+	if !errors.As(err, &ra) {
+		return 0
+	}
+	return min(max(ra.RetryAfter(), 0), retryAfterMax)
 }
 
 func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) {

@@ -63,8 +63,10 @@ type Publisher struct {
 	Topic Topic
 	// Publish delivers one event to an external consumer (a broker, a
 	// webhook, an in-process call). Return nil when the consumer has it; an
-	// error to retry with backoff; an error wrapped with Permanent to
-	// dead-letter at once. ctx ends at the publish deadline, before the
+	// error to retry with backoff (an error with a RetryAfter()
+	// time.Duration method, such as outboxhttp's StatusError for a
+	// Retry-After header, waits at least that long, at most 24h); an error
+	// wrapped with Permanent to dead-letter at once. ctx ends at the publish deadline, before the
 	// event's lease does: a publisher that respects it never outlives its
 	// lease. One that ignores it is abandoned at the deadline (see
 	// DispatcherConfig). Delivery is at least once: the same event (same ID

@@ -3,9 +3,12 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -122,5 +125,37 @@ func TestBatchHeaders(t *testing.T) {
 				t.Fatalf("batch of %d, event %d: headers %v, want %v", n, i, e.Headers, msgs[i].Headers)
 			}
 		}
+	}
+}
+
+// retryLater is a publish error that asks for a delay, as an HTTP 429 with
+// Retry-After does.
+type retryLater time.Duration
+
+func (r retryLater) Error() string             { return "rate limited" }
+func (r retryLater) RetryAfter() time.Duration { return time.Duration(r) }
+
+// A publish error's RetryAfter delays the retry at least that long, even
+// beyond the backoff.
+func TestRetryAfterHonoured(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	enqueueN(t, client, tdb.Provider.Pool, 1)
+	log := newOutcomeLog()
+	cfg := testConfig(log) // backoff of a few milliseconds
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
+		return fmt.Errorf("webhook: %w", retryLater(time.Hour))
+	}})
+	var got outbox.Outcome
+	log.waitFor(t, "the first failure", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		for _, os := range m {
+			if len(os) > 0 {
+				got = os[0]
+				return true
+			}
+		}
+		return false
+	})
+	if got.RetryIn != time.Hour || got.Status != outbox.StatusPending {
+		t.Fatalf("outcome %+v, want a retry in 1h as the error asked", got)
 	}
 }

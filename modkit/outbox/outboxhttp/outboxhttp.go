@@ -32,10 +32,8 @@
 // # Retry-After
 //
 // A response's Retry-After header (seconds or an HTTP date) is parsed into
-// StatusError.RetryAfter. The dispatcher does not yet take a delay from a
-// publish error: it retries on its own RetryPolicy, so a receiver asking
-// for a longer pause may be called again sooner, and answer 429 or 503
-// again, until its pause is over or the event's attempts run out.
+// StatusError.RetryAfter, which the dispatcher honours: the retry waits at
+// least that long (at most 24h), or its own backoff if that is longer.
 package outboxhttp
 
 import (
