@@ -76,6 +76,12 @@ func drainTimeout(n int) time.Duration { return time.Minute + time.Duration(n)*t
 // seen the n-th delivery. settings are session settings of the
 // dispatcher's pool.
 func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, settings map[string]string, direct bool) (drainResult, error) {
+	return b.drainDispatcherWith(ctx, n, batch, concurrency, settings, direct, nil)
+}
+
+// drainDispatcherWith is drainDispatcher with pub as the publisher (nil: a
+// no-op one).
+func (b *bench) drainDispatcherWith(ctx context.Context, n, batch, concurrency int, settings map[string]string, direct bool, pub *outbox.Publisher) (drainResult, error) {
 	qc := &queryCounter{}
 	pool, err := b.t.newPool(ctx, poolSpec{maxConns: b.opts.dispatcherConns, tracer: qc, warm: 1, settings: settings})
 	if err != nil {
@@ -98,11 +104,18 @@ func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, 
 			}
 		},
 	}
-	newDispatcher := b.newDispatcher
-	if direct {
-		newDispatcher = b.newDirectDispatcher
+	var d *outbox.Dispatcher
+	switch {
+	case pub != nil:
+		var client *outbox.Client
+		if client, err = b.newClient(pool, outbox.Config{}); err == nil {
+			d, err = client.NewDispatcher(cfg, *pub)
+		}
+	case direct:
+		d, err = b.newDirectDispatcher(pool, cfg, nil)
+	default:
+		d, err = b.newDispatcher(pool, cfg, nil)
 	}
-	d, err := newDispatcher(pool, cfg, nil)
 	if err != nil {
 		return drainResult{}, err
 	}

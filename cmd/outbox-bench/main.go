@@ -111,6 +111,7 @@ var workloads = []workload{
 	{name: "scale", run: (*bench).runScale},
 	{name: "idle", run: (*bench).runIdle},
 	{name: "ordering", run: (*bench).runOrdering},
+	{name: "brokers", run: (*bench).runBrokers},
 	{name: "experiments", run: (*bench).runExperiments, optional: true},
 }
 
@@ -217,7 +218,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 func (o options) params() map[string]string {
 	p := map[string]string{"only": strings.Join(o.only, ","), "rounds": fmt.Sprint(o.rounds)}
 	has := func(name string) bool { return slices.Contains(o.only, name) }
-	if has("dispatch") || has("scale") || has("experiments") || has("ordering") {
+	if has("dispatch") || has("scale") || has("experiments") || has("ordering") || has("brokers") {
 		p["events"], p["batch"], p["concurrency"], p["raw_workers"] = itoa(int64(o.events)), fmt.Sprint(o.batch), fmt.Sprint(o.concurrency), fmt.Sprint(o.rawWorkers)
 	}
 	if has("latency") {
