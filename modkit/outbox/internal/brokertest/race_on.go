@@ -1,6 +1,0 @@
-//go:build race
-
-package brokertest
-
-// raceEnabled: the binary is built with the race detector.
-const raceEnabled = true
