@@ -21,6 +21,10 @@ demo: ## Run the Mini Chat demo end to end (throwaway PostgreSQL unless DATABASE
 bench: ## Run the benchmark program and print its table (BENCHFLAGS=-help for options)
 	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
 
+.PHONY: bench-river
+bench-river: ## Run the outbox and River v0.51.1 side by side (module bench/river; RIVERFLAGS=-help for options)
+	cd bench/river && $(GO) run . $(RIVERFLAGS)
+
 .PHONY: soak
 soak: ## Run the soak test: dispatchers killed, PostgreSQL restarted, nothing lost (SOAKFLAGS='-preset harsh', -help)
 	$(GO) run ./cmd/outbox-soak $(SOAKFLAGS)

@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/riverqueue/river"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+const preloadChunk = 20000
+
+// preloadOutbox writes n pending, due outbox events by COPY, created a
+// microsecond apart like a steady stream of enqueues, with time-ordered ids
+// as the library gives them.
+func (b *bench) preloadOutbox(ctx context.Context, run string, n int) error {
+	cols := []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload", "status", "attempts", "created_at", "next_attempt_at"}
+	at := time.Now().Add(-time.Minute)
+	for start := 0; start < n; start += preloadChunk {
+		rows := make([][]any, 0, preloadChunk)
+		for i := start; i < min(n, start+preloadChunk); i++ {
+			m := b.src.message(run, int64(i))
+			id, err := uuid.NewV7()
+			if err != nil {
+				return err
+			}
+			ts := at.Add(time.Duration(i) * time.Microsecond)
+			rows = append(rows, []any{pgtype.UUID{Bytes: id, Valid: true}, m.Namespace, m.Topic, pgtype.UUID{Bytes: b.src.tenant, Valid: true},
+				*m.DedupeKey, string(m.Payload), "pending", 0, ts, ts})
+		}
+		if _, err := b.env.admin.CopyFrom(ctx, b.env.outboxTable, cols, pgx.CopyFromRows(rows)); err != nil {
+			return fmt.Errorf("preload outbox: %w", err)
+		}
+	}
+	return nil
+}
+
+// preloadRiver inserts n available River jobs with River's own bulk insert
+// (InsertManyFastTx, COPY).
+func (b *bench) preloadRiver(ctx context.Context, n int) error {
+	client, err := b.newRiver(b.env.admin, nil)
+	if err != nil {
+		return err
+	}
+	for start := 0; start < n; start += preloadChunk {
+		params := make([]river.InsertManyParams, 0, preloadChunk)
+		for i := start; i < min(n, start+preloadChunk); i++ {
+			params = append(params, river.InsertManyParams{Args: b.src.job(int64(i))})
+		}
+		if err := pgx.BeginFunc(ctx, b.env.admin, func(tx pgx.Tx) error {
+			_, err := client.InsertManyFastTx(ctx, tx, params)
+			return err
+		}); err != nil {
+			return fmt.Errorf("preload River: %w", err)
+		}
+	}
+	return nil
+}
+
+func drainTimeout(n int) time.Duration { return time.Minute + time.Duration(n)*time.Millisecond }
+
+// drainOutbox resets the tables, preloads n events and times the
+// dispatcher (library defaults but for clientCfg) from Start until the n-th
+// delivery is recorded.
+func (b *bench) drainOutbox(ctx context.Context, n int, clientCfg outbox.Config) (float64, error) {
+	if err := b.env.reset(ctx); err != nil {
+		return 0, err
+	}
+	if err := b.preloadOutbox(ctx, "dispatch", n); err != nil {
+		return 0, err
+	}
+	if err := b.env.settle(ctx); err != nil {
+		return 0, err
+	}
+	pool, err := b.env.newPool(ctx, 0, 1, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	var delivered, took atomic.Int64
+	done := make(chan struct{})
+	var start time.Time
+	cfg := outbox.DispatcherConfig{OnOutcome: func(_ outbox.Delivery, o outbox.Outcome) {
+		if o.LeaseLost || o.Released || o.Status != outbox.StatusDelivered {
+			return
+		}
+		if delivered.Add(1) == int64(n) {
+			took.Store(int64(time.Since(start)))
+			close(done)
+		}
+	}}
+	d, err := b.newDispatcher(pool, clientCfg, cfg, nil)
+	if err != nil {
+		return 0, err
+	}
+	start = time.Now()
+	if err := d.Start(ctx); err != nil {
+		return 0, err
+	}
+	err = waitDone(ctx, done, n, &delivered)
+	if stopErr := d.Stop(context.WithoutCancel(ctx)); err == nil && stopErr != nil {
+		err = fmt.Errorf("stop dispatcher: %w", stopErr)
+	}
+	if err != nil {
+		return 0, err
+	}
+	got, err := b.env.count(ctx, "SELECT count(*) FROM "+b.env.outboxTable.Sanitize()+" WHERE status = 'delivered'")
+	if err == nil && got != n {
+		err = fmt.Errorf("drain check: %d delivered rows, want %d", got, n)
+	}
+	return float64(n) / time.Duration(took.Load()).Seconds(), err
+}
+
+func waitDone(ctx context.Context, done <-chan struct{}, n int, progress *atomic.Int64) error {
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(drainTimeout(n)):
+		return fmt.Errorf("only %d of %d done after %v", progress.Load(), n, drainTimeout(n))
+	}
+}
+
+// drainRiver resets the tables, preloads n jobs and times a tuned River
+// client from Start until it reports the n-th job completed (River emits
+// the event once the completion is committed).
+func (b *bench) drainRiver(ctx context.Context, n int) (float64, error) {
+	if err := b.env.reset(ctx); err != nil {
+		return 0, err
+	}
+	if err := b.preloadRiver(ctx, n); err != nil {
+		return 0, err
+	}
+	if err := b.env.settle(ctx); err != nil {
+		return 0, err
+	}
+	pool, err := b.env.newPool(ctx, int32(b.opts.riverConns), 1, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	client, err := b.newRiver(pool, nil)
+	if err != nil {
+		return 0, err
+	}
+	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{ChanSize: n + 1000, Kinds: []river.EventKind{river.EventKindJobCompleted}})
+	defer cancel()
+	var completed atomic.Int64
+	done := make(chan struct{})
+	var took time.Duration
+	start := time.Now()
+	if err := client.Start(ctx); err != nil {
+		return 0, err
+	}
+	go func() {
+		for range events {
+			if completed.Add(1) == int64(n) {
+				took = time.Since(start)
+				close(done)
+				return
+			}
+		}
+	}()
+	err = waitDone(ctx, done, n, &completed)
+	stopCtx, stopCancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer stopCancel()
+	if stopErr := client.Stop(stopCtx); err == nil && stopErr != nil {
+		err = fmt.Errorf("stop River: %w", stopErr)
+	}
+	if err != nil {
+		return 0, err
+	}
+	got, err := b.env.count(ctx, "SELECT count(*) FROM "+b.env.riverJob.Sanitize()+" WHERE state = 'completed'")
+	if err == nil && got != n {
+		err = fmt.Errorf("drain check: %d completed jobs, want %d", got, n)
+	}
+	return float64(n) / took.Seconds(), err
+}
+
+// rawClaim and rawAck are a hand-written claim+ack loop on the outbox
+// table: the library's eligibility predicate and order, a batch claim
+// under FOR UPDATE SKIP LOCKED that takes a lease, and a mark-delivered by
+// id array, each statement its own (synchronously committed) transaction.
+func rawClaim(table string) string {
+	return `WITH due AS (
+	SELECT id FROM ` + table + `
+	WHERE status IN ('pending', 'processing')
+	  AND ((status = 'pending' AND next_attempt_at <= now()) OR (status = 'processing' AND locked_until < now()))
+	  AND attempts < 25 AND namespace = $1 AND topic = $2
+	ORDER BY created_at, id
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED)
+UPDATE ` + table + ` AS e SET status = 'processing', attempts = e.attempts + 1, locked_by = $4,
+	locked_until = now() + interval '30 seconds', lease_token = gen_random_uuid(), updated_at = now()
+FROM due WHERE e.id = due.id
+RETURNING e.id, e.payload, e.lease_token`
+}
+
+func rawAck(table string) string {
+	return `UPDATE ` + table + ` SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL, updated_at = now()
+WHERE id = ANY($1)`
+}
+
+// rawLoop drains table with workers goroutines on their own connections,
+// each running claim (batch rows) then ack until a claim finds nothing,
+// and returns the elapsed time.
+func (b *bench) rawLoop(ctx context.Context, workers, batch int, claim, ack string) (time.Duration, error) {
+	pool, err := b.env.newPool(ctx, int32(workers), workers, nil)
+	if err != nil {
+		return 0, err
+	}
+	defer pool.Close()
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			worker := pgtype.UUID{Bytes: uuid.New(), Valid: true}
+			ids := make([]pgtype.UUID, 0, batch)
+			for {
+				ids = ids[:0]
+				rows, err := pool.Query(ctx, claim, benchTopic.Namespace, benchTopic.Topic, batch, worker)
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				var id, token pgtype.UUID
+				var payload []byte
+				for rows.Next() {
+					if err := rows.Scan(&id, &payload, &token); err != nil {
+						errs[w] = err
+						break
+					}
+					ids = append(ids, id)
+				}
+				rows.Close()
+				if errs[w] = errors.Join(errs[w], rows.Err()); errs[w] != nil || len(ids) == 0 {
+					return
+				}
+				if _, errs[w] = pool.Exec(ctx, ack, ids); errs[w] != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start), errors.Join(errs...)
+}
+
+// drainRaw resets the tables, preloads n outbox events and drains them with
+// the raw loop.
+func (b *bench) drainRaw(ctx context.Context, n int) (float64, error) {
+	if err := b.env.reset(ctx); err != nil {
+		return 0, err
+	}
+	if err := b.preloadOutbox(ctx, "dispatch", n); err != nil {
+		return 0, err
+	}
+	if err := b.env.settle(ctx); err != nil {
+		return 0, err
+	}
+	table := b.env.outboxTable.Sanitize()
+	took, err := b.rawLoop(ctx, b.opts.rawWorkers, b.opts.rawBatch, rawClaim(table), rawAck(table))
+	if err != nil {
+		return 0, err
+	}
+	got, err := b.env.count(ctx, "SELECT count(*) FROM "+table+" WHERE status = 'delivered'")
+	if err == nil && got != n {
+		err = fmt.Errorf("raw drain check: %d delivered rows, want %d", got, n)
+	}
+	return float64(n) / took.Seconds(), err
+}
+
+// runDispatch alternates the four drains round by round.
+func (b *bench) runDispatch(ctx context.Context) error {
+	n := b.opts.events
+	sides := []side[float64]{
+		{"outbox, library defaults", func(ctx context.Context) (float64, error) { return b.drainOutbox(ctx, n, outbox.Config{}) }},
+		{"River tuned", func(ctx context.Context) (float64, error) { return b.drainRiver(ctx, n) }},
+		{"raw claim+ack loop", func(ctx context.Context) (float64, error) { return b.drainRaw(ctx, n) }},
+		{"outbox, SynchronousCommit", func(ctx context.Context) (float64, error) {
+			return b.drainOutbox(ctx, n, outbox.Config{SynchronousCommit: true})
+		}},
+	}
+	runs, err := alternate(ctx, b, "dispatch", sides)
+	if err != nil {
+		return err
+	}
+	lib, riv, raw, sync := series(runs[0]), series(runs[1]), series(runs[2]), series(runs[3])
+	measure := fmt.Sprintf("drain %s preloaded no-op events", itoa(int64(n)))
+	b.add(rateRow("dispatch", measure+", outbox library defaults", lib, riv, raw, "≥ 2× River, ≥ 1.0× raw",
+		fmt.Sprintf("River tuned: FetchCooldown %v, MaxWorkers %d, a pool of %d connections; the outbox: zero DispatcherConfig, pgx's default pool; "+
+			"raw: claim %d + ack by id array on %d connections, synchronous commits. Each drain starts from emptied tables, a COPY preload, VACUUM (ANALYZE) and CHECKPOINT.",
+			b.opts.riverCooldown, b.opts.riverWorkers, b.opts.riverConns, b.opts.rawBatch, b.opts.rawWorkers)))
+	b.add(rateRow("dispatch", measure+", outbox Config.SynchronousCommit", sync, riv, raw, "≥ 1.5× River", ""))
+	return nil
+}
