@@ -31,8 +31,21 @@ const orderedLogDDL = `CREATE TABLE ordered_log (
 	ok          boolean
 )`
 
+// orderedLogPool opens a pool for orderedPublisher on dsn with a
+// connection for every publish in flight, so that recording a publish's end
+// never waits for a connection (a publish that did would outlive its
+// lease, which is not what the test is about).
+func orderedLogPool(dsn string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 40
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
 // orderedPublisher records each publish in ordered_log (its start, then its
-// end) and fails a tenth of them.
+// end) and fails a tenth of them. pool comes from orderedLogPool.
 func orderedPublisher(pool *pgxpool.Pool, worker string) func(context.Context, outbox.Delivery) error {
 	return func(ctx context.Context, d outbox.Delivery) error {
 		var id int64
@@ -95,12 +108,17 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 	}
 	byKey := enqueueKeyed(t, client, pool, names, perKey)
 
+	logPool, err := orderedLogPool(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(logPool.Close)
 	children := []*childProc{startChild(t, tdb.DSN, childOrdered), startChild(t, tdb.DSN, childOrdered)}
 	for i := range 6 {
 		cfg := testConfig(newOutcomeLog())
 		cfg.MaxAttempts, cfg.OnOutcome = 20, nil
 		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg,
-			outbox.Publisher{Topic: testTopic, Publish: orderedPublisher(tdb.NewPool(t), fmt.Sprintf("local-%d", i))})
+			outbox.Publisher{Topic: testTopic, Publish: orderedPublisher(logPool, fmt.Sprintf("local-%d", i))})
 	}
 	// Kill each child once it has started some publishes; note when, by the
 	// database clock, it was certainly dead.
@@ -119,7 +137,7 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 		}
 		killedAt[pid] = now
 	}
-	eventually(t, "every event delivered", func() bool { return countRows(t, pool, "status = 'delivered'") == keys*perKey })
+	eventuallyWithin(t, 8*time.Minute, "every event delivered", func() bool { return countRows(t, pool, "status = 'delivered'") == keys*perKey })
 
 	// First successes in sequence order, per key.
 	rows, err := pool.Query(ctx, `SELECT okey, seq FROM (

@@ -155,7 +155,12 @@ func TestHelperDispatcherProcess(t *testing.T) {
 			select {}
 		}
 	case childOrdered:
-		pub := orderedPublisher(pool, fmt.Sprintf("child-%d", os.Getpid()))
+		logPool, err := orderedLogPool(os.Getenv(childDSNEnv))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer logPool.Close()
+		pub := orderedPublisher(logPool, fmt.Sprintf("child-%d", os.Getpid()))
 		publish = func(ctx context.Context, d outbox.Delivery) error {
 			say("start", d)
 			return pub(ctx, d)

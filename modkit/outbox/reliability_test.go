@@ -510,7 +510,15 @@ func allStatus(ids []uuid.UUID, st outbox.Status) map[uuid.UUID]outbox.Status {
 // It waits on a condition with a hang guard; it asserts nothing about time.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	timeout := time.After(guard)
+	eventuallyWithin(t, guard, what, cond)
+}
+
+// eventuallyWithin is eventually with a hang guard of its own, for the few
+// tests whose work (tens of thousands of events under -race) may take longer
+// than guard on a loaded machine.
+func eventuallyWithin(t *testing.T, hang time.Duration, what string, cond func() bool) {
+	t.Helper()
+	timeout := time.After(hang)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
