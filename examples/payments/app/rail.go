@@ -70,14 +70,14 @@ type Rail struct {
 	closed chan struct{}
 	served chan error
 
-	mu       sync.Mutex
-	rnd      *rand.Rand
-	byKey    map[string]Payment
-	order    map[string][]int64 // participant -> seqs paid, in arrival order
-	stats    RailStats
-	inFlight int
+	mu         sync.Mutex
+	rnd        *rand.Rand
+	byKey      map[string]Payment
+	order      map[string][]int64 // participant -> seqs paid, in arrival order
+	stats      RailStats
+	inFlight   int
 	inFlightBy map[string]int // dispatcher -> requests in flight
-	changed  chan struct{}   // closed and replaced at every change
+	changed    chan struct{}  // closed and replaced at every change
 }
 
 // StartRail starts a rail on a free port of 127.0.0.1.

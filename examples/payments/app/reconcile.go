@@ -49,6 +49,12 @@ type Summary struct {
 	// OrderChecked counts the participants whose payments the rail saw
 	// in their accepted order.
 	OrderChecked, Participants int
+	// LeaseExpired counts the history entries of this run's events that
+	// closed a claim whose dispatcher died (the killed one's).
+	LeaseExpired int
+	// Redelivered counts delivered instructions that took more than one
+	// attempt (503s, lost responses, the kill).
+	Redelivered int
 	// Mismatches lists every failed check; Reconciled is true when there
 	// is none.
 	Mismatches []string
@@ -135,6 +141,18 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 			s.Delivered++
 			s.LedgerTotals[a.Currency] += a.AmountMinor
 			wantOrder[a.Participant] = append(wantOrder[a.Participant], a.Seq)
+			hist, err := in.admin.History(ctx, a.EventID)
+			if err != nil {
+				return nil, err
+			}
+			for _, h := range hist {
+				if h.Outcome == "lease_expired" {
+					s.LeaseExpired++
+				}
+			}
+			if e.Attempts > 1 {
+				s.Redelivered++
+			}
 			if !isPaid {
 				bad("instruction %s delivered but not paid by the rail", key)
 			} else if p.Participant != a.Participant || p.Seq != a.Seq || p.AmountMinor != a.AmountMinor ||
@@ -194,6 +212,8 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	}
 	if s.Kill.PID == "" {
 		bad("no dispatcher was killed")
+	} else if s.LeaseExpired == 0 {
+		bad("the killed dispatcher left no lease_expired entry in any event's history")
 	}
 	if s.Skipped != len(s.Dead) {
 		bad("the operator skipped %d dead heads, want %d", s.Skipped, len(s.Dead))
@@ -214,6 +234,8 @@ func (s *Summary) Print(w io.Writer) error {
 	p("  delivered / dead\t%d / %d", s.Delivered, len(s.Dead))
 	p("  dispatcher processes\t%d; pid %s SIGKILLed with %d payments in flight after %d paid",
 		s.Dispatchers, s.Kill.PID, s.Kill.InFlight, s.Kill.PaidBefore)
+	p("  after the kill\t%d claims of the killed dispatcher expired and were taken over; %d instructions took more than one attempt",
+		s.LeaseExpired, s.Redelivered)
 	p("  rail requests\t%d: %d paid, %d answered again by idempotency key, %d x 503, %d responses lost (timeout), %d rejected",
 		s.Rail.Requests, s.Rail.Paid, s.Rail.Replayed, s.Rail.Unavailable, s.Rail.LostResponses, s.Rail.Rejected)
 	p("  rail concurrency\tat most %d requests at once (cap %d per dispatcher)", s.Rail.MaxInFlight, RailConcurrency)
