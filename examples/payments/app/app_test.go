@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/examples/payments/app"
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -85,6 +87,59 @@ func TestScenarioReconcilesWithAKilledDispatcher(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "Reconciliation OK") {
 		t.Fatalf("printed:\n%s", out.String())
+	}
+}
+
+// Each job's login role may do its job only: the API may not read events,
+// the dispatcher may not read the ledger, the report may not write it.
+func TestRolesAreLeastPrivilege(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	admin := tdb.Provider.Pool
+	roles, err := app.Setup(t.Context(), admin, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func(role string) *pgxpool.Pool {
+		t.Helper()
+		dsn, err := roles.DSN(role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.New(t.Context(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pool
+	}
+	api, dispatcher, report := connect(roles.API), connect(roles.Dispatcher), connect(roles.Report)
+	t.Cleanup(func() {
+		api.Close()
+		dispatcher.Close()
+		report.Close()
+		if err := roles.Drop(context.Background(), admin); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, c := range []struct {
+		what string
+		pool *pgxpool.Pool
+		sql  string
+	}{
+		{"api reads events", api, "SELECT payload FROM modkit_outbox_events"},
+		{"api reads the ledger", api, "SELECT amount_minor FROM payments_instructions"},
+		{"dispatcher reads the ledger", dispatcher, "SELECT amount_minor FROM payments_instructions"},
+		{"dispatcher reads events", dispatcher, "SELECT payload FROM modkit_outbox_events"},
+		{"report writes the ledger", report, "UPDATE payments_instructions SET amount_minor = 0"},
+		{"report marks events", report, "UPDATE modkit_outbox_events SET status = 'delivered'"},
+	} {
+		_, err := c.pool.Exec(t.Context(), c.sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s: %v, want permission denied (42501)", c.what, err)
+		}
+	}
+	if _, err := report.Exec(t.Context(), "SELECT count(*) FROM payments_instructions"); err != nil {
+		t.Errorf("report reads the ledger: %v", err)
 	}
 }
 

@@ -92,8 +92,8 @@ func (o *Options) defaults() error {
 		return errors.New("payments: Options.DSN and Options.Spawn are required")
 	case o.Dispatchers < 2:
 		return errors.New("payments: at least 2 dispatchers (one is killed)")
-	case o.Participants < 1 || o.Instructions < o.Participants || o.Invalid > o.Instructions/2:
-		return errors.New("payments: need Instructions >= Participants >= 1 and Invalid <= Instructions/2")
+	case o.Participants < 1 || o.Instructions < o.Participants || o.Invalid > o.Instructions/10:
+		return errors.New("payments: need Instructions >= Participants >= 1 and Invalid <= Instructions/10")
 	}
 	return nil
 }
