@@ -80,7 +80,7 @@ type reconcileInput struct {
 func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	s := &Summary{Elapsed: in.elapsed, Roles: *in.roles, Kill: in.kill, Dispatchers: in.dispatchers,
 		Skipped: len(in.skipped), LedgerTotals: map[string]int64{}, RailTotals: map[string]int64{}}
-	s.Roles.password = ""
+	s.Roles.password, s.Roles.baseDSN, s.Roles.names = "", "", nil // names only
 	bad := func(format string, args ...any) { s.Mismatches = append(s.Mismatches, fmt.Sprintf(format, args...)) }
 
 	rows, err := in.pool.Query(ctx, `SELECT id, participant_id, seq, amount_minor, currency, destination, event_id
@@ -232,9 +232,9 @@ func (s *Summary) Print(w io.Writer) error {
 		s.Roles.API, s.Roles.Dispatcher, s.Roles.Operator, s.Roles.Report)
 	p("  accepted instructions\t%d over %d participants", s.Accepted, s.Participants)
 	p("  delivered / dead\t%d / %d", s.Delivered, len(s.Dead))
-	p("  dispatcher processes\t%d; pid %s SIGKILLed with %d payments in flight after %d paid",
-		s.Dispatchers, s.Kill.PID, s.Kill.InFlight, s.Kill.PaidBefore)
-	p("  after the kill\t%d claims of the killed dispatcher expired and were taken over; %d instructions took more than one attempt",
+	p("  dispatcher processes\t%d; pid %s SIGKILLed after %d payments, with requests in flight at the rail: %d",
+		s.Dispatchers, s.Kill.PID, s.Kill.PaidBefore, s.Kill.InFlight)
+	p("  after the kill\tlease_expired history entries (claims taken over): %d; instructions delivered after more than one attempt: %d",
 		s.LeaseExpired, s.Redelivered)
 	p("  rail requests\t%d: %d paid, %d answered again by idempotency key, %d x 503, %d responses lost (timeout), %d rejected",
 		s.Rail.Requests, s.Rail.Paid, s.Rail.Replayed, s.Rail.Unavailable, s.Rail.LostResponses, s.Rail.Rejected)

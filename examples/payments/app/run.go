@@ -312,7 +312,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		}
 		victim.kill()
 		k := KillReport{PID: victim.pid, PaidBefore: len(rail.Payments()), InFlight: inFlight}
-		o.Progress("SIGKILLed dispatcher %s with %d payments in flight at the rail (%d paid so far)", k.PID, k.InFlight, k.PaidBefore)
+		o.Progress("SIGKILLed dispatcher %s after %d payments, with requests in flight at the rail: %d", k.PID, k.PaidBefore, k.InFlight)
 		killed <- k
 	}()
 
