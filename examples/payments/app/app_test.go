@@ -237,3 +237,45 @@ func TestPublisherRefusesAnInvalidPaymentBeforeSending(t *testing.T) {
 		t.Fatalf("payments %v, want one", rail.Payments())
 	}
 }
+
+// A payment whose answer is lost: the publish fails at its hard timeout
+// (retryable, not permanent), and the retry is answered with the first
+// result instead of paying again.
+func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
+	rail, err := app.StartRail(app.Faults{LostResponse: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rail.Close() })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	pub := app.RailPublisher(rail.URL(), client)
+	p := app.Payment{InstructionID: uuid.NewString(), Participant: "P1", Seq: 1, AmountMinor: 100, Currency: "EUR",
+		Destination: "DE12345678901234567890"}
+	payload, _ := json.Marshal(p)
+	d := outbox.Delivery{ID: uuid.New(), Payload: payload, Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}}
+	start := time.Now()
+	err = pub.Publish(t.Context(), d)
+	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first publish: %v, want a retryable timeout", err)
+	}
+	if took := time.Since(start); took > 2*app.RailTimeout {
+		t.Fatalf("the hard timeout took %s, want about %s", took, app.RailTimeout)
+	}
+	if err := pub.Publish(t.Context(), d); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	st := rail.Stats()
+	if st.Paid != 1 || st.Replayed != 1 || st.LostResponses != 1 {
+		t.Fatalf("rail %+v: want one payment, its answer lost once, then replayed", st)
+	}
+	// A payment of a participant that arrives after a later one is flagged.
+	late := p
+	late.InstructionID, late.Seq = uuid.NewString(), 0
+	payload, _ = json.Marshal(late)
+	_ = pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
+		Headers: map[string]string{app.HeaderIdempotencyKey: late.InstructionID}})
+	if v := rail.Stats().OrderViolations; len(v) != 1 {
+		t.Fatalf("order violations %q, want the late seq flagged", v)
+	}
+}
