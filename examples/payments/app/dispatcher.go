@@ -123,7 +123,7 @@ func DispatcherConfig(logger *slog.Logger) outbox.DispatcherConfig {
 		PollInterval:  100 * time.Millisecond,
 		BatchSize:     16,
 		Concurrency:   RailConcurrency,
-		MaxAttempts:   12,
+		MaxAttempts:   30, // a valid payment must not run out of attempts on a loaded machine
 		Retry:         outbox.RetryPolicy{BaseDelay: 10 * time.Millisecond, MaxDelay: 200 * time.Millisecond},
 		SweepInterval: 200 * time.Millisecond,
 		StopTimeout:   5 * time.Second,
