@@ -17,6 +17,10 @@ test: ## Run the whole test suite with -race (starts a throwaway PostgreSQL unle
 demo: ## Run the Mini Chat demo end to end (throwaway PostgreSQL unless DATABASE_URL is set)
 	$(GO) run ./examples/minichat/cmd/minichat
 
+.PHONY: demo-payments
+demo-payments: ## Run the payments demo: rail faults, a dispatcher SIGKILLed, reconciliation (throwaway PostgreSQL unless DATABASE_URL is set)
+	$(GO) run ./examples/payments/cmd/payments $(DEMOFLAGS)
+
 .PHONY: bench
 bench: ## Run the benchmark program and print its table (BENCHFLAGS=-help for options)
 	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)

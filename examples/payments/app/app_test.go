@@ -1,0 +1,281 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/examples/payments/app"
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// TestMain doubles as the dispatcher process: Run starts this test binary
+// again with the dispatcher's environment, and it dispatches instead of
+// testing.
+func TestMain(m *testing.M) {
+	if os.Getenv(app.EnvDispatcherDSN) != "" {
+		if err := app.RunDispatcherProcess(context.Background(), os.Stdin, os.Stdout, quiet); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	pgtest.Main(m)
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// The demo's scenario, smaller: two dispatcher processes, one SIGKILLed
+// with payments in flight; every valid instruction paid exactly once, in
+// each participant's order, the invalid ones dead and unpaid with their
+// history, and the ledger's totals equal to the rail's.
+func TestScenarioReconcilesWithAKilledDispatcher(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	const n, invalid = 150, 3
+	sum, err := app.Run(t.Context(), app.Options{
+		DSN: tdb.DSN, Instructions: n, Participants: 6, Invalid: invalid, Dispatchers: 2,
+		Faults: app.Faults{Latency: 10 * time.Millisecond, Unavailable: 0.1, LostResponse: 0.1},
+		Seed:   7, Spawn: func() *exec.Cmd { return exec.Command(os.Args[0]) },
+		DrainTimeout: time.Minute, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := sum.Print(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !sum.Reconciled {
+		t.Fatalf("not reconciled:\n%s", out.String())
+	}
+	if sum.Accepted != n || sum.Delivered != n-invalid || len(sum.Dead) != invalid || sum.RailPayments != n-invalid {
+		t.Fatalf("accepted %d, delivered %d, dead %d, rail payments %d; want %d, %d, %d, %d",
+			sum.Accepted, sum.Delivered, len(sum.Dead), sum.RailPayments, n, n-invalid, invalid, n-invalid)
+	}
+	if sum.Kill.PID == "" || sum.LeaseExpired == 0 {
+		t.Fatalf("kill %+v, lease_expired entries %d: the kill must be taken over", sum.Kill, sum.LeaseExpired)
+	}
+	// Every payment whose answer was lost was retried and answered with
+	// its first result, not paid again.
+	if sum.Rail.LostResponses == 0 || sum.Rail.Replayed < sum.Rail.LostResponses || sum.Rail.Paid != n-invalid {
+		t.Fatalf("rail %+v: lost answers must come back as replays, with one payment per instruction", sum.Rail)
+	}
+	if sum.OrderChecked != 6 || len(sum.Rail.OrderViolations) != 0 {
+		t.Fatalf("order checked for %d of 6 participants; violations %v", sum.OrderChecked, sum.Rail.OrderViolations)
+	}
+	for _, d := range sum.Dead {
+		if !errors.Is(app.ValidatePayment(app.Payment{AmountMinor: d.AmountMinor, Currency: d.Currency, Destination: d.Destination}), app.ErrInvalidPayment) {
+			t.Errorf("dead instruction %s is valid", d.ID)
+		}
+		if len(d.History) != 2 || d.History[0].Outcome != "dead" || d.History[0].Attempt != 1 || d.History[1].Outcome != "skipped" {
+			t.Errorf("dead instruction %s: history %+v, want dead at attempt 1, then skipped", d.ID, d.History)
+		}
+	}
+	if !strings.Contains(out.String(), "Reconciliation OK") {
+		t.Fatalf("printed:\n%s", out.String())
+	}
+}
+
+// Each job's login role may do its job only: the API may not read events,
+// the dispatcher may not read the ledger, the report may not write it.
+func TestRolesAreLeastPrivilege(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	admin := tdb.Provider.Pool
+	roles, err := app.Setup(t.Context(), admin, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func(role string) *pgxpool.Pool {
+		t.Helper()
+		dsn, err := roles.DSN(role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.New(t.Context(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pool
+	}
+	api, dispatcher, report := connect(roles.API), connect(roles.Dispatcher), connect(roles.Report)
+	t.Cleanup(func() {
+		api.Close()
+		dispatcher.Close()
+		report.Close()
+		if err := roles.Drop(context.Background(), admin); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, c := range []struct {
+		what string
+		pool *pgxpool.Pool
+		sql  string
+	}{
+		{"api reads events", api, "SELECT payload FROM modkit_outbox_events"},
+		{"api reads the ledger", api, "SELECT amount_minor FROM payments_instructions"},
+		{"dispatcher reads the ledger", dispatcher, "SELECT amount_minor FROM payments_instructions"},
+		{"dispatcher reads events", dispatcher, "SELECT payload FROM modkit_outbox_events"},
+		{"report writes the ledger", report, "UPDATE payments_instructions SET amount_minor = 0"},
+		{"report marks events", report, "UPDATE modkit_outbox_events SET status = 'delivered'"},
+	} {
+		_, err := c.pool.Exec(t.Context(), c.sql)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s: %v, want permission denied (42501)", c.what, err)
+		}
+	}
+	if _, err := report.Exec(t.Context(), "SELECT count(*) FROM payments_instructions"); err != nil {
+		t.Errorf("report reads the ledger: %v", err)
+	}
+}
+
+// The rail pays an idempotency key once and answers a repeat with the
+// first result; it refuses what breaks its rules.
+func TestRailPaysAKeyOnce(t *testing.T) {
+	rail, err := app.StartRail(app.Faults{}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := rail.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	p := app.Payment{InstructionID: uuid.NewString(), Participant: "P1", Seq: 1, AmountMinor: 1234, Currency: "EUR",
+		Destination: "DE12345678901234567890"}
+	post := func(p app.Payment) (int, app.Payment) {
+		t.Helper()
+		body, _ := json.Marshal(p)
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, rail.URL()+"/payments", bytes.NewReader(body))
+		req.Header.Set(app.HeaderIdempotencyKey, p.InstructionID)
+		req.Header.Set(app.HeaderSequence, fmt.Sprint(p.Seq))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var got app.Payment
+		if resp.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode, got
+	}
+	code1, first := post(p)
+	code2, again := post(p)
+	if code1 != 200 || code2 != 200 || first.Reference == "" || again != first {
+		t.Fatalf("first %d %+v, again %d %+v: want the same answer twice", code1, first, code2, again)
+	}
+	bad := p
+	bad.InstructionID, bad.Seq, bad.Currency = uuid.NewString(), 2, "XAU"
+	if code, _ := post(bad); code != http.StatusUnprocessableEntity {
+		t.Fatalf("invalid currency: %d, want 422", code)
+	}
+	st := rail.Stats()
+	if len(rail.Payments()) != 1 || st.Paid != 1 || st.Replayed != 1 || st.Rejected != 1 {
+		t.Fatalf("payments %d, stats %+v; want one payment, one replay, one rejection", len(rail.Payments()), st)
+	}
+}
+
+// The publisher checks a payment before sending it: an invalid one is a
+// permanent failure, and the rail never sees it.
+func TestPublisherRefusesAnInvalidPaymentBeforeSending(t *testing.T) {
+	rail, err := app.StartRail(app.Faults{}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rail.Close() })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	pub := app.RailPublisher(rail.URL(), client)
+	if pub.Concurrency != app.RailConcurrency {
+		t.Fatalf("concurrency %d, want the rail cap %d", pub.Concurrency, app.RailConcurrency)
+	}
+	for _, p := range []app.Payment{
+		{AmountMinor: 0, Currency: "EUR", Destination: "DE12345678901234567890"},
+		{AmountMinor: app.MaxAmountMinor + 1, Currency: "EUR", Destination: "DE12345678901234567890"},
+		{AmountMinor: 100, Currency: "BTC", Destination: "DE12345678901234567890"},
+		{AmountMinor: 100, Currency: "EUR", Destination: "x"},
+	} {
+		p.InstructionID, p.Participant, p.Seq = uuid.NewString(), "P1", 1
+		payload, _ := json.Marshal(p)
+		err := pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
+			Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}})
+		if !outbox.IsPermanent(err) || !errors.Is(err, app.ErrInvalidPayment) {
+			t.Fatalf("%+v: %v, want a permanent ErrInvalidPayment", p, err)
+		}
+	}
+	if st := rail.Stats(); st.Requests != 0 {
+		t.Fatalf("the rail got %d requests, want none", st.Requests)
+	}
+	// A valid one is sent and paid; a 503 would be retried, not permanent.
+	p := app.Payment{InstructionID: uuid.NewString(), Participant: "P1", Seq: 1, AmountMinor: 100, Currency: "EUR",
+		Destination: "DE12345678901234567890"}
+	payload, _ := json.Marshal(p)
+	if err := pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
+		Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(rail.Payments()) != 1 {
+		t.Fatalf("payments %v, want one", rail.Payments())
+	}
+}
+
+// A payment whose answer is lost: the publish fails at its hard timeout
+// (retryable, not permanent), and the retry is answered with the first
+// result instead of paying again.
+func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
+	rail, err := app.StartRail(app.Faults{LostResponse: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rail.Close() })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	pub := app.RailPublisher(rail.URL(), client)
+	p := app.Payment{InstructionID: uuid.NewString(), Participant: "P1", Seq: 1, AmountMinor: 100, Currency: "EUR",
+		Destination: "DE12345678901234567890"}
+	payload, _ := json.Marshal(p)
+	d := outbox.Delivery{ID: uuid.New(), Payload: payload, Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}}
+	start := time.Now()
+	err = pub.Publish(t.Context(), d)
+	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("first publish: %v, want a retryable timeout", err)
+	}
+	if took := time.Since(start); took > 2*app.RailTimeout {
+		t.Fatalf("the hard timeout took %s, want about %s", took, app.RailTimeout)
+	}
+	if err := pub.Publish(t.Context(), d); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	st := rail.Stats()
+	if st.Paid != 1 || st.Replayed != 1 || st.LostResponses != 1 {
+		t.Fatalf("rail %+v: want one payment, its answer lost once, then replayed", st)
+	}
+	// A payment of a participant that arrives after a later one is flagged.
+	late := p
+	late.InstructionID, late.Seq = uuid.NewString(), 0
+	payload, _ = json.Marshal(late)
+	_ = pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
+		Headers: map[string]string{app.HeaderIdempotencyKey: late.InstructionID}})
+	if v := rail.Stats().OrderViolations; len(v) != 1 {
+		t.Fatalf("order violations %q, want the late seq flagged", v)
+	}
+}

@@ -1,0 +1,271 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+)
+
+// KillReport says which dispatcher process was killed, and when.
+type KillReport struct {
+	PID string
+	// PaidBefore is what the rail had paid at the kill; InFlight the
+	// victim's requests the rail was handling.
+	PaidBefore, InFlight int
+}
+
+// DeadInstruction is an instruction whose event is dead, with its history.
+type DeadInstruction struct {
+	Accepted
+	LastError string
+	History   []outbox.Attempt
+}
+
+// Summary is the reconciliation of a run.
+type Summary struct {
+	Elapsed      time.Duration
+	Roles        Roles
+	Accepted     int
+	Delivered    int
+	Dead         []DeadInstruction
+	Skipped      int
+	Kill         KillReport
+	Dispatchers  int
+	Rail         RailStats
+	RailPayments int
+	// LedgerTotals and RailTotals are the amounts per currency (minor
+	// units) of the delivered instructions and of the rail's payments.
+	LedgerTotals, RailTotals map[string]int64
+	// OrderChecked counts the participants whose payments the rail saw
+	// in their accepted order.
+	OrderChecked, Participants int
+	// LeaseExpired counts the history entries of this run's events that
+	// closed a claim whose dispatcher died (the killed one's).
+	LeaseExpired int
+	// Redelivered counts delivered instructions that took more than one
+	// attempt (503s, lost responses, the kill).
+	Redelivered int
+	// Mismatches lists every failed check; Reconciled is true when there
+	// is none.
+	Mismatches []string
+	Reconciled bool
+}
+
+type reconcileInput struct {
+	runID       uuid.UUID
+	pool        *pgxpool.Pool // the report's: modkit_outbox_reader
+	admin       *outbox.Admin
+	rail        *Rail
+	kill        KillReport
+	skipped     []uuid.UUID
+	dispatchers int
+	invalid     int
+	elapsed     time.Duration
+	roles       *Roles
+}
+
+// reconcile checks the run, as the report role: it reads the ledger (the
+// instructions) and the outbox's statuses and histories, and compares
+// them with what the rail paid.
+func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
+	s := &Summary{Elapsed: in.elapsed, Roles: *in.roles, Kill: in.kill, Dispatchers: in.dispatchers,
+		Skipped: len(in.skipped), LedgerTotals: map[string]int64{}, RailTotals: map[string]int64{}}
+	s.Roles.password, s.Roles.baseDSN, s.Roles.names = "", "", nil // names only
+	bad := func(format string, args ...any) { s.Mismatches = append(s.Mismatches, fmt.Sprintf(format, args...)) }
+
+	rows, err := in.pool.Query(ctx, `SELECT id, participant_id, seq, amount_minor, currency, destination, event_id
+		FROM payments_instructions WHERE run_id = $1 ORDER BY participant_id, seq`, in.runID)
+	if err != nil {
+		return nil, fmt.Errorf("read the ledger: %w", err)
+	}
+	var ledger []Accepted
+	for rows.Next() {
+		var a Accepted
+		if err := rows.Scan(&a.ID, &a.Participant, &a.Seq, &a.AmountMinor, &a.Currency, &a.Destination, &a.EventID); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ledger = append(ledger, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	s.Accepted = len(ledger)
+
+	status := map[uuid.UUID]outbox.Event{}
+	for _, st := range []outbox.Status{outbox.StatusDelivered, outbox.StatusDead} {
+		f := outbox.EventFilter{Status: st, Namespace: Topic.Namespace, Topic: Topic.Topic, Limit: 1000}
+		for {
+			page, err := in.admin.List(ctx, f)
+			if err != nil {
+				return nil, err
+			}
+			for _, e := range page.Events {
+				status[e.ID] = e
+			}
+			if page.NextPage == "" {
+				break
+			}
+			f.After = page.NextPage
+		}
+	}
+
+	paid := in.rail.Payments()
+	railOrder := in.rail.Order()
+	s.Rail = in.rail.Stats()
+	s.RailPayments = len(paid)
+	ours := map[string]bool{}
+	wantOrder := map[string][]int64{}
+	participants := map[string]bool{}
+	for _, a := range ledger {
+		participants[a.Participant] = true
+		key := a.ID.String()
+		ours[key] = true
+		e, ok := status[a.EventID]
+		p, isPaid := paid[key]
+		switch {
+		case !ok:
+			bad("instruction %s (%s #%d): its event %s is neither delivered nor dead", key, a.Participant, a.Seq, a.EventID)
+		case e.Status == outbox.StatusDelivered:
+			s.Delivered++
+			s.LedgerTotals[a.Currency] += a.AmountMinor
+			wantOrder[a.Participant] = append(wantOrder[a.Participant], a.Seq)
+			hist, err := in.admin.History(ctx, a.EventID)
+			if err != nil {
+				return nil, err
+			}
+			for _, h := range hist {
+				if h.Outcome == "lease_expired" {
+					s.LeaseExpired++
+				}
+			}
+			if e.Attempts > 1 {
+				s.Redelivered++
+			}
+			if !isPaid {
+				bad("instruction %s delivered but not paid by the rail", key)
+			} else if p.Participant != a.Participant || p.Seq != a.Seq || p.AmountMinor != a.AmountMinor ||
+				p.Currency != a.Currency || p.Destination != a.Destination {
+				bad("instruction %s paid as %+v, accepted as %+v", key, p, a.Instruction)
+			}
+		case e.Status == outbox.StatusDead:
+			hist, err := in.admin.History(ctx, a.EventID)
+			if err != nil {
+				return nil, err
+			}
+			d := DeadInstruction{Accepted: a, History: hist}
+			if e.LastError != nil {
+				d.LastError = *e.LastError
+			}
+			s.Dead = append(s.Dead, d)
+			if isPaid {
+				bad("instruction %s is dead but the rail paid it (%s)", key, p.Reference)
+			}
+			if ValidatePayment(Payment{AmountMinor: a.AmountMinor, Currency: a.Currency, Destination: a.Destination}) == nil {
+				bad("instruction %s is valid but dead: %s", key, d.LastError)
+			}
+		}
+	}
+	s.Participants = len(participants)
+	if len(s.Dead) != in.invalid {
+		bad("%d instructions dead, want the %d invalid ones", len(s.Dead), in.invalid)
+	}
+	for key, p := range paid {
+		if !ours[key] {
+			bad("the rail paid %s (%s), which is no accepted instruction of this run", key, p.Reference)
+			continue
+		}
+		s.RailTotals[p.Currency] += p.AmountMinor
+	}
+	if s.RailPayments != s.Delivered {
+		bad("the rail made %d payments for %d delivered instructions", s.RailPayments, s.Delivered)
+	}
+	if !maps.Equal(s.LedgerTotals, s.RailTotals) {
+		bad("ledger totals %v differ from the rail's %v", s.LedgerTotals, s.RailTotals)
+	}
+	for p := range participants {
+		if slices.Equal(railOrder[p], wantOrder[p]) {
+			s.OrderChecked++
+		} else {
+			bad("participant %s: rail paid seqs %v, accepted order %v", p, railOrder[p], wantOrder[p])
+		}
+	}
+	for _, v := range s.Rail.OrderViolations {
+		bad("rail order violation: %s", v)
+	}
+	if s.Rail.Rejected != 0 {
+		bad("the rail rejected %d requests: an invalid payment was sent", s.Rail.Rejected)
+	}
+	if s.Rail.MaxInFlight > RailConcurrency*in.dispatchers {
+		bad("the rail had %d requests at once, over the cap of %d per dispatcher", s.Rail.MaxInFlight, RailConcurrency)
+	}
+	if s.Kill.PID == "" {
+		bad("no dispatcher was killed")
+	} else if s.LeaseExpired == 0 {
+		bad("the killed dispatcher left no lease_expired entry in any event's history")
+	}
+	if s.Skipped != len(s.Dead) {
+		bad("the operator skipped %d dead heads, want %d", s.Skipped, len(s.Dead))
+	}
+	s.Reconciled = len(s.Mismatches) == 0
+	return s, nil
+}
+
+// Print writes the reconciliation.
+func (s *Summary) Print(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	p := func(format string, args ...any) { fmt.Fprintf(tw, format+"\n", args...) }
+	p("")
+	p("Payments reconciliation (%s)", s.Elapsed.Round(time.Millisecond))
+	p("  roles\tapi=%s (producer), dispatchers=%s, operator=%s, report=%s (reader)",
+		s.Roles.API, s.Roles.Dispatcher, s.Roles.Operator, s.Roles.Report)
+	p("  accepted instructions\t%d over %d participants", s.Accepted, s.Participants)
+	p("  delivered / dead\t%d / %d", s.Delivered, len(s.Dead))
+	p("  dispatcher processes\t%d; pid %s SIGKILLed after %d payments, with requests in flight at the rail: %d",
+		s.Dispatchers, s.Kill.PID, s.Kill.PaidBefore, s.Kill.InFlight)
+	p("  after the kill\tlease_expired history entries (claims taken over): %d; instructions delivered after more than one attempt: %d",
+		s.LeaseExpired, s.Redelivered)
+	p("  rail requests\t%d: %d paid, %d answered again by idempotency key, %d x 503, %d responses lost (timeout), %d rejected",
+		s.Rail.Requests, s.Rail.Paid, s.Rail.Replayed, s.Rail.Unavailable, s.Rail.LostResponses, s.Rail.Rejected)
+	p("  rail concurrency\tat most %d requests at once (cap %d per dispatcher)", s.Rail.MaxInFlight, RailConcurrency)
+	p("  paid exactly once\t%d rail payments for %d delivered instructions", s.RailPayments, s.Delivered)
+	p("  order per participant\t%d/%d participants paid in accepted order", s.OrderChecked, s.Participants)
+	for _, c := range slices.Sorted(maps.Keys(s.LedgerTotals)) {
+		p("  total %s\tledger %s, rail %s", c, money(s.LedgerTotals[c]), money(s.RailTotals[c]))
+	}
+	p("  dead instructions\t%d (operator skipped %d dead heads)", len(s.Dead), s.Skipped)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, d := range s.Dead {
+		fmt.Fprintf(w, "    %s  %s #%d  %s %s -> %s\n      last error: %s\n", d.ID, d.Participant, d.Seq,
+			money(d.AmountMinor), d.Currency, d.Destination, d.LastError)
+		for _, h := range d.History {
+			by := ""
+			if h.Actor != "" {
+				by = " by " + h.Actor
+			}
+			fmt.Fprintf(w, "      %d. %-9s attempt %d at %s%s: %s\n", h.No, h.Outcome, h.Attempt,
+				h.FinishedAt.Format(time.TimeOnly), by, h.Detail)
+		}
+	}
+	if s.Reconciled {
+		_, err := fmt.Fprintln(w, "\nReconciliation OK")
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\nReconciliation FAILED:\n  %s\n", strings.Join(s.Mismatches, "\n  "))
+	return err
+}
+
+func money(minor int64) string { return fmt.Sprintf("%d.%02d", minor/100, minor%100) }
