@@ -25,7 +25,10 @@ type Config struct {
 	// creates them there; every enqueue, dispatcher and Admin call of the
 	// client uses it.
 	Schema string
-	// MaxPayloadBytes caps Message.Payload. Default 1 MiB.
+	// MaxPayloadBytes caps Message.Payload. Default 1 MiB. The database
+	// refuses a payload whose stored (binary jsonb) size exceeds 4 MiB on
+	// its own: above about 2 MiB here, raise that too with
+	// SELECT <schema>.modkit_outbox_set_payload_limit(bytes) as the owner.
 	MaxPayloadBytes int
 	// ErrorMaxLen caps the publish error stored in last_error, in bytes.
 	// Default 2048; at least 64.
