@@ -13,6 +13,8 @@ BEGIN
     END LOOP;
 END $migration$;
 
+DROP TYPE modkit_outbox_event_row;
+
 DO $revoke$
 DECLARE
     r text;

@@ -142,6 +142,13 @@ DECLARE
     body  text;
 BEGIN
 body := $functions$
+-- The row the listing, get and settled functions return: an event as
+-- operators see it (payload and headers NULL for the reader role).
+CREATE TYPE @s.modkit_outbox_event_row AS (
+    id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
+    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
+    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint);
+
 -- Functions take p_now only from tests: a test clock is honoured for the
 -- owner (and superusers) alone, so a runtime role cannot move time to steal
 -- leases or claim early.
@@ -616,9 +623,7 @@ END $$;
 CREATE FUNCTION @s.modkit_outbox_list_rows(
     p_payloads boolean, p_status text, p_namespace text, p_topic text, p_tenant uuid,
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
@@ -638,9 +643,7 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_list(
     p_status text, p_namespace text, p_topic text, p_tenant uuid,
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_list_rows(false, p_status, p_namespace, p_topic, p_tenant,
         p_created_after, p_created_before, p_after_created_at, p_after_id, p_limit);
@@ -649,18 +652,14 @@ $$;
 CREATE FUNCTION @s.modkit_outbox_list_payloads(
     p_status text, p_namespace text, p_topic text, p_tenant uuid,
     p_created_after timestamptz, p_created_before timestamptz, p_after_created_at timestamptz, p_after_id uuid, p_limit int)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_list_rows(true, p_status, p_namespace, p_topic, p_tenant,
         p_created_after, p_created_before, p_after_created_at, p_after_id, p_limit);
 $$;
 
 CREATE FUNCTION @s.modkit_outbox_get(p_id uuid)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN false THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
@@ -669,9 +668,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 $$;
 
 CREATE FUNCTION @s.modkit_outbox_get_payload(p_id uuid)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN true THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
@@ -705,9 +702,7 @@ $$;
 -- deliveries; modkit_outbox_settled hides payloads and headers,
 -- modkit_outbox_settled_payloads (operator) shows them.
 CREATE FUNCTION @s.modkit_outbox_settled_rows(p_payloads boolean, p_since timestamptz, p_limit int, p_now timestamptz)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
@@ -719,17 +714,13 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 $$;
 
 CREATE FUNCTION @s.modkit_outbox_settled(p_since timestamptz, p_limit int, p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_settled_rows(false, p_since, p_limit, p_now);
 $$;
 
 CREATE FUNCTION @s.modkit_outbox_settled_payloads(p_since timestamptz, p_limit int, p_now timestamptz DEFAULT NULL)
-RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, status text,
-    attempts int, next_attempt_at timestamptz, locked_by uuid, locked_until timestamptz, last_error text,
-    created_at timestamptz, updated_at timestamptz, headers jsonb, ordering_key text, ordering_seq bigint)
+RETURNS SETOF @s.modkit_outbox_event_row
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT * FROM @s.modkit_outbox_settled_rows(true, p_since, p_limit, p_now);
 $$;
