@@ -44,7 +44,7 @@ func classify(sql string) queryKind {
 		return kindListen
 	case strings.Contains(sql, outboxpg.LeadersTableName), strings.Contains(sql, "modkit_outbox_elect("), strings.Contains(sql, "modkit_outbox_resign("):
 		return kindMaintenance
-	case strings.Contains(sql, "lease_token = gen_random_uuid()"), strings.Contains(sql, "modkit_outbox_claim("):
+	case strings.Contains(sql, "lease_token = gen_random_uuid()"), strings.Contains(sql, "modkit_outbox_claim(") || strings.Contains(sql, "modkit_outbox_claim_chained("):
 		return kindClaim
 	case strings.Contains(sql, "AS a(id, token, outcome"), strings.Contains(sql, "modkit_outbox_complete("):
 		return kindComplete

@@ -52,7 +52,7 @@ func (c *sqlCapture) find(marker string) (string, error) {
 
 // Markers that pick the library's statements out of a sqlCapture.
 const (
-	claimMarker        = "modkit_outbox_claim("
+	claimMarker        = "modkit_outbox_claim_chained("
 	completeMarker     = "modkit_outbox_complete("
 	enqueueBatchMarker = "modkit_outbox_enqueue_many("
 )

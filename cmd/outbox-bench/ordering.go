@@ -37,6 +37,16 @@ func (t *target) preloadOrdered(ctx context.Context, src *eventSource, run strin
 			return fmt.Errorf("preload ordered: %w", err)
 		}
 	}
+	// The keys' sequences, as the enqueues would have left them.
+	seqs := pgx.Identifier{t.schema, "modkit_outbox_sequences"}.Sanitize()
+	if _, err := t.admin.Exec(ctx, "TRUNCATE "+seqs); err != nil {
+		return fmt.Errorf("preload ordered: %w", err)
+	}
+	if _, err := t.admin.Exec(ctx, "INSERT INTO "+seqs+" (namespace, topic, ordering_key, last_seq) "+
+		"SELECT namespace, topic, ordering_key, max(ordering_seq) FROM "+t.table.Sanitize()+
+		" WHERE ordering_key IS NOT NULL GROUP BY namespace, topic, ordering_key"); err != nil {
+		return fmt.Errorf("preload ordered: %w", err)
+	}
 	return nil
 }
 

@@ -42,10 +42,10 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 	recheckIn := d.cfg.WakeRecheck
 	isReady, wantClaim, errDelay := false, true, time.Duration(0)
 	for {
-		topics, room, capacity := pool.room()
+		topics, chains, room, capacity := pool.room()
 		if wantClaim && len(topics) > 0 && room >= max(1, capacity/2) {
 			claimStart := time.Now()
-			got, err := d.claim(ctx, topics, room)
+			got, err := d.claim(ctx, topics, chains, room)
 			switch {
 			case ctx.Err() != nil:
 				if len(got) > 0 {
@@ -132,11 +132,11 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 // claim runs one claim on a context that a stop does not cut short: a claim
 // cancelled mid-flight may have committed, stranding its events until their
 // lease expires, whereas a finished one can be given back at once.
-func (d *Dispatcher) claim(ctx context.Context, topics []string, limit int) ([]driver.Claimed, error) {
+func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, limit int) ([]driver.Claimed, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
 	defer cancel()
 	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
-		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead})
+		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead, Chains: chains})
 	d.metrics.observeClaim(got)
 	for _, c := range got {
 		if c.OrderingKey != nil {
@@ -173,7 +173,7 @@ func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
 func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed) {
 	outcomes := make([]driver.Outcome, len(got))
 	for i, c := range got {
-		outcomes[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release}
+		outcomes[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release, Error: whyClaimAfter}
 	}
 	if _, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes); err != nil {
 		d.log.Warn("could not give back events claimed while stopping; they are delivered again when their lease ends",

@@ -70,6 +70,7 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	switch {
 	case r.kind != published:
 		o.Kind, out.Status, out.Released, out.Abandoned = driver.Release, StatusPending, true, r.kind == abandoned
+		o.Error = r.why
 	case r.err == nil:
 		o.Kind, out.Status = driver.Delivered, StatusDelivered
 	case IsPermanent(r.err):
@@ -81,7 +82,9 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 		o.Delay = max(d.cfg.Retry.Backoff(m.Attempt), retryAfter(r.err))
 		out.RetryIn = o.Delay
 	}
-	out.Error = o.Error
+	if o.Kind != driver.Release {
+		out.Error = o.Error
+	}
 	return o, out
 }
 

@@ -55,8 +55,10 @@
 //   - Per-key order: events with the same Message.OrderingKey in one
 //     namespace and topic are published one at a time in the order their
 //     transactions committed (Delivery.Sequence, allocated in the
-//     producer's transaction, gap-free). A key's next event is claimed
-//     only after the previous one is delivered, by any dispatcher; after a
+//     producer's transaction, gap-free). A key's next event is published
+//     only after the previous one is delivered, by any dispatcher (one
+//     claim may lease a run of a key's events, published one after
+//     another; the rest go back unpublished when one fails); after a
 //     crash the same event is delivered again before anything after it. A
 //     dead event holds its key back (Admin.BlockedKeys) until it is
 //     replayed or skipped (Admin.SkipHead), unless Publisher.SkipDeadHeads.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -454,5 +455,65 @@ func TestSkipDeadHeadsPolicy(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(seqs, []int64{2, 3}) {
 		t.Fatalf("delivered sequences %v, want [2 3]", seqs)
+	}
+}
+
+// A dispatcher that knows its publish pace claims a key's due events
+// together and publishes them one after another; when one fails, the rest
+// go back unpublished with their attempt undone, and follow it in order
+// once it is delivered.
+func TestChainStopsAtFailedEvent(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var mu sync.Mutex
+	type call struct {
+		seq     int64
+		attempt int
+	}
+	var calls []call
+	failed := false
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic,
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, call{d.Sequence, d.Attempt})
+			if d.Sequence == 2 && !failed {
+				failed = true
+				return errors.New("rail busy")
+			}
+			return nil
+		}})
+	// One delivery first: until it knows how long a publish takes, the
+	// dispatcher claims one event of a key at a time.
+	if _, err := client.Enqueue(ctx, pool, msg(0)); err != nil {
+		t.Fatal(err)
+	}
+	log.waitFor(t, "the first delivery", finalCount(outbox.StatusDelivered, 1))
+	msgs := make([]outbox.Message, 5)
+	for i := range msgs {
+		msgs[i] = msg(i + 1)
+		msgs[i].OrderingKey = "k"
+	}
+	enq, err := client.EnqueueBatch(ctx, pool, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.waitFor(t, "the key delivered", finalCount(outbox.StatusDelivered, 6))
+	mu.Lock()
+	defer mu.Unlock()
+	want := []call{{0, 1}, {1, 1}, {2, 1}, {2, 2}, {3, 1}, {4, 1}, {5, 1}}
+	if !slices.Equal(calls, want) {
+		t.Fatalf("publishes (sequence, attempt) %v, want %v", calls, want)
+	}
+	// The events after the failure were leased with it (one claim) and
+	// given back without a publish.
+	h, err := client.Admin().History(ctx, enq[2].ID)
+	if err != nil || len(h) != 2 || h[0].Outcome != "released" || h[1].Outcome != "delivered" ||
+		!strings.Contains(h[0].Detail, "an earlier event of its ordering key was not delivered") {
+		t.Fatalf("history of the event after the failed one: %+v %v, want released (saying why) then delivered", h, err)
+	}
+	if e := get(t, client, enq[2].ID); e.Attempts != 1 || e.LastError != nil {
+		t.Fatalf("the event after the failed one: %d attempts, last error %v; want 1 and none", e.Attempts, e.LastError)
 	}
 }

@@ -960,7 +960,7 @@ func TestReliabilityBackendKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.ids = enqueueIn(t, f.client, tx, 50)
-		claimWaiting := "application_name = $1 AND wait_event_type = 'Lock' AND query LIKE '%modkit_outbox_claim(%'"
+		claimWaiting := "application_name = $1 AND wait_event_type = 'Lock' AND query LIKE '%modkit_outbox_claim_chained(%'"
 		eventually(t, "a claim blocked on the lock", func() bool { return backends(t, f.pool, claimWaiting, app) > 0 })
 		if n := terminate(t, f.pool, claimWaiting, app); n == 0 {
 			t.Fatal("no claim backend terminated")

@@ -1,9 +1,11 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 )
@@ -21,6 +23,12 @@ import (
 // limit. Queued events that cannot start before their deadline are given
 // back the same way, before their lease can expire, so the claimer never
 // finds its own queued events expired and claims them again.
+//
+// Events of one ordering key claimed together (a chain, see
+// driver.ClaimParams.Chains) run as one call on one slot: each is published
+// only after the one before it was delivered, and the rest go back
+// unpublished as soon as one is not (or the deadline passes, or the
+// dispatcher stops).
 
 // claimed is one event on its way through the dispatcher.
 type claimed struct {
@@ -46,6 +54,7 @@ type result struct {
 	c       claimed
 	kind    resultKind
 	err     error
+	why     string // why a released event was not published (its history's detail)
 	started time.Time
 	elapsed time.Duration
 }
@@ -56,8 +65,13 @@ type lane struct {
 	limit     int
 	inflight  int
 	abandoned int
-	queue     []claimed
-	avg       time.Duration // moving average of publish durations; 0 before the first
+	// queue holds the claimed events waiting for a slot, in units: one
+	// event, or a chain of one ordering key's events in sequence.
+	queue [][]claimed
+	// waiting counts events not started: those queued and the rest of the
+	// running chains.
+	waiting int
+	avg     time.Duration // moving average of publish durations; 0 before the first
 }
 
 // paused: as many abandoned publishes as the lane's limit are still
@@ -65,7 +79,8 @@ type lane struct {
 func (l *lane) paused() bool { return l.abandoned >= l.limit }
 
 type call struct {
-	c     claimed
+	c     claimed   // the event being published
+	rest  []claimed // the rest of its chain, in sequence
 	lane  *lane
 	state uint8 // callRunning, callDone, callAbandoned
 }
@@ -110,13 +125,14 @@ func newWorkerPool(d *Dispatcher, pubCtx context.Context, results chan<- result)
 	return p
 }
 
-// room says which topics the claimer may claim for and how many events in
-// all, and the capacity that number is out of (for the claim threshold).
-func (p *workerPool) room() (topics []string, room, capacity int) {
+// room says which topics the claimer may claim for, the longest chain of
+// one ordering key to claim for each, how many events in all, and the
+// capacity that number is out of (for the claim threshold).
+func (p *workerPool) room() (topics []string, chains []int, room, capacity int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopping {
-		return nil, 0, 0
+		return nil, nil, 0, 0
 	}
 	for _, l := range p.lanes {
 		if l.paused() {
@@ -124,12 +140,27 @@ func (p *workerPool) room() (topics []string, room, capacity int) {
 		}
 		c := p.laneCapacity(l)
 		capacity += c
-		if r := c - l.inflight - len(l.queue); r > 0 {
+		if r := c - l.inflight - l.waiting; r > 0 {
 			room += r
 			topics = append(topics, l.topic.key())
+			chains = append(chains, p.chainLimit(l))
 		}
 	}
-	return topics, min(room, p.d.cfg.BatchSize), min(capacity, p.d.cfg.BatchSize)
+	return topics, chains, min(room, p.d.cfg.BatchSize), min(capacity, p.d.cfg.BatchSize)
+}
+
+// chainLimit is the most events of one ordering key a claim takes for the
+// lane: one until a publish of the lane has finished; then as many as the
+// lane can publish one after another in half a claim's publish window at
+// its recent pace (the other half is for waiting in the queue), and few
+// enough that the events the lane may hold make at least as many chains as
+// it has publish slots.
+func (p *workerPool) chainLimit(l *lane) int {
+	if l.avg <= 0 {
+		return 1
+	}
+	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
+	return max(1, min(int(window/l.avg/2), 1+2*p.d.cfg.BatchSize/l.limit))
 }
 
 // laneCapacity is how many events a lane may hold, running and queued: its
@@ -158,14 +189,18 @@ func (p *workerPool) submit(batch []claimed, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(p.pubCtx, deadline)
 	p.mu.Lock()
 	var back []result
-	for _, c := range batch {
-		c.ctx = ctx
-		l := p.byKey[Topic{c.d.Namespace, c.d.Topic}.key()]
-		if l == nil || p.stopping { // cannot happen for l: only registered topics are claimed
-			back = append(back, result{c: c, kind: released})
-			continue
+	for _, unit := range chainUnits(batch) {
+		l := p.byKey[Topic{unit[0].d.Namespace, unit[0].d.Topic}.key()]
+		for i := range unit {
+			unit[i].ctx = ctx
+			if l == nil || p.stopping { // cannot happen for l: only registered topics are claimed
+				back = append(back, result{c: unit[i], kind: released, why: whyStopped})
+			}
 		}
-		l.queue = append(l.queue, c)
+		if l != nil && !p.stopping {
+			l.queue = append(l.queue, unit)
+			l.waiting += len(unit)
+		}
 	}
 	p.afterLocked(time.Until(deadline), p.expire)
 	p.afterLocked(time.Until(deadline)+p.d.abandonGrace(), func() { cancel(); p.abandonOverdue() })
@@ -173,6 +208,36 @@ func (p *workerPool) submit(batch []claimed, deadline time.Time) {
 	booked := len(back) > 0 && p.reserveLocked()
 	p.mu.Unlock()
 	p.send(booked, back...)
+}
+
+// chainUnits splits a claim's events (in claim order) into units: each
+// event without an ordering key alone, and the events of one ordering key
+// together, in sequence, placed where the key's first event was.
+func chainUnits(batch []claimed) [][]claimed {
+	units := make([][]claimed, 0, len(batch))
+	var byKey map[[3]string]int
+	for _, c := range batch {
+		if c.d.OrderingKey == "" {
+			units = append(units, []claimed{c})
+			continue
+		}
+		if byKey == nil {
+			byKey = map[[3]string]int{}
+		}
+		k := [3]string{c.d.Namespace, c.d.Topic, c.d.OrderingKey}
+		if i, ok := byKey[k]; ok {
+			units[i] = append(units[i], c)
+			continue
+		}
+		byKey[k] = len(units)
+		units = append(units, []claimed{c})
+	}
+	for _, i := range byKey {
+		if len(units[i]) > 1 {
+			slices.SortFunc(units[i], func(a, b claimed) int { return cmp.Compare(a.d.Sequence, b.d.Sequence) })
+		}
+	}
+	return units
 }
 
 // afterLocked runs fn after d on a timer that close stops.
@@ -203,10 +268,10 @@ func (p *workerPool) pumpLocked() {
 			if len(l.queue) == 0 || l.inflight >= l.limit || l.paused() {
 				continue
 			}
-			c := l.queue[0]
-			l.queue[0] = claimed{}
+			unit := l.queue[0]
+			l.queue[0] = nil
 			l.queue = l.queue[1:]
-			p.startLocked(l, c)
+			p.startLocked(l, unit)
 			started = true
 			if p.inflight >= p.limit {
 				break
@@ -222,8 +287,8 @@ func (p *workerPool) expire() {
 	var back []result
 	now := time.Now()
 	for _, l := range p.lanes {
-		for len(l.queue) > 0 && !l.queue[0].deadline.After(now) {
-			back = append(back, result{c: l.queue[0], kind: released})
+		for len(l.queue) > 0 && !l.queue[0][0].deadline.After(now) {
+			back = appendReleased(back, l, l.queue[0], whyDeadline)
 			l.queue = l.queue[1:]
 		}
 	}
@@ -233,8 +298,32 @@ func (p *workerPool) expire() {
 	p.signalRoom()
 }
 
-func (p *workerPool) startLocked(l *lane, c claimed) {
-	k := &call{c: c, lane: l}
+// Why events went back unpublished, as their history records it.
+const (
+	whyStopped    = "not published: the dispatcher stopped first"
+	whyDeadline   = "not published: it could not start before its publish deadline"
+	whyChain      = "not published: an earlier event of its ordering key was not delivered"
+	whyPaused     = "not published: its topic was paused, its publishes having outlived their deadline"
+	whyAbandoned  = "abandoned: the publish outlived its deadline"
+	whyCutByStop  = "given back: the publish was cut short by a hard stop"
+	whyClaimAfter = "not published: the claim finished after the dispatcher stopped"
+)
+
+// appendReleased appends results giving back events that never started,
+// which stop waiting on the lane.
+func appendReleased(back []result, l *lane, events []claimed, why string) []result {
+	for _, c := range events {
+		back = append(back, result{c: c, kind: released, why: why})
+	}
+	l.waiting -= len(events)
+	return back
+}
+
+// startLocked starts a unit: its first event, and the rest of its chain
+// after it.
+func (p *workerPool) startLocked(l *lane, unit []claimed) {
+	k := &call{c: unit[0], rest: unit[1:], lane: l}
+	l.waiting--
 	l.inflight++
 	p.inflight++
 	p.calls[k] = struct{}{}
@@ -243,6 +332,14 @@ func (p *workerPool) startLocked(l *lane, c claimed) {
 }
 
 func (p *workerPool) run(k *call) {
+	for p.runOne(k) {
+	}
+	p.signalRoom()
+}
+
+// runOne publishes the call's event and reports whether the call goes on
+// with the next event of its chain.
+func (p *workerPool) runOne(k *call) (next bool) {
 	res := p.d.publish(k.c.ctx, k.c)
 	p.mu.Lock()
 	switch k.state {
@@ -251,14 +348,34 @@ func (p *workerPool) run(k *call) {
 		// recording outcomes falls behind, publishing (and so claiming)
 		// waits for it instead of piling up leases it cannot settle.
 		k.state = callDone
+		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
 		booked := p.reserveLocked()
 		p.mu.Unlock()
 		p.send(booked, res)
 		p.mu.Lock()
+		// The next event of a chain starts only after this one was
+		// delivered, and before the deadline.
+		if len(k.rest) > 0 && delivered(res) && !p.stopping && time.Now().Before(k.rest[0].deadline) {
+			k.c, k.rest = k.rest[0], k.rest[1:]
+			k.lane.waiting--
+			k.state = callRunning
+			p.mu.Unlock()
+			return true
+		}
+		why := whyChain
+		switch {
+		case p.stopping:
+			why = whyStopped
+		case delivered(res):
+			why = whyDeadline
+		}
+		back := appendReleased(nil, k.lane, k.rest, why)
+		k.rest = nil
+		booked = len(back) > 0 && p.reserveLocked()
 		p.finishLocked(k)
-		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
 		p.pumpLocked()
 		p.mu.Unlock()
+		p.send(booked, back...)
 	case callAbandoned:
 		k.lane.abandoned--
 		p.abandoned--
@@ -269,7 +386,13 @@ func (p *workerPool) run(k *call) {
 	default:
 		p.mu.Unlock()
 	}
-	p.signalRoom()
+	return false
+}
+
+// delivered reports whether a publish delivered its event, so that the next
+// event of its ordering key may go.
+func delivered(r result) bool {
+	return (r.kind == published && r.err == nil) || r.kind == ackedInTx
 }
 
 func (p *workerPool) finishLocked(k *call) {
@@ -310,10 +433,12 @@ func (p *workerPool) abandon(k *call) {
 	k.lane.abandoned++
 	p.abandoned++
 	paused := k.lane.paused()
-	back := []result{{c: k.c, kind: abandoned, started: time.Now()}}
+	back := []result{{c: k.c, kind: abandoned, started: time.Now(), why: whyAbandoned}}
+	back = appendReleased(back, k.lane, k.rest, whyChain)
+	k.rest = nil
 	if paused { // nothing of this lane starts until an abandoned publish returns
-		for _, c := range k.lane.queue {
-			back = append(back, result{c: c, kind: released})
+		for _, unit := range k.lane.queue {
+			back = appendReleased(back, k.lane, unit, whyPaused)
 		}
 		k.lane.queue = nil
 	}
@@ -361,8 +486,8 @@ func (p *workerPool) stop() {
 	p.stopping = true
 	var back []result
 	for _, l := range p.lanes {
-		for _, c := range l.queue {
-			back = append(back, result{c: c, kind: released})
+		for _, unit := range l.queue {
+			back = appendReleased(back, l, unit, whyStopped)
 		}
 		l.queue = nil
 	}
@@ -448,7 +573,7 @@ func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
 	if res.kind == published && res.err != nil && d.hardStop.Load() {
 		// Cut short by a hard stop: the outcome is unknown, so the event
 		// goes back without using up an attempt.
-		res.kind = cutByStop
+		res.kind, res.why = cutByStop, whyCutByStop
 	}
 	return res
 }

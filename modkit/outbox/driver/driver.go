@@ -232,6 +232,15 @@ type ClaimParams struct {
 	// SkipDeadTopics ("namespace:topic") are topics whose dead events do
 	// not hold back the later events of their ordering key.
 	SkipDeadTopics []string
+	// Chains, when not nil, has one entry per topic: the most events of
+	// one ordering key of Topics[i] to claim together (below 2: one). With
+	// the first claimable event of a key (its head) the claim then also
+	// leases the key's next events, contiguous in sequence, while they are
+	// due and not leased, within Limit (heads first). The caller must
+	// publish a key's claimed events one at a time in OrderingSeq order
+	// (which need not be CreatedAt order), each only after the one before
+	// it was delivered, and give back the rest (Release) when one is not.
+	Chains []int
 }
 
 // Claimed is one leased event.
@@ -276,7 +285,7 @@ type Outcome struct {
 	ID         uuid.UUID
 	LeaseToken uuid.UUID
 	Kind       OutcomeKind
-	Error      string // Retry and Dead
+	Error      string // Retry and Dead: the publish error (last_error); Release: why (the history's detail only)
 	Delay      time.Duration
 }
 

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -322,7 +323,7 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	// generic plan is built once, from whatever the table looked like then,
 	// and a drain over a million delivered rows ran 0.1x or 0.9x of its
 	// empty-table rate depending on which plan a connection had settled on.
-	rows, err := s.pool.Query(ctx, s.sql.claim, append([]any{pgx.QueryExecModeExec}, s.args(uuidArg(p.Worker), p.Topics, p.Limit, p.MaxAttempts, p.Lease, p.SkipDeadTopics)...)...)
+	rows, err := s.pool.Query(ctx, s.sql.claim, append([]any{pgx.QueryExecModeExec}, s.args(uuidArg(p.Worker), p.Topics, p.Limit, p.MaxAttempts, p.Lease, p.SkipDeadTopics, chainsArg(p))...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -358,6 +359,19 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 		return slices.Compare(a.ID[:], b.ID[:])
 	})
 	return out, nil
+}
+
+// chainsArg is the claim's chain lengths, one per topic (the function
+// refuses any other number), or nil (no chains).
+func chainsArg(p driver.ClaimParams) []int32 {
+	if p.Chains == nil {
+		return nil
+	}
+	out := make([]int32, len(p.Chains))
+	for i, n := range p.Chains {
+		out[i] = int32(min(max(n, 1), math.MaxInt32))
+	}
+	return out
 }
 
 var outcomeNames = [...]string{driver.Delivered: "delivered", driver.Retry: "retry", driver.Dead: "dead", driver.Release: "released"}

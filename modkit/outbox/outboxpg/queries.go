@@ -7,7 +7,7 @@ import (
 )
 
 // The statements of the PostgreSQL driver. Every write and every read goes
-// through the outbox's SECURITY DEFINER functions (migration 0004), so the
+// through the outbox's SECURITY DEFINER functions (migrations 0004 and 0005), so the
 // driver works for a login role holding only the outbox role it needs
 // (producer, dispatcher, operator or reader) and never touches a table
 // directly, except for the batch enqueue's COPY fast path, which a producer
@@ -28,7 +28,7 @@ const (
 
 	qClaim = `SELECT c.id, c.namespace, c.topic, c.tenant_id, c.dedupe_key, c.payload, c.attempts, c.lease_token,
 	c.locked_until, c.created_at, c.repaired, c.headers, c.ordering_key, c.ordering_seq
-FROM {{async}}{{fn}}modkit_outbox_claim($1, $2::text[], $3, $4, $5::interval, $6::text[], {{now}}) AS c`
+FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::interval, $6::text[], $7::int[], {{now}}) AS c`
 
 	qComplete = `SELECT id FROM {{async}}{{fn}}modkit_outbox_complete($1, $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bigint[], {{now}}) AS id`
 
@@ -124,7 +124,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		insertOne:     bind(qInsertOne, "", ""),
 		insertMany:    bind(qInsertMany, "", ""),
 		notifyMany:    qNotifyMany,
-		claim:         bind(qClaim, "7", async),
+		claim:         bind(qClaim, "8", async),
 		blockedKeys:   bind(qBlockedKeys, "", ""),
 		skipHead:      bind(qSkipHead, "", ""),
 		releaseHeld:   bind(qReleaseHeld, "", ""),

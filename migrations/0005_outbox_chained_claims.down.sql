@@ -1,0 +1,134 @@
+-- Back to migration 0004's claim, outcome and grant functions.
+DROP FUNCTION modkit_outbox_claim_chained(uuid, text[], int, int, interval, text[], int[], timestamptz);
+
+DO $migration$
+DECLARE
+    s     text := quote_ident(current_schema());
+    owner text := quote_literal(current_user);
+    body  text;
+BEGIN
+body := $functions$
+-- Record outcomes ('delivered', 'retry', 'dead', 'released') of p_worker's
+-- claims. Each row must still be leased to p_worker under the presented
+-- token, unexpired; rows that are not are left alone and not returned. Each
+-- recorded outcome appends its ledger row in the same statement.
+CREATE OR REPLACE FUNCTION @s.modkit_outbox_complete(
+    p_worker uuid, p_ids uuid[], p_tokens uuid[], p_outcomes text[], p_errors text[], p_delays_ms bigint[],
+    p_now timestamptz DEFAULT NULL)
+RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan AS $$
+DECLARE
+    v_now timestamptz := @s.modkit_outbox_clock(p_now);
+    v_bad text;
+BEGIN
+    SELECT o INTO v_bad FROM unnest(p_outcomes) AS o
+    WHERE o IS NULL OR o NOT IN ('delivered', 'retry', 'dead', 'released') LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'outbox: % is not an outcome a worker may record', coalesce(v_bad, 'NULL')
+            USING ERRCODE = 'P7003', HINT = 'use delivered, retry, dead or released';
+    END IF;
+    RETURN QUERY
+    WITH upd AS (
+        UPDATE @s.modkit_outbox_events AS e SET
+            status = CASE a.outcome WHEN 'delivered' THEN 'delivered' WHEN 'dead' THEN 'dead' ELSE 'pending' END,
+            attempts = CASE a.outcome WHEN 'released' THEN e.attempts - 1 ELSE e.attempts END,
+            next_attempt_at = CASE a.outcome
+                WHEN 'retry' THEN v_now + greatest(coalesce(a.delay_ms, 0), 0) * interval '1 millisecond'
+                WHEN 'released' THEN v_now
+                ELSE e.next_attempt_at END,
+            last_error = CASE WHEN a.outcome IN ('retry', 'dead') THEN left(a.err, 8192) ELSE e.last_error END,
+            locked_by = NULL, locked_until = NULL, lease_token = NULL,
+            ledger_seq = e.ledger_seq + 1,
+            updated_at = v_now
+        FROM unnest(p_ids, p_tokens, p_outcomes, p_errors, p_delays_ms) AS a(id, token, outcome, err, delay_ms)
+        WHERE e.id = a.id AND e.lease_token = a.token AND e.locked_by = p_worker
+          AND e.status = 'processing' AND e.locked_until > v_now
+        RETURNING e.id, e.ledger_seq, e.namespace, e.topic, a.outcome, a.token, e.claimed_at,
+            CASE a.outcome WHEN 'released' THEN e.attempts + 1 ELSE e.attempts END AS attempt,
+            CASE WHEN a.outcome IN ('retry', 'dead') THEN left(a.err, 8192) END AS err,
+            e.ordering_key, e.ordering_seq),
+    release AS (
+        -- A delivered event lets the next one of its key into the claim.
+        UPDATE @s.modkit_outbox_events AS s SET held = false
+        FROM upd u
+        WHERE u.outcome = 'delivered' AND u.ordering_key IS NOT NULL
+          AND s.namespace = u.namespace AND s.topic = u.topic AND s.ordering_key = u.ordering_key
+          AND s.ordering_seq = u.ordering_seq + 1 AND s.held),
+    ledger AS (
+        INSERT INTO @s.modkit_outbox_attempts
+            (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
+        SELECT u.id, u.ledger_seq, u.namespace, u.topic, u.outcome, u.attempt, p_worker, u.token, u.claimed_at, v_now, u.err
+        FROM upd u)
+    SELECT u.id FROM upd u;
+END $$;
+
+-- (Re)applies the grants of this schema to the outbox roles that exist. The
+-- migration runs it; run it again as the owner after creating the roles by
+-- hand (see the README, "Least privilege").
+CREATE OR REPLACE FUNCTION @s.modkit_outbox_grant_roles() RETURNS text[]
+LANGUAGE plpgsql SET search_path = @s, pg_temp AS $$
+DECLARE
+    fn text;
+    granted text[] := '{}';
+BEGIN
+    FOR fn IN
+        SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = '@s'::regnamespace AND p.proname LIKE 'modkit\_outbox\_%'
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_producer') THEN
+        GRANT USAGE ON SCHEMA @s TO modkit_outbox_producer;
+        GRANT INSERT (id, namespace, topic, tenant_id, dedupe_key, payload, headers) ON @s.modkit_outbox_events TO modkit_outbox_producer;
+        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean, jsonb, text),
+            @s.modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[], jsonb[], text[]) TO modkit_outbox_producer;
+        granted := granted || 'modkit_outbox_producer'::text;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_dispatcher') THEN
+        GRANT USAGE ON SCHEMA @s TO modkit_outbox_dispatcher;
+        GRANT EXECUTE ON FUNCTION
+            @s.modkit_outbox_claim(uuid, text[], int, int, interval, text[], timestamptz),
+            @s.modkit_outbox_complete(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz),
+            @s.modkit_outbox_complete_one(uuid, uuid, uuid, text, text, bigint, timestamptz),
+            @s.modkit_outbox_sweep(text[], int, int, timestamptz),
+            @s.modkit_outbox_purge(text[], interval, int, timestamptz),
+            @s.modkit_outbox_release_held(text[], text[], int),
+            @s.modkit_outbox_elect(text[], uuid, interval, timestamptz),
+            @s.modkit_outbox_resign(uuid, text[]),
+            @s.modkit_outbox_depth(text[], timestamptz) TO modkit_outbox_dispatcher;
+        granted := granted || 'modkit_outbox_dispatcher'::text;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_reader') THEN
+        GRANT USAGE ON SCHEMA @s TO modkit_outbox_reader;
+        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_stats(timestamptz),
+            @s.modkit_outbox_depth(text[], timestamptz),
+            @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
+            @s.modkit_outbox_get(uuid), @s.modkit_outbox_history(uuid),
+            @s.modkit_outbox_series(interval, interval, timestamptz),
+            @s.modkit_outbox_settled(timestamptz, int, timestamptz),
+            @s.modkit_outbox_blocked_keys(int) TO modkit_outbox_reader;
+        granted := granted || 'modkit_outbox_reader'::text;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_operator') THEN
+        GRANT USAGE ON SCHEMA @s TO modkit_outbox_operator;
+        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_stats(timestamptz),
+            @s.modkit_outbox_depth(text[], timestamptz),
+            @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
+            @s.modkit_outbox_list_payloads(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
+            @s.modkit_outbox_get(uuid), @s.modkit_outbox_get_payload(uuid), @s.modkit_outbox_history(uuid),
+            @s.modkit_outbox_series(interval, interval, timestamptz),
+            @s.modkit_outbox_settled(timestamptz, int, timestamptz),
+            @s.modkit_outbox_settled_payloads(timestamptz, int, timestamptz),
+            @s.modkit_outbox_replay(uuid[], text, timestamptz),
+            @s.modkit_outbox_replay_filter(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int, text, timestamptz),
+            @s.modkit_outbox_purge_recorded(text[], interval, int, timestamptz),
+            @s.modkit_outbox_blocked_keys(int), @s.modkit_outbox_skip_head(uuid, text, timestamptz) TO modkit_outbox_operator;
+        granted := granted || 'modkit_outbox_operator'::text;
+    END IF;
+    RETURN granted;
+END $$;
+$functions$;
+EXECUTE replace(replace(body, '@s', s), '@owner', owner);
+END $migration$;
+
+SELECT modkit_outbox_grant_roles();

@@ -1,0 +1,171 @@
+package outboxpg_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// insertKeyed enqueues n events of one ordering key, one at a time.
+func insertKeyed(t *testing.T, s driver.Store, pool *pgxpool.Pool, key string, n int) []driver.InsertRow {
+	t.Helper()
+	rs := rows(n, "test", "events")
+	for i := range rs {
+		if key != "" {
+			rs[i].OrderingKey = &key
+		}
+		if _, err := s.Insert(ctx, pool, rs[i:i+1], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rs
+}
+
+func claimChains(t *testing.T, s driver.Store, limit int, chains []int, worker uuid.UUID) []driver.Claimed {
+	t.Helper()
+	got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: limit, MaxAttempts: 3, Worker: worker,
+		Lease: 30 * time.Second, Chains: chains})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// claimedSet indexes a claim by "key:seq" ("-" for an event without a
+// key).
+func claimedSet(got []driver.Claimed) map[string]driver.Claimed {
+	out := map[string]driver.Claimed{}
+	for _, c := range got {
+		k := "-"
+		if c.OrderingKey != nil {
+			k = fmt.Sprintf("%s:%d", *c.OrderingKey, c.OrderingSeq)
+		}
+		out[k] = c
+	}
+	return out
+}
+
+func wantClaimed(t *testing.T, got []driver.Claimed, want ...string) {
+	t.Helper()
+	set := claimedSet(got)
+	if len(got) != len(want) || len(set) != len(want) {
+		t.Fatalf("claimed %d events %v, want %v", len(got), keysOf(set), want)
+	}
+	for _, w := range want {
+		if _, ok := set[w]; !ok {
+			t.Fatalf("claimed %v, want %v", keysOf(set), want)
+		}
+	}
+}
+
+func keysOf(m map[string]driver.Claimed) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// A claim with chains leases each key's head with its next events, in
+// sequence, within the limit (each head with its chain, in head order); a
+// chain ends at the first event that cannot be claimed now; without chains
+// a key gives one event.
+func TestClaimChains(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	a := insertKeyed(t, s, pool, "a", 5)
+	insertKeyed(t, s, pool, "b", 2)
+	insertKeyed(t, s, pool, "", 1)
+	w := uuid.New()
+
+	// Runs first: the first head's chain fills the limit before the next
+	// head is taken.
+	got := claimChains(t, s, 3, []int{5}, w)
+	wantClaimed(t, got, "a:1", "a:2", "a:3")
+	var back []driver.Outcome
+	for _, c := range got {
+		back = append(back, outcome(c, driver.Release))
+	}
+	complete(t, s, w, back...)
+
+	// Without chains (nil, or a length of one), one event a key.
+	wantClaimed(t, claim(t, s, 100, 3, w), "a:1", "b:1", "-")
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL, lease_token = NULL, attempts = 0`)
+
+	// A chain stops at the first event that is not due: a:4 is waiting
+	// for a retry, so a:5 stays behind it too.
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET next_attempt_at = now() + interval '1 hour' WHERE id = $1`, a[3].ID)
+	got = claimChains(t, s, 100, []int{10}, w)
+	wantClaimed(t, got, "a:1", "a:2", "a:3", "b:1", "b:2", "-")
+	set := claimedSet(got)
+	if set["a:2"].Attempts != 1 || set["a:2"].LeaseToken == set["a:1"].LeaseToken {
+		t.Fatalf("a chain link has its own lease and counts its attempt: %+v", set["a:2"])
+	}
+
+	// The head fails: the chain given back is held behind it again, so
+	// a later claim neither takes it nor walks it.
+	retry := outcome(set["a:1"], driver.Retry)
+	retry.Delay = time.Hour
+	settled := complete(t, s, w, retry, outcome(set["a:2"], driver.Release), outcome(set["a:3"], driver.Release),
+		outcome(set["b:1"], driver.Delivered), outcome(set["b:2"], driver.Release), outcome(set["-"], driver.Delivered))
+	for i, ok := range settled {
+		if !ok {
+			t.Fatalf("outcome %d not recorded", i)
+		}
+	}
+	var held []bool
+	for _, id := range []uuid.UUID{a[1].ID, a[2].ID} {
+		var h bool
+		var attempts int
+		if err := pool.QueryRow(ctx, `SELECT held, attempts FROM modkit_outbox_events WHERE id = $1`, id).Scan(&h, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		if attempts != 0 {
+			t.Fatalf("a chain link given back kept its attempt: %d", attempts)
+		}
+		held = append(held, h)
+	}
+	if !held[0] || !held[1] {
+		t.Fatalf("chain links given back behind a failed head: held %v, want held", held)
+	}
+	// b:2 was given back in the call that delivered b:1: it is free.
+	wantClaimed(t, claimChains(t, s, 100, []int{10}, w), "b:2")
+
+	// The retried head comes back with its chain, up to the length asked.
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET next_attempt_at = now() WHERE ordering_key = 'a'`)
+	got = claimChains(t, s, 100, []int{2}, w)
+	wantClaimed(t, got, "a:1", "a:2")
+	if set := claimedSet(got); set["a:1"].Attempts != 2 || set["a:2"].Attempts != 1 {
+		t.Fatalf("attempts after a retry: head %d, link %d", set["a:1"].Attempts, set["a:2"].Attempts)
+	}
+
+	// An expired chain is repaired whole when its head is claimed again.
+	for _, c := range got {
+		expireLease(t, pool, c.ID)
+	}
+	again := claimChains(t, s, 100, []int{3}, uuid.New())
+	wantClaimed(t, again, "a:1", "a:2", "a:3")
+	for _, c := range again {
+		if c.OrderingSeq <= 2 && !c.Repaired {
+			t.Fatalf("an expired link was claimed without repair: %+v", c)
+		}
+	}
+}
+
+// A claim whose chain lengths do not match its topics is refused.
+func TestClaimChainsMismatch(t *testing.T) {
+	s, _ := newStore(t)
+	_, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 1, MaxAttempts: 3, Worker: uuid.New(),
+		Lease: time.Second, Chains: []int{2, 3}})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+		t.Fatalf("claim with two chain lengths for one topic: %v, want 22023", err)
+	}
+}
