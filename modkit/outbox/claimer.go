@@ -69,6 +69,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 				}
 				continue
 			}
+			pool.adapt(len(got), room)
 			if errDelay > 0 || !isReady {
 				d.setClaimErr(nil)
 			}

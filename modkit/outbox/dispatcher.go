@@ -15,7 +15,7 @@ import (
 )
 
 const (
-	batchSizeDefault     = 100
+	batchSizeDefault     = 1000
 	batchSizeMax         = 10000
 	leaseDurationDefault = 30 * time.Second
 	leaseDurationMin     = 100 * time.Millisecond
@@ -38,8 +38,12 @@ type DispatcherConfig struct {
 	// MaxAttempts is the total number of delivery attempts per event, the
 	// first included. Default 10.
 	MaxAttempts int
-	// BatchSize is the most events one claim takes. Default 100, at most
-	// 10000.
+	// BatchSize is the most events one claim takes. Claims size themselves
+	// below it: they start at 32 events (or BatchSize, if smaller), double
+	// while they come back full and halve when they come back less than a
+	// quarter full, and never take more than the topics' publishers can
+	// start before the claim's publish deadline at their recent pace.
+	// Default 1000, at most 10000.
 	BatchSize int
 	// LeaseDuration is how long a claim owns its events. Default 30s, at
 	// least 100ms.

@@ -373,3 +373,31 @@ func TestDispatcherMetricsGaugesFollowMaintenanceLease(t *testing.T) {
 		t.Errorf("a stopped dispatcher reports outbox.dispatcher.degraded")
 	}
 }
+
+// Claims size themselves: draining a backlog, they start small and grow,
+// so the drain takes far fewer claims than claims of the starting size
+// would, and none takes more than BatchSize.
+func TestClaimSizeAdapts(t *testing.T) {
+	reader := mtInstall(t)
+	client, tdb := newClient(t, outbox.Config{})
+	const n, start = 4000, 32
+	enqueueN(t, client, tdb.Provider.Pool, n)
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.BatchSize = 500
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	log.waitFor(t, "the backlog delivered", finalCount(outbox.StatusDelivered, n))
+	rm := mtCollect(t, reader)
+	attrs := mtTopicAttrs(testTopic)
+	claims, _ := mtValue(rm, "outbox.claim.batches", attrs)
+	events, _ := mtValue(rm, "outbox.claim.events", attrs)
+	if events != n {
+		t.Fatalf("%v events claimed, want %d", events, n)
+	}
+	// Claims of the starting size would take n/start = 125; growing
+	// claims of up to 500 take about a dozen (room permitting).
+	if claims < n/500 || claims > n/start/3 {
+		t.Fatalf("%v claims for %d events; want between %d and %d", claims, n, n/500, n/start/3)
+	}
+	t.Logf("%v claims for %d events", claims, n)
+}

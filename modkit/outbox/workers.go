@@ -99,6 +99,7 @@ type workerPool struct {
 	roomFreed chan struct{}
 
 	mu        sync.Mutex
+	batch     int // the claim size: see adapt
 	lanes     []*lane
 	byKey     map[string]*lane
 	limit     int // Concurrency
@@ -115,7 +116,8 @@ type workerPool struct {
 
 func newWorkerPool(d *Dispatcher, pubCtx context.Context, results chan<- result) *workerPool {
 	p := &workerPool{d: d, pubCtx: pubCtx, results: results, roomFreed: make(chan struct{}, 1),
-		byKey: map[string]*lane{}, limit: d.cfg.Concurrency, calls: map[*call]struct{}{}, timers: map[*time.Timer]struct{}{}}
+		byKey: map[string]*lane{}, limit: d.cfg.Concurrency, calls: map[*call]struct{}{}, timers: map[*time.Timer]struct{}{},
+		batch: min(d.cfg.BatchSize, claimSizeMin)}
 	for _, t := range d.reg.topics {
 		pub := d.reg.byKey[t.key()]
 		l := &lane{pub: pub, topic: t, limit: d.laneLimit(pub)}
@@ -146,7 +148,29 @@ func (p *workerPool) room() (topics []string, chains []int, room, capacity int) 
 			chains = append(chains, p.chainLimit(l))
 		}
 	}
-	return topics, chains, min(room, p.d.cfg.BatchSize), min(capacity, p.d.cfg.BatchSize)
+	return topics, chains, min(room, p.batch), min(capacity, p.batch)
+}
+
+// claimSizeMin is the claim size a dispatcher starts with and never goes
+// below (unless BatchSize is smaller).
+const claimSizeMin = 32
+
+// adapt sizes the next claims after one that asked for limit events and
+// got got: a claim held back by the claim size (it came back full, asking
+// for the whole size) doubles it, up to BatchSize, so the size grows with
+// the publish rate; one that came back less than a quarter full halves it,
+// down to claimSizeMin. Besides the size, what the lanes can start before
+// a claim's deadline at their publishers' recent pace bounds every claim
+// (see laneCapacity), so slow publishers get small claims.
+func (p *workerPool) adapt(got, limit int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case got == limit && limit == p.batch:
+		p.batch = min(2*p.batch, p.d.cfg.BatchSize)
+	case got < p.batch/4:
+		p.batch = max(p.batch/2, min(claimSizeMin, p.d.cfg.BatchSize))
+	}
 }
 
 // chainLimit is the most events of one ordering key a claim takes for the
@@ -160,7 +184,7 @@ func (p *workerPool) chainLimit(l *lane) int {
 		return 1
 	}
 	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
-	return max(1, min(int(window/l.avg/2), 1+2*p.d.cfg.BatchSize/l.limit))
+	return max(1, min(int(window/l.avg/2), 1+2*p.batch/l.limit))
 }
 
 // laneCapacity is how many events a lane may hold, running and queued: its
@@ -170,9 +194,9 @@ func (p *workerPool) chainLimit(l *lane) int {
 // claimed while the last one is still being worked through).
 func (p *workerPool) laneCapacity(l *lane) int {
 	if l.avg <= 0 {
-		return l.limit + p.d.cfg.BatchSize
+		return l.limit + p.batch
 	}
-	most := l.limit + 2*p.d.cfg.BatchSize
+	most := l.limit + 2*p.batch
 	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
 	rounds := int(window / l.avg)
 	return max(l.limit, min(l.limit*rounds, most))
