@@ -7,12 +7,21 @@
 -- outcome to commit before it could even be claimed, so ordered dispatch ran
 -- at about half the rate of unordered dispatch (BENCHMARKS.md).
 --
--- modkit_outbox_claim is kept unchanged for dispatchers of earlier versions;
--- modkit_outbox_claim_chained takes, per topic, the longest chain to lease.
+-- modkit_outbox_claim is kept for dispatchers of earlier versions (as a
+-- chained claim without chains); modkit_outbox_claim_chained takes, per
+-- topic, the longest chain to lease.
 -- modkit_outbox_complete now holds a released event again (held = true) when
 -- its predecessor is still undelivered, so a chain given back stays out of
 -- the claim index until its head is delivered, and records why an event was
 -- released in its ledger row.
+
+-- The claim index holds pending events only (it held leased ones too): a
+-- claim no longer walks the events in flight, and a claim's update writes no
+-- entry into it. Expired leases are found through the locked_until index.
+DROP INDEX modkit_outbox_events_claim_idx;
+CREATE INDEX modkit_outbox_events_claim_idx
+    ON modkit_outbox_events (created_at, id)
+    WHERE status = 'pending' AND NOT held;
 
 DO $migration$
 DECLARE
@@ -47,14 +56,15 @@ BEGIN
             pg_catalog.cardinality(p_topics), pg_catalog.cardinality(p_chain) USING ERRCODE = '22023';
     END IF;
     RETURN QUERY
-    WITH due AS (
+    -- Due events come from two index scans: pending ones from the claim
+    -- index (which holds only pending, unheld events, so leased events in
+    -- flight are not walked), expired leases from the locked_until index.
+    WITH due_pending AS (
         SELECT e.id, e.namespace, e.topic, e.ordering_key, e.ordering_seq, e.created_at,
             e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
             e.claimed_at AS old_claimed_at, e.attempts AS old_attempts, e.ledger_seq AS old_seq
         FROM @s.modkit_outbox_events e
-        WHERE e.status IN ('pending', 'processing') AND NOT e.held
-          AND ((e.status = 'pending' AND e.next_attempt_at <= v_now)
-            OR (e.status = 'processing' AND e.locked_until < v_now))
+        WHERE e.status = 'pending' AND NOT e.held AND e.next_attempt_at <= v_now
           AND e.attempts < p_max_attempts
           AND (e.namespace || ':' || e.topic) = ANY(p_topics)
           -- An event with an ordering key waits while the one before it
@@ -71,6 +81,35 @@ BEGIN
         ORDER BY e.created_at, e.id
         LIMIT p_limit
         FOR UPDATE SKIP LOCKED),
+    due_expired AS (
+        SELECT e.id, e.namespace, e.topic, e.ordering_key, e.ordering_seq, e.created_at,
+            e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
+            e.claimed_at AS old_claimed_at, e.attempts AS old_attempts, e.ledger_seq AS old_seq
+        FROM @s.modkit_outbox_events e
+        -- Only a processing event has a lease (modkit_outbox_events_lease_check);
+        -- naming its status here would steer the planner off the
+        -- locked_until index, onto every leased event.
+        WHERE e.locked_until < v_now AND NOT e.held
+          AND e.attempts < p_max_attempts
+          AND (e.namespace || ':' || e.topic) = ANY(p_topics)
+          -- An event with an ordering key waits while the one before it
+          -- (sequences are gap-free) is undelivered: pending, leased, or dead
+          -- unless skipped (by an operator, or by the publisher's policy,
+          -- p_skip_dead). Delivered or purged, it no longer holds it back.
+          AND (e.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.namespace = e.namespace AND p.topic = e.topic AND p.ordering_key = e.ordering_key
+                  AND p.ordering_seq = e.ordering_seq - 1
+                  AND (p.status IN ('pending', 'processing')
+                    OR (p.status = 'dead' AND NOT p.head_skipped
+                        AND NOT ((e.namespace || ':' || e.topic) = ANY(coalesce(p_skip_dead, '{}')))))))
+        ORDER BY e.locked_until
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED),
+    due AS (
+        SELECT * FROM (SELECT * FROM due_pending UNION ALL SELECT * FROM due_expired) u
+        ORDER BY u.created_at, u.id
+        LIMIT p_limit),
     -- How many successors each head's chain may take: up to p_chain - 1,
     -- as many as its key has (the sequence's last value). Heads are kept in
     -- order while they fit p_limit with their chains, so that when it must
@@ -147,6 +186,20 @@ BEGIN
     SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.payload, u.attempts,
         u.lease_token, u.locked_until, u.created_at, u.repaired, u.headers, u.ordering_key, u.ordering_seq
     FROM upd u;
+END $$;
+
+-- The claim of migration 0004, kept for dispatchers of earlier versions: a
+-- chained claim without chains.
+CREATE OR REPLACE FUNCTION @s.modkit_outbox_claim(
+    p_worker uuid, p_topics text[], p_limit int, p_max_attempts int, p_lease interval, p_skip_dead text[],
+    p_now timestamptz DEFAULT NULL)
+RETURNS TABLE (id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, attempts int,
+    lease_token uuid, locked_until timestamptz, created_at timestamptz, repaired boolean, headers jsonb,
+    ordering_key text, ordering_seq bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM @s.modkit_outbox_claim_chained(p_worker, p_topics, p_limit, p_max_attempts, p_lease,
+        p_skip_dead, NULL, p_now);
 END $$;
 
 -- Record outcomes ('delivered', 'retry', 'dead', 'released') of p_worker's
