@@ -13,7 +13,7 @@ import (
 // notifyIntervalDefault is outbox.Config.NotifyInterval's documented
 // default. The library does not export it (nor any Config accessor), so
 // the notes that mention it use this copy.
-const notifyIntervalDefault = "10ms"
+const notifyIntervalDefault = "1ms"
 
 // newClient returns an outbox client on pool for the run's schema, with
 // cfg otherwise as given. Its dispatchers log to the bench's dispatcher

@@ -41,7 +41,9 @@ type Config struct {
 	// re-checking for DispatcherConfig.WakeWindow (which must exceed this).
 	// Events of a transaction that commits long after its enqueue, or after
 	// a rolled-back transaction took the NOTIFY slot, may wait for the
-	// dispatcher's poll. Default 10ms.
+	// dispatcher's poll. Default 1ms (it was 10ms: at 500 events/s, 1ms
+	// gave a p50 of 1.9ms from commit to publish against 2.6ms, at no
+	// measurable cost to enqueue throughput; BENCHMARKS.md).
 	NotifyInterval time.Duration
 	// DisableNotify stops enqueues from sending NOTIFY at all: dispatchers
 	// then rely on polling alone.
@@ -72,7 +74,7 @@ const (
 	schemaDefault         = db.SchemaDefault
 	payloadLimitDefault   = 1 << 20
 	errorMaxLenDefault    = 2048
-	notifyIntervalDefault = 10 * time.Millisecond
+	notifyIntervalDefault = time.Millisecond
 	dedupeKeyMaxLen       = 512
 	purgeBatch            = 1000
 	completeMaxBatch      = 1000
