@@ -177,14 +177,15 @@ func (p *workerPool) adapt(got, limit int) {
 // lane: one until a publish of the lane has finished; then as many as the
 // lane can publish one after another in half a claim's publish window at
 // its recent pace (the other half is for waiting in the queue), and few
-// enough that the events the lane may hold make at least as many chains as
-// it has publish slots.
+// enough that the events the lane may hold at the largest claim size make
+// at least as many chains as it has publish slots. (Not the current claim
+// size: claims of one hot key come back small and keep it small.)
 func (p *workerPool) chainLimit(l *lane) int {
 	if l.avg <= 0 {
 		return 1
 	}
 	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
-	return max(1, min(int(window/l.avg/2), 1+2*p.batch/l.limit))
+	return max(1, min(int(window/l.avg/2), 1+2*p.d.cfg.BatchSize/l.limit))
 }
 
 // laneCapacity is how many events a lane may hold, running and queued: its
