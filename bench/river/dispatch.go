@@ -187,14 +187,15 @@ func (b *bench) drainRiver(ctx context.Context, n int) (float64, error) {
 }
 
 // rawClaim and rawAck are a hand-written claim+ack loop on the outbox
-// table: the library's eligibility predicate and order, a batch claim
-// under FOR UPDATE SKIP LOCKED that takes a lease, and a mark-delivered by
-// id array, each statement its own (synchronously committed) transaction.
+// table: the predicate of the library's claim index (pending, unheld
+// events; the loop never needs the repair of expired leases) and its
+// order, a batch claim under FOR UPDATE SKIP LOCKED that takes a lease,
+// and a mark-delivered by id array, each statement its own (synchronously
+// committed) transaction.
 func rawClaim(table string) string {
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
-	WHERE status IN ('pending', 'processing')
-	  AND ((status = 'pending' AND next_attempt_at <= now()) OR (status = 'processing' AND locked_until < now()))
+	WHERE status = 'pending' AND NOT held AND next_attempt_at <= now()
 	  AND attempts < 25 AND namespace = $1 AND topic = $2
 	ORDER BY created_at, id
 	LIMIT $3

@@ -20,18 +20,19 @@ import (
 // rawClaimSQL is the claim statement of modkit/outbox's PostgreSQL driver
 // before migration 0004 moved it into the modkit_outbox_claim function
 // (which runs the same CTE and also records repaired leases in the
-// ledger): the same eligibility predicate, order, lock clause, UPDATE,
-// RETURNING list and parameters ($1 MaxAttempts, $2 topic keys
-// "namespace:topic", $3 limit, $4 worker id, $5 lease). It leaves out the
+// ledger): the same order, lock clause, UPDATE, RETURNING list and
+// parameters ($1 MaxAttempts, $2 topic keys "namespace:topic", $3 limit,
+// $4 worker id, $5 lease), and the predicate of today's claim index
+// (pending, unheld events: migration 0005), so that the baseline gets the
+// index the library's claim uses; it leaves out the repair of expired
+// leases, which a drain never needs. It leaves out the
 // asynchronous commit the library's statements carry: the baseline is what
 // a hand-written loop would send. directDriver adds it back for the direct
 // path.
 func rawClaimSQL(table string) string {
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
-	WHERE status IN ('pending', 'processing')
-	  AND ((status = 'pending' AND next_attempt_at <= now())
-	    OR (status = 'processing' AND locked_until < now()))
+	WHERE status = 'pending' AND NOT held AND next_attempt_at <= now()
 	  AND attempts < $1
 	  AND (namespace || ':' || topic) = ANY($2::text[])
 	ORDER BY created_at, id
