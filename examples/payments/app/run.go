@@ -386,7 +386,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, fmt.Errorf("payments: the dispatcher was not killed: %w", runCtx.Err())
 	}
 
-	// Drain: every instruction delivered or dead (and skipped).
+	// Drain: every instruction delivered or dead, and every dead one
+	// skipped by the operator (a participant's last instruction can die
+	// after everything else has settled).
 	deadline := time.Now().Add(o.DrainTimeout)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -401,11 +403,22 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 				ts = t
 			}
 		}
-		if ts.Pending+ts.Processing == 0 {
+		blocked, err := reportClient.Admin().BlockedKeys(ctx, 100)
+		if err != nil {
+			return nil, err
+		}
+		unskipped := 0
+		for _, b := range blocked {
+			if b.Topic == Topic {
+				unskipped++
+			}
+		}
+		if ts.Pending+ts.Processing == 0 && unskipped == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w after %s: %d pending, %d processing", ErrNotDrained, o.DrainTimeout, ts.Pending, ts.Processing)
+			return nil, fmt.Errorf("%w after %s: %d pending, %d processing, %d dead heads not skipped", ErrNotDrained, o.DrainTimeout,
+				ts.Pending, ts.Processing, unskipped)
 		}
 		select {
 		case <-ctx.Done():
