@@ -236,7 +236,8 @@ type ClaimParams struct {
 	// one ordering key of Topics[i] to claim together (below 2: one). With
 	// the first claimable event of a key (its head) the claim then also
 	// leases the key's next events, contiguous in sequence, while they are
-	// due and not leased, within Limit (heads first). The caller must
+	// due and not leased, within Limit (heads in order, each with its
+	// run, while they fit). The caller must
 	// publish a key's claimed events one at a time in OrderingSeq order
 	// (which need not be CreatedAt order), each only after the one before
 	// it was delivered, and give back the rest (Release) when one is not.
