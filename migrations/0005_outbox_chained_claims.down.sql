@@ -1,5 +1,5 @@
 -- Back to migration 0004's claim index, and its claim, outcome and grant
--- functions.
+-- functions (the last kept by the up migration under another name).
 DROP INDEX modkit_outbox_events_claim_idx;
 CREATE INDEX modkit_outbox_events_claim_idx
     ON modkit_outbox_events (created_at, id)
@@ -137,75 +137,12 @@ BEGIN
     SELECT u.id FROM upd u;
 END $$;
 
--- (Re)applies the grants of this schema to the outbox roles that exist. The
--- migration runs it; run it again as the owner after creating the roles by
--- hand (see the README, "Least privilege").
-CREATE OR REPLACE FUNCTION @s.modkit_outbox_grant_roles() RETURNS text[]
-LANGUAGE plpgsql SET search_path = @s, pg_temp AS $$
-DECLARE
-    fn text;
-    granted text[] := '{}';
-BEGIN
-    FOR fn IN
-        SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
-        WHERE p.pronamespace = '@s'::regnamespace AND p.proname LIKE 'modkit\_outbox\_%'
-    LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', fn);
-    END LOOP;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_producer') THEN
-        GRANT USAGE ON SCHEMA @s TO modkit_outbox_producer;
-        GRANT INSERT (id, namespace, topic, tenant_id, dedupe_key, payload, headers) ON @s.modkit_outbox_events TO modkit_outbox_producer;
-        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean, jsonb, text),
-            @s.modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[], jsonb[], text[]) TO modkit_outbox_producer;
-        granted := granted || 'modkit_outbox_producer'::text;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_dispatcher') THEN
-        GRANT USAGE ON SCHEMA @s TO modkit_outbox_dispatcher;
-        GRANT EXECUTE ON FUNCTION
-            @s.modkit_outbox_claim(uuid, text[], int, int, interval, text[], timestamptz),
-            @s.modkit_outbox_complete(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz),
-            @s.modkit_outbox_complete_one(uuid, uuid, uuid, text, text, bigint, timestamptz),
-            @s.modkit_outbox_sweep(text[], int, int, timestamptz),
-            @s.modkit_outbox_purge(text[], interval, int, timestamptz),
-            @s.modkit_outbox_release_held(text[], text[], int),
-            @s.modkit_outbox_elect(text[], uuid, interval, timestamptz),
-            @s.modkit_outbox_resign(uuid, text[]),
-            @s.modkit_outbox_depth(text[], timestamptz) TO modkit_outbox_dispatcher;
-        granted := granted || 'modkit_outbox_dispatcher'::text;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_reader') THEN
-        GRANT USAGE ON SCHEMA @s TO modkit_outbox_reader;
-        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_stats(timestamptz),
-            @s.modkit_outbox_depth(text[], timestamptz),
-            @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
-            @s.modkit_outbox_get(uuid), @s.modkit_outbox_history(uuid),
-            @s.modkit_outbox_series(interval, interval, timestamptz),
-            @s.modkit_outbox_settled(timestamptz, int, timestamptz),
-            @s.modkit_outbox_blocked_keys(int) TO modkit_outbox_reader;
-        granted := granted || 'modkit_outbox_reader'::text;
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'modkit_outbox_operator') THEN
-        GRANT USAGE ON SCHEMA @s TO modkit_outbox_operator;
-        GRANT EXECUTE ON FUNCTION @s.modkit_outbox_stats(timestamptz),
-            @s.modkit_outbox_depth(text[], timestamptz),
-            @s.modkit_outbox_list(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
-            @s.modkit_outbox_list_payloads(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int),
-            @s.modkit_outbox_get(uuid), @s.modkit_outbox_get_payload(uuid), @s.modkit_outbox_history(uuid),
-            @s.modkit_outbox_series(interval, interval, timestamptz),
-            @s.modkit_outbox_settled(timestamptz, int, timestamptz),
-            @s.modkit_outbox_settled_payloads(timestamptz, int, timestamptz),
-            @s.modkit_outbox_replay(uuid[], text, timestamptz),
-            @s.modkit_outbox_replay_filter(text, text, text, uuid, timestamptz, timestamptz, timestamptz, uuid, int, text, timestamptz),
-            @s.modkit_outbox_purge_recorded(text[], interval, int, timestamptz),
-            @s.modkit_outbox_blocked_keys(int), @s.modkit_outbox_skip_head(uuid, text, timestamptz) TO modkit_outbox_operator;
-        granted := granted || 'modkit_outbox_operator'::text;
-    END IF;
-    RETURN granted;
-END $$;
 $functions$;
 EXECUTE replace(replace(body, '@s', s), '@owner', owner);
 END $migration$;
 
+DROP FUNCTION modkit_outbox_grant_roles();
+ALTER FUNCTION modkit_outbox_grant_roles_0004() RENAME TO modkit_outbox_grant_roles;
 SELECT modkit_outbox_grant_roles();
 
 DROP FUNCTION modkit_outbox_claim_chained(uuid, text[], int, int, interval, text[], int[], timestamptz);
