@@ -72,6 +72,7 @@ type lane struct {
 	// running chains.
 	waiting int
 	avg     time.Duration // moving average of publish durations; 0 before the first
+	keyed   bool          // an event with an ordering key was claimed for the lane
 }
 
 // paused: as many abandoned publishes as the lane's limit are still
@@ -174,14 +175,16 @@ func (p *workerPool) adapt(got, limit int) {
 }
 
 // chainLimit is the most events of one ordering key a claim takes for the
-// lane: one until a publish of the lane has finished; then as many as the
-// lane can publish one after another in half a claim's publish window at
-// its recent pace (the other half is for waiting in the queue), and few
-// enough that the events the lane may hold at the largest claim size make
-// at least as many chains as it has publish slots. (Not the current claim
-// size: claims of one hot key come back small and keep it small.)
+// lane. It is one until a publish of the lane has finished and an event
+// with an ordering key has been claimed for it (topics without keys do not
+// pay for what chains cost a claim). Then it is as many as the lane can
+// publish one after another in half a claim's publish window at its recent
+// pace (the other half is for waiting in the queue), and few enough that
+// the events the lane may hold at the largest claim size make at least as
+// many chains as it has publish slots. (Not the current claim size: claims
+// of one hot key come back small and keep it small.)
 func (p *workerPool) chainLimit(l *lane) int {
-	if l.avg <= 0 {
+	if l.avg <= 0 || !l.keyed {
 		return 1
 	}
 	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
@@ -225,6 +228,7 @@ func (p *workerPool) submit(batch []claimed, deadline time.Time) {
 		if l != nil && !p.stopping {
 			l.queue = append(l.queue, unit)
 			l.waiting += len(unit)
+			l.keyed = l.keyed || unit[0].d.OrderingKey != ""
 		}
 	}
 	p.afterLocked(time.Until(deadline), p.expire)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -168,4 +169,47 @@ func TestClaimChainsMismatch(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "22023" {
 		t.Fatalf("claim with two chain lengths for one topic: %v, want 22023", err)
 	}
+}
+
+// A chained claim locks about the heads it keeps, not one head per key up
+// to its limit: until it commits, another claim takes the keys it did not
+// keep. (It locks twice as many heads as fit, to fill up when another
+// claim holds some of them.)
+func TestClaimChainsLeavesOtherKeysToOtherClaims(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	var keys []string
+	for k := range 10 {
+		keys = append(keys, fmt.Sprintf("k%d", k))
+		insertKeyed(t, s, pool, keys[k], 10)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	got, err := tx.Query(ctx, `SELECT ordering_key || ':' || ordering_seq
+		FROM modkit_outbox_claim_chained($1, $2, 20, 3, '30 seconds', NULL, '{10}')`, uuid.New(), []string{topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := pgx.CollectRows(got, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != 20 || first[0] != "k0:1" || first[10] != "k1:1" {
+		t.Fatalf("the first claim took %v, want k0's and k1's events", first)
+	}
+
+	// Uncommitted, it holds k0 and k1, and the heads of k2 and k3 as its
+	// margin; the rest are free.
+	second := claimChains(t, s, 100, []int{10}, uuid.New())
+	var want []string
+	for _, k := range keys[4:] {
+		for seq := 1; seq <= 10; seq++ {
+			want = append(want, fmt.Sprintf("%s:%d", k, seq))
+		}
+	}
+	wantClaimed(t, second, want...)
 }

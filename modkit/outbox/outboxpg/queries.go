@@ -7,7 +7,7 @@ import (
 )
 
 // The statements of the PostgreSQL driver. Every write and every read goes
-// through the outbox's SECURITY DEFINER functions (migrations 0004 and 0005), so the
+// through the outbox's SECURITY DEFINER functions (migrations 0004 to 0006), so the
 // driver works for a login role holding only the outbox role it needs
 // (producer, dispatcher, operator or reader) and never touches a table
 // directly, except for the batch enqueue's COPY fast path, which a producer
