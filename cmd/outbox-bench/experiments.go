@@ -36,7 +36,6 @@ type rawExperiment struct {
 	name     string
 	before   string // DDL run before the table is prepared
 	after    string // DDL run after the drain
-	fresh    bool   // recreate the table after the drain (undoes before)
 	loop     rawLoop
 	explain  bool // print the custom plan of the claim
 	settings map[string]string
@@ -102,8 +101,6 @@ func (b *bench) runExperiments(ctx context.Context) error {
 		{name: "batch 1000", loop: with(func(l *rawLoop) { l.batch = 1000 })},
 		{name: "1 worker", loop: with(func(l *rawLoop) { l.workers = 1 })},
 		{name: "4 workers", loop: with(func(l *rawLoop) { l.workers = 4 })},
-		{name: "without the (status, next_attempt_at) index",
-			before: "DROP INDEX " + pgx.Identifier{b.t.schema, "modkit_outbox_events_status_next_attempt_idx"}.Sanitize(), loop: base, fresh: true},
 	}
 	// Rounds go through all variants in turn, so that drift (autovacuum,
 	// checkpoints, a noisy neighbour) spreads over all of them.
@@ -156,11 +153,6 @@ func (b *bench) rawExperiment(ctx context.Context, e rawExperiment, n int, expla
 	}
 	if e.after != "" {
 		if _, err := b.t.admin.Exec(ctx, e.after); err != nil {
-			return drainResult{}, err
-		}
-	}
-	if e.fresh {
-		if err := b.t.freshTable(ctx); err != nil {
 			return drainResult{}, err
 		}
 	}

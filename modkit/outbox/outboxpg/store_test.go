@@ -425,3 +425,52 @@ func TestOpenRejectsBadSchema(t *testing.T) {
 		}
 	}
 }
+
+// The gauges and the sweeper find each state through its own index
+// (migration 0007): pending events, held ones among them, leases live and
+// expired, and dead events are all counted, and every way of being due for
+// the sweeper (an expired lease, a pending event out of attempts, held or
+// not) is swept; delivered events are neither.
+func TestDepthAndSweepReadEveryState(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	plain := insertN(t, s, pool, "test", "events", 5)
+	keyed := insertKeyed(t, s, pool, "k", 2) // k:2 is held behind k:1
+	w := uuid.New()
+	got := claim(t, s, 4, 5, w) // plain[0:4], oldest first
+	if len(got) != 4 || got[3].ID != plain[3] {
+		t.Fatalf("claimed %+v, want the four oldest", got)
+	}
+	complete(t, s, w, outcome(got[0], driver.Delivered), outcome(got[1], driver.Dead))
+	expireLease(t, pool, got[3].ID)
+
+	depth := func() driver.DepthRow {
+		t.Helper()
+		rows, err := s.Depth(ctx, []string{topic})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("depth: %v %v", rows, err)
+		}
+		return rows[0]
+	}
+	if d := depth(); d.Pending != 3 || d.Processing != 2 || d.Dead != 1 || d.Stuck != 1 {
+		t.Fatalf("depth %+v, want 3 pending (one held), 2 processing (one stuck), 1 dead", d)
+	}
+
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET attempts = 5 WHERE id = ANY($1)`, []uuid.UUID{plain[4], keyed[1].ID})
+	swept, err := s.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 5, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uuid.UUID]bool{got[3].ID: true, plain[4]: false, keyed[1].ID: false} // id: repaired
+	if len(swept) != len(want) {
+		t.Fatalf("swept %+v, want the expired lease repaired and the two exhausted events dead", swept)
+	}
+	for _, sw := range swept {
+		if repaired, ok := want[sw.ID]; !ok || sw.Repaired != repaired {
+			t.Fatalf("swept %+v, want the expired lease repaired and the two exhausted events dead", swept)
+		}
+	}
+	if d := depth(); d.Pending != 2 || d.Processing != 1 || d.Dead != 3 || d.Stuck != 0 {
+		t.Fatalf("depth after the sweep %+v, want 2 pending, 1 processing, 3 dead", d)
+	}
+}
