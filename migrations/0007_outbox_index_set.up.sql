@@ -10,6 +10,10 @@
 -- - the sweep and the depth gauge read pending events from the claim and
 --   held indexes and leased ones from the locked_until index (both
 --   functions are replaced below to do so).
+-- The sweep also holds the events of an ordering key it puts back behind an
+-- undelivered predecessor (the rest of a run whose dispatcher died), as the
+-- outcome write does since migration 0005; it left them unheld, so claims
+-- walked them until their turn.
 -- BENCHMARKS.md, "Index set: (status, next_attempt_at) dropped".
 --
 -- Migration 0004's sweep and depth stay, under other names and callable by
@@ -43,7 +47,9 @@ body := $functions$
 -- attempts left goes back to pending (ledger: lease_expired); an event whose
 -- attempts reached p_max_attempts and that no live lease holds becomes dead
 -- (ledger: lease_expired when a lease was lost, then swept). Returns each
--- event changed, with repaired = true for the first kind.
+-- event changed, with repaired = true for the first kind. (Since migration
+-- 0007, an event of an ordering key that goes back to pending is held while
+-- its predecessor is undelivered.)
 CREATE FUNCTION @s.modkit_outbox_sweep(p_topics text[], p_max_attempts int, p_limit int, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, topic text, repaired boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan AS $$
@@ -103,7 +109,17 @@ BEGIN
                 ELSE e.last_error END,
             locked_by = NULL, locked_until = NULL, lease_token = NULL,
             ledger_seq = e.ledger_seq + (d.old_status = 'processing')::int + d.exhausted::int,
-            updated_at = v_now
+            updated_at = v_now,
+            -- An event of an ordering key back to pending (the rest of a run
+            -- whose dispatcher died) is held while its predecessor is
+            -- undelivered, as modkit_outbox_complete holds a released one,
+            -- so claims do not walk it before its turn.
+            held = CASE WHEN NOT d.exhausted AND e.ordering_key IS NOT NULL THEN EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.namespace = e.namespace AND p.topic = e.topic AND p.ordering_key = e.ordering_key
+                  AND p.ordering_seq = e.ordering_seq - 1
+                  AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped)))
+                ELSE e.held END
         FROM due d WHERE e.id = d.id
         RETURNING e.id, e.namespace, e.topic, e.last_error, NOT d.exhausted AS repaired, d.exhausted,
             d.old_status, d.old_seq, d.attempts, d.old_worker, d.old_token, d.old_claimed_at),

@@ -425,7 +425,7 @@ func (b *bench) runScale(ctx context.Context) error {
 		return r
 	}
 	r := emptyLabel(roundsRow("scale: delivered retained", fmt.Sprintf("%s events drained, %s delivered rows kept", itoa(int64(n)), itoa(int64(retained))),
-		withHistory, empty, 0.8))
+		withHistory, empty, 0.9))
 	r.Note = "Baseline: the dispatcher draining the same number of events from an empty table, in the same rounds. " +
 		"Delivered rows are inserted directly (INSERT … SELECT generate_series) into a second schema of the run, once; each round deletes the previous round's events there, " +
 		"loads its own, then VACUUM (ANALYZE)." + roundsNote(withHistory, empty)

@@ -213,3 +213,31 @@ func TestClaimChainsLeavesOtherKeysToOtherClaims(t *testing.T) {
 	}
 	wantClaimed(t, second, want...)
 }
+
+// The sweeper puts the rest of an expired run back held behind its head,
+// as a claim's repair or an outcome write would, so that claims do not walk
+// it before its turn; the head comes back with its run.
+func TestSweepHoldsTheRestOfAnExpiredRun(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	insertKeyed(t, s, pool, "a", 3)
+	got := claimChains(t, s, 10, []int{3}, uuid.New())
+	wantClaimed(t, got, "a:1", "a:2", "a:3")
+	for _, c := range got {
+		expireLease(t, pool, c.ID)
+	}
+	swept, err := s.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 5, Limit: 10})
+	if err != nil || len(swept) != 3 {
+		t.Fatalf("sweep: %+v %v, want the run's three events repaired", swept, err)
+	}
+	for _, c := range got {
+		var held bool
+		if err := pool.QueryRow(ctx, `SELECT held FROM modkit_outbox_events WHERE id = $1`, c.ID).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		if want := c.OrderingSeq > 1; held != want {
+			t.Fatalf("a:%d after the sweep: held %v, want %v", c.OrderingSeq, held, want)
+		}
+	}
+	wantClaimed(t, claimChains(t, s, 10, []int{3}, uuid.New()), "a:1", "a:2", "a:3")
+}
