@@ -275,7 +275,7 @@ func (b *bench) runBulk(ctx context.Context) error {
 	// function with arrays (what EnqueueBatch sends for batches under 64
 	// rows, or when COPY meets an existing dedupe key).
 	fnSQL := "SELECT count(*) FROM " + pgx.Identifier{b.t.schema}.Sanitize() +
-		".modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], NULL, NULL)"
+		".modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], NULL, NULL, NULL)"
 	fn := func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
 		n := len(msgs)
 		ids, tenants := make([]pgtype.UUID, n), make([]pgtype.UUID, n)
