@@ -6,8 +6,9 @@
 -- dirtied page), and until the claim commits other dispatchers skip those
 -- keys. The claim below counts the heads that fit before it locks, and locks
 -- twice that many (BENCHMARKS.md, "Chained claims lock the heads they keep").
--- A claim without chains skips the run machinery altogether: planned afresh
--- on every call, it cost a claim of 10 events a quarter of its time.
+-- A claim without chains skips the run machinery altogether, which cost a
+-- claim of 10 events about a quarter of its time (the claim is planned
+-- afresh on every call).
 --
 -- Migration 0005's function stays, under another name and callable by its
 -- owner only, so that the down migration can put it back.
@@ -57,8 +58,8 @@ BEGIN
     END IF;
     -- Without chains (no topic's chain longer than one) the claim is the
     -- due events and their update: the chained statement below without its
-    -- run machinery, which costs a small claim a quarter of its time to
-    -- plan (every call is planned afresh, force_custom_plan).
+    -- run machinery, which costs a claim of 10 events about a quarter of its
+    -- time (every call is planned afresh, force_custom_plan).
     IF NOT coalesce(1 < ANY(p_chain), false) THEN
         RETURN QUERY
         -- Due events come from two index scans: pending ones from the claim

@@ -18,8 +18,13 @@
 --
 -- Migration 0004's sweep and depth stay, under other names and callable by
 -- their owner only, so that the down migration can put them back.
+--
+-- Building the new index blocks writes to the table while it reads the
+-- delivered events. Where millions are kept, create it first, outside a
+-- transaction, with the same definition and CREATE INDEX CONCURRENTLY; this
+-- migration then finds it and goes on.
 DROP INDEX modkit_outbox_events_status_next_attempt_idx;
-CREATE INDEX modkit_outbox_events_settled_idx
+CREATE INDEX IF NOT EXISTS modkit_outbox_events_settled_idx
     ON modkit_outbox_events (status, updated_at)
     WHERE status IN ('delivered', 'dead');
 
