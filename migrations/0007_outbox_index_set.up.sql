@@ -3,10 +3,12 @@
 -- and outcome (each a new row version, as the status changes), and ordered
 -- events, whose runs are spread over the table, wrote them all over it. Its
 -- readers get other paths:
--- - the purge, the delivery series, the settled feed, the blocked keys and
---   the dead count read modkit_outbox_events_settled_idx, which holds
---   delivered and dead events by (status, updated_at): one entry an event,
---   written when it settles, at the end of its status's range;
+-- - the purge, the blocked keys and the dead count read
+--   modkit_outbox_events_settled_idx, which holds delivered and dead events
+--   by (status, updated_at): one entry an event, written when it settles, at
+--   the end of its status's range (the delivery series and the settled feed
+--   may read it too; on large tables the planner scanned the table for
+--   them, with or without the old index);
 -- - the sweep and the depth gauge read pending events from the claim and
 --   held indexes and leased ones from the locked_until index (both
 --   functions are replaced below to do so).
