@@ -147,7 +147,10 @@ END $$;
 -- outcome (waiting for repair).
 CREATE FUNCTION @s.modkit_outbox_depth(p_topics text[], p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (topic text, pending bigint, processing bigint, dead bigint, oldest_due_seconds float8, stuck bigint)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = @s, pg_temp
+-- On large tables the planner gave the four scans a parallel plan, slower
+-- (16 against 10 ms on 2 million delivered events) and two workers a read.
+SET max_parallel_workers_per_gather = 0 AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @s.modkit_outbox_clock(p_now);

@@ -33,9 +33,9 @@ const orderedLogDDL = `CREATE TABLE ordered_log (
 )`
 
 // orderedLogPool opens a pool for orderedPublisher on dsn with a
-// connection for every publish in flight, so that recording a publish's end
-// never waits for a connection (a publish that did would outlive its
-// lease, which is not what the test is about).
+// connection for every publish in flight in one process (at most 40), so
+// that recording a publish never waits for a connection (a publish that did
+// would outlive its lease, which is not what the test is about).
 func orderedLogPool(dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -49,14 +49,19 @@ func orderedLogPool(dsn string) (*pgxpool.Pool, error) {
 // end) and fails a tenth of them. pool comes from orderedLogPool.
 func orderedPublisher(pool *pgxpool.Pool, worker string) func(context.Context, outbox.Delivery) error {
 	return func(ctx context.Context, d outbox.Delivery) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// The start and the end are recorded whatever the publish deadline,
+		// so that an unfinished row means the process died inside the
+		// publish, never that the deadline cut the recording short (an
+		// INSERT cancelled by its context may still have committed).
 		var id int64
-		if err := pool.QueryRow(ctx, `INSERT INTO ordered_log (event_id, okey, seq, worker) VALUES ($1, $2, $3, $4) RETURNING id`,
+		if err := pool.QueryRow(context.WithoutCancel(ctx), `INSERT INTO ordered_log (event_id, okey, seq, worker) VALUES ($1, $2, $3, $4) RETURNING id`,
 			d.ID, d.OrderingKey, d.Sequence, worker).Scan(&id); err != nil {
 			return err
 		}
 		ok := rand.IntN(10) != 0
-		// The end is recorded whatever the publish deadline: an unfinished
-		// row means the process died inside the publish.
 		if _, err := pool.Exec(context.WithoutCancel(ctx), `UPDATE ordered_log SET finished_at = clock_timestamp(), ok = $2 WHERE id = $1`, id, ok); err != nil {
 			return err
 		}
@@ -119,7 +124,9 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 		cfg := testConfig(newOutcomeLog())
 		cfg.MaxAttempts, cfg.OnOutcome = 20, nil
 		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg,
-			outbox.Publisher{Topic: testTopic, Publish: orderedPublisher(logPool, fmt.Sprintf("local-%d", i))})
+			// Six publishes in flight each: the six share logPool's 40
+			// connections.
+			outbox.Publisher{Topic: testTopic, Concurrency: 6, Publish: orderedPublisher(logPool, fmt.Sprintf("local-%d", i))})
 	}
 	// Kill each child once it has started some publishes; note when, by the
 	// database clock, it was certainly dead.
@@ -147,6 +154,7 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close() // a failure inside the loop must not leave the pool's Close waiting
 	last := map[string]int64{}
 	var firsts int
 	for rows.Next() {
@@ -184,6 +192,7 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	unfinished := 0
 	for rows.Next() {
 		var k, w string
