@@ -7,10 +7,10 @@ import (
 )
 
 // The statements of the PostgreSQL driver. Every write and every read goes
-// through the outbox's SECURITY DEFINER functions (migrations 0004 to 0006), so the
-// driver works for a login role holding only the outbox role it needs
-// (producer, dispatcher, operator or reader) and never touches a table
-// directly, except for the batch enqueue's COPY fast path, which a producer
+// through the outbox's SECURITY DEFINER functions (created by migration
+// 0004, some replaced since), so the driver works for a login role holding
+// only the outbox role it needs (producer, dispatcher, operator or reader)
+// and never touches a table directly, except for the batch enqueue's COPY fast path, which a producer
 // may use (it may INSERT the message columns and nothing else, and the
 // table's checks hold for it).
 //
