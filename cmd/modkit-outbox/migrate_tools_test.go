@@ -44,9 +44,12 @@ func schemaOf(t *testing.T, pool *pgxpool.Pool, schema string) string {
 	queries := []string{
 		`SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
 		 FROM information_schema.columns WHERE table_schema = $1 AND table_name LIKE 'modkit_outbox%' ORDER BY 1`,
-		`SELECT c.relname || ' ' || con.conname || ' ' || pg_get_constraintdef(con.oid)
+		// A foreign key names its table with the schema when the schema is
+		// not on the search_path.
+		`SELECT c.relname || ' ' || con.conname || ' ' || replace(pg_get_constraintdef(con.oid), $1::text || '.', '')
 		 FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
-		 WHERE con.connamespace = $1::regnamespace AND c.relname LIKE 'modkit_outbox%' ORDER BY 1`,
+		 JOIN pg_namespace n ON n.oid = con.connamespace
+		 WHERE n.nspname = $1::text AND c.relname LIKE 'modkit_outbox%' ORDER BY 1`,
 		`SELECT replace(indexdef, $1 || '.', '') FROM pg_indexes WHERE schemaname = $1 AND tablename LIKE 'modkit_outbox%' ORDER BY 1`,
 		`SELECT stxname || ' ' || replace(pg_get_statisticsobjdef(oid), $1 || '.', '') FROM pg_statistic_ext WHERE stxnamespace = $1::regnamespace ORDER BY 1`,
 		`SELECT relname || ' ' || coalesce(array_to_string(reloptions, ','), '') FROM pg_class

@@ -17,12 +17,48 @@ const orderedKeys = 1000
 // ordering keys (key i%keys, sequence i/keys+1), as enqueues of interleaved
 // keys would leave them.
 func (t *target) preloadOrdered(ctx context.Context, src *eventSource, run string, n, keys int) error {
+	// The keys' sequences first, as the enqueues would have left them: each
+	// event refers to its key's stream id (migration 0008).
+	seqs := pgx.Identifier{t.schema, "modkit_outbox_sequences"}.Sanitize()
+	if _, err := t.admin.Exec(ctx, "TRUNCATE "+t.table.Sanitize()+", "+seqs); err != nil {
+		return fmt.Errorf("preload ordered: %w", err)
+	}
+	names := make([]string, keys)
+	last := make([]int64, keys)
+	for k := range keys {
+		names[k] = fmt.Sprintf("key-%05d", k)
+		last[k] = int64(n / keys)
+		if k < n%keys {
+			last[k]++
+		}
+	}
+	streams := make([]int64, keys)
+	rows, err := t.admin.Query(ctx, "INSERT INTO "+seqs+" (namespace, topic, ordering_key, last_seq) "+
+		"SELECT $1, $2, k.key, k.last FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS k(key, last, i) ORDER BY k.i "+
+		"RETURNING stream_id", benchTopic.Namespace, benchTopic.Topic, names, last)
+	if err != nil {
+		return fmt.Errorf("preload ordered: %w", err)
+	}
+	got := 0
+	for rows.Next() {
+		if got < keys {
+			if err := rows.Scan(&streams[got]); err != nil {
+				rows.Close()
+				return fmt.Errorf("preload ordered: %w", err)
+			}
+		}
+		got++
+	}
+	if rows.Close(); rows.Err() != nil || got != keys {
+		return fmt.Errorf("preload ordered: %d stream ids for %d keys: %v", got, keys, rows.Err())
+	}
+
 	const chunk = 20000
-	cols := append(insertColumns[:len(insertColumns):len(insertColumns)], "created_at", "next_attempt_at", "ordering_key", "ordering_seq", "held")
+	cols := append(insertColumns[:len(insertColumns):len(insertColumns)], "created_at", "next_attempt_at", "ordering_key", "ordering_seq", "ordering_stream", "held")
 	base := time.Now().Add(-time.Minute)
-	rows := make([][]any, 0, chunk)
+	batch := make([][]any, 0, chunk)
 	for start := 0; start < n; start += chunk {
-		rows = rows[:0]
+		batch = batch[:0]
 		for i := start; i < min(n, start+chunk); i++ {
 			v, err := rawValues(src.message(run, int64(i)))
 			if err != nil {
@@ -31,21 +67,12 @@ func (t *target) preloadOrdered(ctx context.Context, src *eventSource, run strin
 			at := base.Add(time.Duration(i) * time.Microsecond)
 			// As enqueues leave them: every event after a key's first is
 			// held behind its predecessor.
-			rows = append(rows, append(v, at, at, fmt.Sprintf("key-%05d", i%keys), int64(i/keys+1), i >= keys))
+			k := i % keys
+			batch = append(batch, append(v, at, at, names[k], int64(i/keys+1), streams[k], i >= keys))
 		}
-		if _, err := t.admin.CopyFrom(ctx, t.table, cols, pgx.CopyFromRows(rows)); err != nil {
+		if _, err := t.admin.CopyFrom(ctx, t.table, cols, pgx.CopyFromRows(batch)); err != nil {
 			return fmt.Errorf("preload ordered: %w", err)
 		}
-	}
-	// The keys' sequences, as the enqueues would have left them.
-	seqs := pgx.Identifier{t.schema, "modkit_outbox_sequences"}.Sanitize()
-	if _, err := t.admin.Exec(ctx, "TRUNCATE "+seqs); err != nil {
-		return fmt.Errorf("preload ordered: %w", err)
-	}
-	if _, err := t.admin.Exec(ctx, "INSERT INTO "+seqs+" (namespace, topic, ordering_key, last_seq) "+
-		"SELECT namespace, topic, ordering_key, max(ordering_seq) FROM "+t.table.Sanitize()+
-		" WHERE ordering_key IS NOT NULL GROUP BY namespace, topic, ordering_key"); err != nil {
-		return fmt.Errorf("preload ordered: %w", err)
 	}
 	return nil
 }

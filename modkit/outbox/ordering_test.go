@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
@@ -352,6 +353,60 @@ func TestOrderingKeySequences(t *testing.T) {
 		if s != int64(i+1) {
 			t.Fatalf("sequences of the hot key are not 1..%d: %v", committed, seqs)
 		}
+	}
+}
+
+// The database holds writers that bypass the library to one event per key
+// and sequence (migration 0008): an event carries its own key's stream id,
+// and a stream's sequences are unique.
+func TestDatabaseHoldsOneEventPerKeyAndSequence(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	for i, key := range []string{"a", "a", "b"} {
+		m := msg(i)
+		m.OrderingKey = key
+		if _, err := client.Enqueue(ctx, pool, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := func(key string) int64 {
+		var id int64
+		if err := pool.QueryRow(ctx, `SELECT stream_id FROM modkit_outbox_sequences WHERE ordering_key = $1`, key).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a, b := stream("a"), stream("b")
+	if a == b {
+		t.Fatalf("keys a and b share stream %d", a)
+	}
+	insert := `INSERT INTO modkit_outbox_events (id, namespace, topic, payload, ordering_key, ordering_seq, ordering_stream)
+		SELECT gen_random_uuid(), namespace, topic, '{}', $1, $2, $3 FROM modkit_outbox_events LIMIT 1`
+	for _, c := range []struct {
+		name string
+		args []any
+		code string
+	}{
+		{"a sequence key a has", []any{"a", 2, a}, "23505"},
+		{"key b's stream for key a", []any{"a", 3, b}, "23503"},
+		{"a stream no key has", []any{"a", 3, a + b + 100}, "23503"},
+		{"a key without a stream", []any{"a", 3, nil}, "23514"},
+		{"a stream without a key", []any{nil, nil, a}, "23514"},
+	} {
+		_, err := pool.Exec(ctx, insert, c.args...)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != c.code {
+			t.Errorf("%s: %v, want SQLSTATE %s", c.name, err, c.code)
+		}
+	}
+	// An event moved to another key would leave its stream behind.
+	_, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET ordering_key = 'b' WHERE ordering_key = 'a' AND ordering_seq = 1`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23503" {
+		t.Errorf("moving an event to another key: %v, want SQLSTATE 23503", err)
+	}
+	if _, err := pool.Exec(ctx, insert, "a", 3, a); err != nil {
+		t.Fatalf("the next sequence of key a, on its own stream: %v", err)
 	}
 }
 
