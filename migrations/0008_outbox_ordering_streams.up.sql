@@ -17,7 +17,11 @@
 --
 -- The functions that look events up by key are replaced; the versions they
 -- replace stay, under other names and callable by their owner only, so that
--- the down migration can put them back.
+-- the down migration can put them back. modkit_outbox_release_held, which
+-- every dispatcher runs each poll while it has seen ordered events, now finds
+-- each key's first held event with one index descent per key instead of
+-- reading every held event (9 against 90 ms with 99,000 held behind 1,000
+-- keys).
 --
 -- The migration updates every event that has an ordering key and builds two
 -- indexes over them, blocking writes to the table meanwhile.
@@ -86,6 +90,8 @@ DECLARE
     body  text;
 BEGIN
 body := $functions$
+-- Enqueue one event. Returns its id and whether it was a duplicate (then the
+-- id is the existing row's, which belongs to the same tenant).
 CREATE FUNCTION @s.modkit_outbox_enqueue(
     p_id uuid, p_namespace text, p_topic text, p_tenant uuid, p_key text, p_payload jsonb, p_notify boolean,
     p_headers jsonb, p_ordering_key text, OUT id uuid, OUT duplicate boolean)
@@ -142,6 +148,13 @@ BEGIN
     END IF;
 END $$;
 
+-- Record outcomes ('delivered', 'retry', 'dead', 'released') of p_worker's
+-- claims. Each row must still be leased to p_worker under the presented
+-- token, unexpired; rows that are not are left alone and not returned. Each
+-- recorded outcome appends its ledger row in the same statement. (Since
+-- migration 0005, a released event of an ordering key is held again while its
+-- predecessor is undelivered, and a release's reason, passed as its error,
+-- becomes its ledger row's detail; last_error is left alone.)
 CREATE FUNCTION @s.modkit_outbox_complete(
     p_worker uuid, p_ids uuid[], p_tokens uuid[], p_outcomes text[], p_errors text[], p_delays_ms bigint[],
     p_now timestamptz DEFAULT NULL)
@@ -210,6 +223,13 @@ BEGIN
     SELECT u.id FROM upd u;
 END $$;
 
+-- Claim as modkit_outbox_claim, and with each claimed head of an ordering
+-- key (whose predecessor is settled) also its successors, in sequence, while
+-- they are due and unleased (or their lease expired): at most p_chain[i]
+-- events of a key of topic p_topics[i] in all (NULL or 1: no chains), at most
+-- p_limit events in all, each head with its chain in created_at order of the
+-- heads. The caller must publish a key's events in sequence, each only after
+-- the one before it was delivered.
 CREATE FUNCTION @s.modkit_outbox_claim_chained(
     p_worker uuid, p_topics text[], p_limit int, p_max_attempts int, p_lease interval, p_skip_dead text[],
     p_chain int[], p_now timestamptz DEFAULT NULL)
@@ -481,6 +501,13 @@ BEGIN
     FROM upd u;
 END $$;
 
+-- Lease repair and dead-lettering for p_topics: an expired lease with
+-- attempts left goes back to pending (ledger: lease_expired); an event whose
+-- attempts reached p_max_attempts and that no live lease holds becomes dead
+-- (ledger: lease_expired when a lease was lost, then swept). Returns each
+-- event changed, with repaired = true for the first kind. (Since migration
+-- 0007, an event of an ordering key that goes back to pending is held while
+-- its predecessor is undelivered.)
 CREATE FUNCTION @s.modkit_outbox_sweep(p_topics text[], p_max_attempts int, p_limit int, p_now timestamptz DEFAULT NULL)
 RETURNS TABLE (id uuid, topic text, repaired boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan AS $$
@@ -567,31 +594,55 @@ BEGIN
     SELECT u.id, u.namespace || ':' || u.topic, u.repaired FROM upd u;
 END $$;
 
+-- Clears the held flag of events of p_topics whose predecessor has settled
+-- (delivered, purged, skipped, or dead under p_skip_dead) but which are
+-- still held: their enqueue committed while the predecessor settled, so the
+-- settling statement could not see them. Only the first held event of a key
+-- can be such an event. The dispatcher runs it every PollInterval.
 CREATE FUNCTION @s.modkit_outbox_release_held(p_topics text[], p_skip_dead text[], p_limit int) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 DECLARE
     v_n bigint;
 BEGIN
-    WITH first_held AS (
-        SELECT DISTINCT ON (h.ordering_stream) h.id, h.namespace, h.topic, h.ordering_stream, h.ordering_seq
-        FROM @s.modkit_outbox_events h
-        WHERE h.held AND (h.namespace || ':' || h.topic) = ANY(p_topics)
-        ORDER BY h.ordering_stream, h.ordering_seq),
+    -- The first held event of each stream comes from one descent of the
+    -- held index per stream (a loose index scan). Migration 0004's DISTINCT
+    -- ON read every held entry: 90 ms for 99,000 events held behind 1,000
+    -- keys, on every poll of every dispatcher, and more as the backlog grew.
+    -- A stream is one key of one topic, so its first held event is the
+    -- key's; the topics are filtered after.
+    WITH RECURSIVE first_held AS (
+        (SELECT h.ordering_stream, h.ordering_seq FROM @s.modkit_outbox_events h
+         WHERE h.held
+         ORDER BY h.ordering_stream, h.ordering_seq
+         LIMIT 1)
+        UNION ALL
+        SELECT n.ordering_stream, n.ordering_seq FROM first_held f
+        CROSS JOIN LATERAL (
+            SELECT h.ordering_stream, h.ordering_seq FROM @s.modkit_outbox_events h
+            WHERE h.held AND h.ordering_stream > f.ordering_stream
+            ORDER BY h.ordering_stream, h.ordering_seq
+            LIMIT 1) n),
     free AS (
-        SELECT f.id FROM first_held f
-        WHERE NOT EXISTS (
+        SELECT e.id FROM first_held f
+        JOIN @s.modkit_outbox_events e ON e.ordering_stream = f.ordering_stream AND e.ordering_seq = f.ordering_seq
+        WHERE e.held AND (e.namespace || ':' || e.topic) = ANY(p_topics)
+          AND NOT EXISTS (
             SELECT 1 FROM @s.modkit_outbox_events p
-            WHERE p.ordering_stream = f.ordering_stream
-              AND p.ordering_seq = f.ordering_seq - 1
+            WHERE p.ordering_stream = e.ordering_stream
+              AND p.ordering_seq = e.ordering_seq - 1
               AND (p.status IN ('pending', 'processing')
                 OR (p.status = 'dead' AND NOT p.head_skipped
-                    AND NOT ((f.namespace || ':' || f.topic) = ANY(coalesce(p_skip_dead, '{}'))))))
+                    AND NOT ((e.namespace || ':' || e.topic) = ANY(coalesce(p_skip_dead, '{}'))))))
         LIMIT p_limit)
     UPDATE @s.modkit_outbox_events AS e SET held = false FROM free WHERE e.id = free.id AND e.held;
     GET DIAGNOSTICS v_n = ROW_COUNT;
     RETURN v_n;
 END $$;
 
+-- Keys whose earliest undelivered event is dead (and not skipped): the dead
+-- head and how many events wait behind it. They stay blocked unless the
+-- publisher skips dead heads, an operator skips the head
+-- (modkit_outbox_skip_head) or replays it.
 CREATE FUNCTION @s.modkit_outbox_blocked_keys(p_limit int)
 RETURNS TABLE (namespace text, topic text, ordering_key text, head_id uuid, head_seq bigint, waiting bigint,
     last_error text, dead_since timestamptz)
@@ -607,6 +658,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     LIMIT p_limit;
 $$;
 
+-- Let the events after a dead head of an ordering key go on without it. The
+-- head stays dead (replay it later if need be); its history records the
+-- skip with p_by and the session user. Returns false when p_id is not a
+-- dead event with an ordering key that is not skipped already.
 CREATE FUNCTION @s.modkit_outbox_skip_head(p_id uuid, p_by text, p_now timestamptz DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 DECLARE

@@ -415,33 +415,38 @@ func TestLedger(t *testing.T) {
 
 // An event enqueued while its ordering predecessor settled may stay held
 // (the settling statement could not see it); ReleaseHeld frees it, and
-// until then the claim passes it by.
+// until then the claim passes it by. It reads past keys whose held events
+// must wait: here one enqueued first (a lower stream id) whose head is
+// leased.
 func TestReleaseHeld(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	key := "acct"
-	rows := rows(2, "test", "events")
-	for i := range rows {
-		rows[i].OrderingKey = &key
-		if _, err := s.Insert(ctx, pool, rows[i:i+1], nil); err != nil {
+	waiting, key := "waiting", "acct"
+	all := rows(4, "test", "events")
+	for i := range all {
+		all[i].OrderingKey = &waiting
+		if i >= 2 {
+			all[i].OrderingKey = &key
+		}
+		if _, err := s.Insert(ctx, pool, all[i:i+1], nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	w := uuid.New()
 	first := claim(t, s, 10, 3, w)
-	if len(first) != 1 || first[0].ID != rows[0].ID || first[0].OrderingSeq != 1 || *first[0].OrderingKey != key {
-		t.Fatalf("claim of a key's events: %+v, want only its first", first)
+	if len(first) != 2 || first[0].ID != all[0].ID || first[1].ID != all[2].ID || first[1].OrderingSeq != 1 || *first[1].OrderingKey != key {
+		t.Fatalf("claim of two keys' events: %+v, want only their first", first)
 	}
-	// Settle the first behind the driver's back, as if its outcome had
+	// Settle acct's first behind the driver's back, as if its outcome had
 	// committed before the second's enqueue: the second stays held.
-	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL WHERE id = $1`, rows[0].ID)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL WHERE id = $1`, all[2].ID)
 	if again := claim(t, s, 10, 3, w); len(again) != 0 {
 		t.Fatalf("a held event was claimed: %+v", again)
 	}
 	if n, err := s.ReleaseHeld(ctx, []string{topic}, nil, 100); err != nil || n != 1 {
-		t.Fatalf("release held: %d, %v", n, err)
+		t.Fatalf("release held: %d, %v (want acct's second only: waiting's head is leased)", n, err)
 	}
-	if got := claim(t, s, 10, 3, w); len(got) != 1 || got[0].ID != rows[1].ID || got[0].OrderingSeq != 2 {
+	if got := claim(t, s, 10, 3, w); len(got) != 1 || got[0].ID != all[3].ID || got[0].OrderingSeq != 2 {
 		t.Fatalf("after the release: %+v", got)
 	}
 	if n, _ := s.ReleaseHeld(ctx, []string{topic}, nil, 100); n != 0 {
