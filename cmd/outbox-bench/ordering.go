@@ -32,22 +32,29 @@ func (t *target) preloadOrdered(ctx context.Context, src *eventSource, run strin
 			last[k]++
 		}
 	}
+	index := make(map[string]int, keys)
+	for k, name := range names {
+		index[name] = k
+	}
 	streams := make([]int64, keys)
 	rows, err := t.admin.Query(ctx, "INSERT INTO "+seqs+" (namespace, topic, ordering_key, last_seq) "+
-		"SELECT $1, $2, k.key, k.last FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS k(key, last, i) ORDER BY k.i "+
-		"RETURNING stream_id", benchTopic.Namespace, benchTopic.Topic, names, last)
+		"SELECT $1, $2, k.key, k.last FROM unnest($3::text[], $4::bigint[]) AS k(key, last) "+
+		"RETURNING ordering_key, stream_id", benchTopic.Namespace, benchTopic.Topic, names, last)
 	if err != nil {
 		return fmt.Errorf("preload ordered: %w", err)
 	}
 	got := 0
 	for rows.Next() {
-		if got < keys {
-			if err := rows.Scan(&streams[got]); err != nil {
-				rows.Close()
-				return fmt.Errorf("preload ordered: %w", err)
-			}
+		var name string
+		var stream int64
+		if err := rows.Scan(&name, &stream); err != nil {
+			rows.Close()
+			return fmt.Errorf("preload ordered: %w", err)
 		}
-		got++
+		if k, ok := index[name]; ok {
+			streams[k] = stream
+			got++
+		}
 	}
 	if rows.Close(); rows.Err() != nil || got != keys {
 		return fmt.Errorf("preload ordered: %d stream ids for %d keys: %v", got, keys, rows.Err())
