@@ -1,18 +1,46 @@
--- modkit_outbox_complete finds the events it settles by their ids (the
--- primary key) whatever the table's statistics say.
+-- Plans that stay fast whatever the statistics and the table's size: three
+-- changes, each after a benchmark fell into the plan it removes.
 --
--- Its fence, that each event is still leased to the caller and unexpired,
--- used to be written e.locked_until > v_now, a condition the planner can
--- answer from the locked_until index. Statistics gathered while a backlog
--- drains (autoanalyze runs when a tenth of the table has changed) make
--- few events look leased, and the planner then walked the index over every
--- leased event once for each outcome of the call instead of looking the
--- outcomes up by id: each call took 400-500 ms instead of a few, and a
--- dispatcher draining 100,000 ordered events fell from about 21,000 to
--- 4,000 events/s until the drain ended (BENCHMARKS.md, "Outcome writes
--- after a mid-drain analyze"). The fence is now an expression no index
--- holds, so the events come from their primary key; what it admits is
--- unchanged.
+-- 1. No JIT compilation on the dispatch and enqueue paths. PostgreSQL
+-- compiles a statement to machine code when its estimated cost passes
+-- jit_above_cost (100,000 by default). The claim's estimate for expired
+-- leases grows with the table: statistics gathered while events were leased
+-- say most lease ends are past, so the planner expects to read many rows to
+-- find a few. With delivered rows piling up at 2,000 events/s, it passed
+-- 100,000 within the first minute (113,000 for a claim of 226 events), and
+-- from then on every claim spent 100-120 ms compiling a statement that runs
+-- in about 1 ms: the dispatcher fell behind for good (82,704 of 120,000
+-- events delivered 15 s after the last commit; BENCHMARKS.md, "JIT on the
+-- dispatch path"). These short statements never gain from JIT,
+-- so the functions the producer and dispatcher roles call run with
+-- jit = off; the operators' reports keep the server's setting.
+--
+-- 2. modkit_outbox_complete looks the events it settles up by id, never by
+-- a walk of the locked_until index. Its fence, that each event is still
+-- leased to the caller and unexpired, used to be written
+-- e.locked_until > v_now, a condition the planner can answer from that
+-- index. Statistics gathered while a backlog drains (autoanalyze runs when a
+-- tenth of the table has changed) make few events look leased, and the
+-- planner then walked the index over every leased event once for each
+-- outcome of the call instead of looking the outcomes up by id: each call
+-- took 400-500 ms instead of a few, and a dispatcher draining 100,000
+-- ordered events fell from about 21,000 to 4,000 events/s until the drain
+-- ended (BENCHMARKS.md, "Outcome writes after a mid-drain analyze"). The
+-- fence is now an expression that no index holds and that does not imply
+-- the index's predicate (locked_until IS NOT NULL), so the planner can reach
+-- the events only through their primary key or by reading the table; what
+-- the fence admits is unchanged.
+--
+-- 3. The claim and the sweep read the claim index and the locked_until
+-- index in order, never as bitmaps. Each event claimed and settled leaves a
+-- dead entry in both indexes until vacuum: at 2,000 events/s, tens of
+-- thousands. A plain index scan marks the dead entries it passes, so the
+-- next scan skips them; a bitmap scan never does and checks every one of
+-- them against the table, each time. With JIT off alone, claims chose
+-- bitmap scans once the statistics said few rows matched, and took 30-100
+-- ms: end-to-end latency at 2,000 events/s was p50 47 ms, p99 191 ms. With
+-- bitmap scans off too: p50 2.8-3.2 ms, p99 13-27 ms (River, alternated
+-- with it: 1.4 and 12-30 ms).
 --
 -- The function it replaces stays as modkit_outbox_complete_0008, callable by
 -- its owner only, so that the down migration can put it back.
@@ -43,12 +71,13 @@ body := $functions$
 -- migration 0005, a released event of an ordering key is held again while its
 -- predecessor is undelivered, and a release's reason, passed as its error,
 -- becomes its ledger row's detail; last_error is left alone. Since migration
--- 0009, the events are looked up by id whatever the statistics say.)
+-- 0009, the events are looked up by id whatever the statistics say, and
+-- the function runs without JIT.)
 CREATE FUNCTION @s.modkit_outbox_complete(
     p_worker uuid, p_ids uuid[], p_tokens uuid[], p_outcomes text[], p_errors text[], p_delays_ms bigint[],
     p_now timestamptz DEFAULT NULL)
 RETURNS SETOF uuid
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp SET plan_cache_mode = force_custom_plan SET jit = off AS $$
 DECLARE
     v_now timestamptz := @s.modkit_outbox_clock(p_now);
     v_bad text;
@@ -87,10 +116,12 @@ BEGIN
                 ELSE e.held END
         FROM unnest(p_ids, p_tokens, p_outcomes, p_errors, p_delays_ms) AS a(id, token, outcome, err, delay_ms)
         WHERE e.id = a.id AND e.lease_token = a.token AND e.locked_by = p_worker
-          -- Unexpired, as an expression no index holds: the events come
-          -- from their primary key, never from a walk of the locked_until
+          -- Unexpired, as an expression no index holds and from which the
+          -- planner cannot infer locked_until IS NOT NULL (the predicate of
+          -- the locked_until index, which it could then read whole): the
+          -- events come from their primary key, never from a walk of that
           -- index (see the top of this migration).
-          AND e.status = 'processing' AND e.locked_until - v_now > interval '0'
+          AND e.status = 'processing' AND coalesce(e.locked_until, '-infinity'::timestamptz) > v_now
         RETURNING e.id, e.ledger_seq, e.namespace, e.topic, a.outcome, a.token, e.claimed_at,
             CASE a.outcome WHEN 'released' THEN e.attempts + 1 ELSE e.attempts END AS attempt,
             CASE WHEN a.outcome IN ('retry', 'dead', 'released') THEN left(a.err, 8192) END AS err,
@@ -122,3 +153,20 @@ END $migration$;
 -- Revokes PUBLIC's default EXECUTE on the new function, and grants it to
 -- the outbox roles that exist.
 SELECT modkit_outbox_grant_roles();
+
+-- The dispatch and enqueue paths without JIT, and the claim and the sweep
+-- without bitmap scans (see the top).
+ALTER FUNCTION modkit_outbox_enqueue(uuid, text, text, uuid, text, jsonb, boolean, jsonb, text) SET jit = off;
+ALTER FUNCTION modkit_outbox_enqueue_many(uuid[], text[], text[], uuid[], text[], jsonb[], text[], jsonb[], text[]) SET jit = off;
+ALTER FUNCTION modkit_outbox_claim(uuid, text[], int, int, interval, text[], timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_claim_chained(uuid, text[], int, int, interval, text[], int[], timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_claim_chained(uuid, text[], int, int, interval, text[], int[], timestamptz) SET enable_bitmapscan = off;
+ALTER FUNCTION modkit_outbox_complete_one(uuid, uuid, uuid, text, text, bigint, timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_sweep(text[], int, int, timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_sweep(text[], int, int, timestamptz) SET enable_bitmapscan = off;
+ALTER FUNCTION modkit_outbox_purge(text[], interval, int, timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_purge_recorded(text[], interval, int, timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_release_held(text[], text[], int) SET jit = off;
+ALTER FUNCTION modkit_outbox_elect(text[], uuid, interval, timestamptz) SET jit = off;
+ALTER FUNCTION modkit_outbox_resign(uuid, text[]) SET jit = off;
+ALTER FUNCTION modkit_outbox_depth(text[], timestamptz) SET jit = off;

@@ -1,0 +1,180 @@
+package outboxpg_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+)
+
+// An outcome write finds its events by id, never by reading the
+// locked_until index, whatever the planner's costs (migration 0009): with
+// statistics gathered mid-drain, a plan that walked that index for every
+// outcome made each call take hundreds of milliseconds. Nested loops are
+// turned off here, which makes a readable locked_until index the planner's
+// pick (the function of 0008 read it); the function must not be able to.
+func TestCompleteNeverWalksTheLeaseIndex(t *testing.T) {
+	s, tdb := newStore(t)
+	const n, leased = 3000, 300
+	if _, err := s.Insert(ctx, tdb.Provider.Pool, rows(n, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	w := uuid.New()
+	got := claim(t, s, leased, 3, w)
+	if len(got) != leased {
+		t.Fatalf("claimed %d, want %d", len(got), leased)
+	}
+	mustExec(t, tdb.Provider.Pool, "ANALYZE modkit_outbox_events")
+
+	// A connection of its own: the transaction statistics read below must
+	// hold this call's scans only.
+	conn, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // the outcomes are not kept
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_nestloop = off"); err != nil {
+		t.Fatal(err)
+	}
+	ids, tokens := make([]uuid.UUID, leased), make([]uuid.UUID, leased)
+	outcomes, errs, delays := make([]string, leased), make([]*string, leased), make([]int64, leased)
+	for i, c := range got {
+		ids[i], tokens[i], outcomes[i] = c.ID, c.LeaseToken, "delivered"
+	}
+	var settled, scans int
+	err = tx.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_complete($1, $2, $3, $4, $5, $6)",
+		w, ids, tokens, outcomes, errs, delays).Scan(&settled)
+	if err != nil || settled != leased {
+		t.Fatalf("settled %d of %d: %v", settled, leased, err)
+	}
+	err = tx.QueryRow(ctx, "SELECT pg_stat_get_xact_numscans('modkit_outbox_events_locked_until_idx'::regclass)").Scan(&scans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scans != 0 {
+		t.Fatalf("the outcome write read the locked_until index %d time(s); it must look its events up by id", scans)
+	}
+}
+
+// The statements of the enqueue and dispatch paths are never compiled to
+// machine code (migration 0009), not even on a server that would compile
+// every statement: JIT compilation costs 100 ms and more, and these
+// statements run in about a millisecond. (With the server's defaults, a
+// claim's estimate passed jit_above_cost once enough delivered rows were
+// kept, and a dispatcher at 2,000 events/s fell behind for good.)
+// auto_explain reports every statement the functions run, with "JIT:" in
+// the plan of one that was compiled.
+func TestDispatchPathRunsWithoutJIT(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	var available bool
+	if err := tdb.Provider.Pool.QueryRow(ctx, "SELECT pg_jit_available()").Scan(&available); err != nil {
+		t.Fatal(err)
+	}
+	if !available {
+		t.Skip("this PostgreSQL server has no JIT (pg_jit_available() is false): nothing to compile")
+	}
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var compiled []string
+	var plans int
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		// Only the statements the functions run: they carry the function
+		// in their context. (The caller's own statement, the function
+		// call, runs under the session's settings.)
+		if n.Where == "" || !strings.Contains(n.Message, "plan:") {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		plans++
+		if strings.Contains(n.Message, "JIT:") {
+			compiled = append(compiled, n.Message)
+		}
+	}
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, `LOAD 'auto_explain';
+			SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;
+			SET client_min_messages = log; SET jit = on; SET jit_above_cost = 0`)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := open(t, pool, driver.Options{})
+
+	one := rows(1, "test", "events")
+	key := "k"
+	one[0].OrderingKey = &key
+	if _, err := s.Insert(ctx, pool, one, []string{topic}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Insert(ctx, pool, rows(3, "test", "events"), []string{topic}); err != nil {
+		t.Fatal(err)
+	}
+	w := uuid.New()
+	got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 10, MaxAttempts: 3, Worker: w,
+		Lease: time.Minute, Chains: []int{4}})
+	if err != nil || len(got) != 4 {
+		t.Fatalf("claim: %d events, %v", len(got), err)
+	}
+	outcomes := make([]driver.Outcome, len(got))
+	for i, c := range got {
+		outcomes[i] = outcome(c, driver.Delivered)
+	}
+	if _, err := s.Complete(ctx, nil, w, outcomes[1:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InTx(ctx, func(ctx context.Context, tx any) error {
+		_, err := s.Complete(ctx, tx, w, outcomes[:1])
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 3, Limit: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReleaseHeld(ctx, []string{topic}, nil, 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Depth(ctx, []string{topic}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Elect(ctx, driver.ElectParams{Roles: []string{topic}, Holder: w, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Resign(ctx, w, []string{topic}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10}); err != nil {
+		t.Fatal(err)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if plans < 10 {
+		t.Fatalf("auto_explain reported %d plans of the functions' statements; the test sees too little", plans)
+	}
+	if len(compiled) > 0 {
+		t.Fatalf("%d of %d statements of the enqueue and dispatch functions were compiled with JIT; the first:\n%s",
+			len(compiled), plans, compiled[0])
+	}
+}
