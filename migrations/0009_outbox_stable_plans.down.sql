@@ -8,7 +8,6 @@ ALTER FUNCTION modkit_outbox_claim_chained(uuid, text[], int, int, interval, tex
 ALTER FUNCTION modkit_outbox_claim_chained(uuid, text[], int, int, interval, text[], int[], timestamptz) RESET enable_bitmapscan;
 ALTER FUNCTION modkit_outbox_complete_one(uuid, uuid, uuid, text, text, bigint, timestamptz) RESET jit;
 ALTER FUNCTION modkit_outbox_sweep(text[], int, int, timestamptz) RESET jit;
-ALTER FUNCTION modkit_outbox_sweep(text[], int, int, timestamptz) RESET enable_bitmapscan;
 ALTER FUNCTION modkit_outbox_purge(text[], interval, int, timestamptz) RESET jit;
 ALTER FUNCTION modkit_outbox_purge_recorded(text[], interval, int, timestamptz) RESET jit;
 ALTER FUNCTION modkit_outbox_release_held(text[], text[], int) RESET jit;
