@@ -11,9 +11,9 @@
 -- from then on every claim spent 100-120 ms compiling a statement that runs
 -- in about 1 ms: the dispatcher fell behind for good (82,704 of 120,000
 -- events delivered 15 s after the last commit; BENCHMARKS.md, "JIT on the
--- dispatch path"). These short statements never gain from JIT,
--- so the functions the producer and dispatcher roles call run with
--- jit = off; the operators' reports keep the server's setting.
+-- dispatch path"). These short statements never gain from JIT, so the
+-- functions the producer and dispatcher roles call run with jit = off; the
+-- operators' reports keep the server's setting.
 --
 -- 2. modkit_outbox_complete looks the events it settles up by id, never by
 -- a walk of the locked_until index. Its fence, that each event is still
@@ -32,11 +32,11 @@
 -- the fence admits is unchanged.
 --
 -- 3. The claim reads the claim index and the locked_until index in order,
--- never as bitmaps. Each event claimed and settled leaves a
--- dead entry in both indexes until vacuum: at 2,000 events/s, tens of
--- thousands. A plain index scan marks the dead entries it passes, so the
--- next scan skips them; a bitmap scan never does and checks every one of
--- them against the table, each time. With JIT off alone, claims chose
+-- never as bitmaps. Each event claimed and settled leaves a dead entry in
+-- both indexes until vacuum: at 2,000 events/s, tens of thousands. A plain
+-- index scan marks the dead entries it passes, so the next scan skips them;
+-- a bitmap scan never does and checks every one of them against the table,
+-- each time. With JIT off alone, claims chose
 -- bitmap scans once the statistics said few rows matched, and took 30-100
 -- ms: end-to-end latency at 2,000 events/s was p50 47 ms, p99 191 ms. With
 -- bitmap scans off too: p50 2.8-3.2 ms, p99 13-27 ms (River, alternated
