@@ -12,8 +12,8 @@
 -- in about 1 ms: the dispatcher fell behind for good (82,704 of 120,000
 -- events delivered 15 s after the last commit; BENCHMARKS.md, "JIT on the
 -- dispatch path"). These short statements never gain from JIT, so the
--- functions the producer and dispatcher roles call run with jit = off; the
--- operators' reports keep the server's setting.
+-- functions of the enqueue and dispatch paths (and both purges) run with
+-- jit = off; the operators' reports keep the server's setting.
 --
 -- 2. modkit_outbox_complete looks the events it settles up by id, never by
 -- a walk of the locked_until index. Its fence, that each event is still

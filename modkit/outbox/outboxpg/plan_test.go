@@ -134,6 +134,7 @@ func TestDispatchPathRunsWithoutJIT(t *testing.T) {
 	if _, err := s.Insert(ctx, pool, one, []string{topic}); err != nil {
 		t.Fatal(err)
 	}
+	// Three rows: the enqueue_many function (COPY takes larger batches).
 	if _, err := s.Insert(ctx, pool, rows(3, "test", "events"), []string{topic}); err != nil {
 		t.Fatal(err)
 	}
@@ -171,8 +172,10 @@ func TestDispatchPathRunsWithoutJIT(t *testing.T) {
 	if err := s.Resign(ctx, w, []string{topic}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10}); err != nil {
-		t.Fatal(err)
+	for _, recorded := range []bool{false, true} {
+		if _, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10, Recorded: recorded}); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	mu.Lock()
