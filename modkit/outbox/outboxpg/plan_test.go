@@ -144,6 +144,14 @@ func TestDispatchPathRunsWithoutJIT(t *testing.T) {
 	if err != nil || len(got) != 4 {
 		t.Fatalf("claim: %d events, %v", len(got), err)
 	}
+	// And a claim without chains (migration 0010's modkit_outbox_claim_plain).
+	if _, err := s.Insert(ctx, pool, rows(1, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if plain, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 10, MaxAttempts: 3, Worker: w,
+		Lease: time.Minute}); err != nil || len(plain) != 1 {
+		t.Fatalf("claim without chains: %d events, %v", len(plain), err)
+	}
 	outcomes := make([]driver.Outcome, len(got))
 	for i, c := range got {
 		outcomes[i] = outcome(c, driver.Delivered)
@@ -186,5 +194,77 @@ func TestDispatchPathRunsWithoutJIT(t *testing.T) {
 	if len(compiled) > 0 {
 		t.Fatalf("%d of %d statements of the enqueue and dispatch functions were compiled with JIT; the first:\n%s",
 			len(compiled), plans, compiled[0])
+	}
+}
+
+// A claim without chains runs on plans cached for the connection (migration
+// 0010), and plans cached while the table was empty stay index-driven once
+// it is full: the claim reads the due events in index order and updates
+// them by id. (A single statement cached that way joined the locked events
+// to the table the wrong way round and read every row of the table for
+// each claim, until the next ANALYZE.) The bound is on the rows and index
+// entries the claim reads (the transaction's statistics): a few per event
+// claimed, against one per row of the table.
+func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+	conn, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	claimOn := func(limit int) (claimed, read int64) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		err = tx.QueryRow(ctx, `SELECT count(*) FROM modkit_outbox_claim_chained($1, $2, $3, 3, '1 minute', NULL, NULL)`,
+			uuid.New(), []string{topic}, limit).Scan(&claimed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Rows read by sequential scans, and entries read from the indexes.
+		err = tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('modkit_outbox_events'::regclass)
+			+ (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
+			   FROM pg_index WHERE indrelid = 'modkit_outbox_events'::regclass)`).Scan(&read)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return claimed, read
+	}
+
+	// Plans made on an empty table's statistics: the table is analyzed
+	// empty, and the first claims (one finds nothing, one finds 5) cache
+	// every statement of the claim.
+	if n, _ := claimOn(5); n != 0 {
+		t.Fatalf("claimed %d from an empty table", n)
+	}
+	if _, err := s.Insert(ctx, pool, rows(5, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := claimOn(5); n != 5 {
+		t.Fatalf("claimed %d of 5", n)
+	}
+
+	const pending = 40000
+	if _, err := s.Insert(ctx, pool, rows(pending, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int{5, 500} {
+		n, read := claimOn(limit)
+		if n != int64(limit) {
+			t.Fatalf("claimed %d of %d", n, limit)
+		}
+		if bound := int64(4*limit + 100); read > bound {
+			t.Fatalf("a claim of %d events from %d pending read %d rows and index entries (bound %d): "+
+				"its cached plan reads the table instead of the due events", n, pending, read, bound)
+		}
+		t.Logf("claim of %d from %d pending: %d rows and index entries read", n, pending, read)
 	}
 }
