@@ -14,8 +14,23 @@ import (
 )
 
 // The completer records outcomes in batches: it waits for one result, takes
-// whatever else is ready, and settles them all in one statement, retrying
+// whatever else is ready, waits a little for more when that is only a few
+// (see completeLinger), and settles them all in one statement, retrying
 // while the leases can still be honoured.
+
+// completeLinger is how long the completer waits for more results when it
+// has fewer than completeLingerBelow and none of them is of an ordering key.
+// Recording an outcome costs about a millisecond of the server's time
+// whether it is for one event or for fifty (most of it is planning the
+// statement), and at a steady rate each claim's few results reach the
+// completer together: without the wait it wrote once per claim. Results are
+// handed over as before, so publish slots, and with them claims, do not
+// wait for it; a result of an ordering key is written at once, since the
+// next event of its key cannot be claimed before it.
+const (
+	completeLinger      = 2 * time.Millisecond
+	completeLingerBelow = 64
+)
 
 // Outcome is what the dispatcher recorded for one publish, as reported to
 // DispatcherConfig.OnOutcome.
@@ -41,23 +56,55 @@ type Outcome struct {
 
 func (d *Dispatcher) completer(ctx context.Context, results <-chan result, due *dueTimes) {
 	batch := make([]result, 0, completeMaxBatch)
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
 	for first := range results {
-		batch = append(batch[:0], first)
-	drain:
-		for len(batch) < completeMaxBatch {
-			select {
-			case r, ok := <-results:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, r)
-			default:
-				break drain
-			}
-		}
+		batch = gather(append(batch[:0], first), results, linger, completeLinger)
 		d.settle(ctx, batch, due)
 	}
 }
+
+// gather adds to batch the results that are ready, then, while batch has
+// fewer than completeLingerBelow and none of an ordering key, those that
+// come within wait (timed by linger, a stopped timer).
+func gather(batch []result, results <-chan result, linger *time.Timer, wait time.Duration) []result {
+	for len(batch) < completeMaxBatch {
+		select {
+		case r, ok := <-results:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+			continue
+		default:
+		}
+		break
+	}
+	if len(batch) >= completeLingerBelow || slices.ContainsFunc(batch, ordered) {
+		return batch
+	}
+	resetTimer(linger, wait)
+	defer linger.Stop()
+	for len(batch) < completeLingerBelow {
+		select {
+		case r, ok := <-results:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, r)
+			if ordered(r) {
+				return batch
+			}
+		case <-linger.C:
+			return batch
+		}
+	}
+	return batch
+}
+
+// ordered reports whether a result is of an event with an ordering key.
+func ordered(r result) bool { return r.c.d.OrderingKey != "" }
 
 // decide turns a publish result into the outcome to record.
 func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
