@@ -20,10 +20,10 @@ import (
 
 // completeLinger is how long the completer waits for more results when it
 // has fewer than completeLingerBelow and none of them is of an ordering key.
-// Recording an outcome costs about a millisecond of the server's time
-// whether it is for one event or for fifty (most of it is planning the
-// statement), and at a steady rate each claim's few results reach the
-// completer together: without the wait it wrote once per claim. Results are
+// Each write costs the server a fixed part (the call, a round trip, its
+// statements) besides a part per outcome, and at a steady rate each claim's
+// few results reach the completer together: without the wait it wrote once
+// per claim (BENCHMARKS.md, "Outcome writes wait 2 ms"). Results are
 // handed over as before, so publish slots, and with them claims, do not
 // wait for it; a result of an ordering key is written at once, since the
 // next event of its key cannot be claimed before it.

@@ -268,3 +268,73 @@ func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
 		t.Logf("claim of %d from %d pending: %d rows and index entries read", n, pending, read)
 	}
 }
+
+// Outcome writes run on plans cached for the connection too (migration
+// 0011): plans cached while the table was nearly empty must still find the
+// settled events by id and update them by row address once the table is
+// full, reading a few rows or index entries per outcome.
+func TestCompletePlanCachedOnAnEmptyTable(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+	conn, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	w := uuid.New()
+	completeOn := func(got []driver.Claimed) (settled, read int64) {
+		t.Helper()
+		n := len(got)
+		ids, tokens := make([]uuid.UUID, n), make([]uuid.UUID, n)
+		outcomes, errs, delays := make([]string, n), make([]*string, n), make([]int64, n)
+		for i, c := range got {
+			ids[i], tokens[i], outcomes[i] = c.ID, c.LeaseToken, "delivered"
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		err = tx.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_complete($1, $2, $3, $4, $5, $6)",
+			w, ids, tokens, outcomes, errs, delays).Scan(&settled)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('modkit_outbox_events'::regclass)
+			+ (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
+			   FROM pg_index WHERE indrelid = 'modkit_outbox_events'::regclass)`).Scan(&read)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return settled, read
+	}
+
+	// Plans made while the table holds 5 events (analyzed empty).
+	if _, err := s.Insert(ctx, pool, rows(5, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := completeOn(claim(t, s, 5, 3, w)); n != 5 {
+		t.Fatalf("settled %d of 5", n)
+	}
+
+	const pending = 40000
+	if _, err := s.Insert(ctx, pool, rows(pending, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int{5, 500} {
+		got := claim(t, s, limit, 3, w)
+		n, read := completeOn(got)
+		if n != int64(limit) {
+			t.Fatalf("settled %d of %d", n, limit)
+		}
+		if bound := int64(4*limit + 100); read > bound {
+			t.Fatalf("an outcome write of %d events in a table of %d read %d rows and index entries (bound %d): "+
+				"its cached plan reads the table instead of the settled events", n, pending, read, bound)
+		}
+		t.Logf("outcome write of %d in a table of %d: %d rows and index entries read", n, pending, read)
+	}
+}

@@ -233,9 +233,11 @@ func TestReplacedFunctionsOwnerOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Migrations 0005 to 0009 kept twelve, among them the complete
-	// function of 0008 (kept by 0009); fewer means the query missed them.
-	if !slices.Contains(kept, "modkit_outbox_complete_0008(uuid,uuid[],uuid[],text[],text[],bigint[],timestamp with time zone)") || len(kept) < 10 {
+	// Migrations 0005 to 0011 kept thirteen, among them the complete
+	// functions of 0008 (kept by 0009) and of 0009 (kept by 0011); fewer
+	// means the query missed them.
+	if !slices.Contains(kept, "modkit_outbox_complete_0008(uuid,uuid[],uuid[],text[],text[],bigint[],timestamp with time zone)") ||
+		!slices.Contains(kept, "modkit_outbox_complete_0009(uuid,uuid[],uuid[],text[],text[],bigint[],timestamp with time zone)") || len(kept) < 13 {
 		t.Fatalf("replaced functions found: %v", kept)
 	}
 	// The claims that modkit_outbox_claim_chained calls (migration 0010)
