@@ -226,17 +226,7 @@ func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Rows read by sequential scans, and entries read from the indexes.
-		err = tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('modkit_outbox_events'::regclass)
-			+ (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
-			   FROM pg_index WHERE indrelid = 'modkit_outbox_events'::regclass)`).Scan(&read)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return claimed, read
+		return claimed, readAndCommit(t, tx)
 	}
 
 	// Plans made on an empty table's statistics: the table is analyzed
@@ -301,16 +291,7 @@ func TestCompletePlanCachedOnAnEmptyTable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('modkit_outbox_events'::regclass)
-			+ (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
-			   FROM pg_index WHERE indrelid = 'modkit_outbox_events'::regclass)`).Scan(&read)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return settled, read
+		return settled, readAndCommit(t, tx)
 	}
 
 	// Plans made while the table holds 5 events (analyzed empty).
@@ -337,4 +318,22 @@ func TestCompletePlanCachedOnAnEmptyTable(t *testing.T) {
 		}
 		t.Logf("outcome write of %d in a table of %d: %d rows and index entries read", n, pending, read)
 	}
+}
+
+// readAndCommit returns how many rows the transaction read from the events
+// table by sequential scans plus the entries it read from the table's
+// indexes (the transaction's statistics), and commits it.
+func readAndCommit(t *testing.T, tx pgx.Tx) int64 {
+	t.Helper()
+	var read int64
+	err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('modkit_outbox_events'::regclass)
+		+ (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid))::bigint
+		   FROM pg_index WHERE indrelid = 'modkit_outbox_events'::regclass)`).Scan(&read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return read
 }
