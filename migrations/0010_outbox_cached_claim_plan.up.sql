@@ -180,12 +180,13 @@ BEGIN
 END $$;
 
 -- Lease up to p_limit due events of p_topics for p_worker (the claim the
--- dispatcher role calls; migration 0005 added it, 0010 made it the entry to
--- the two claims below). p_chain gives, per topic, the most events of one
--- ordering key to take in sequence; without chains (NULL, or no topic's
--- chain longer than one) the claim is modkit_outbox_claim_plain, on cached
--- plans; with chains it is modkit_outbox_claim_chains (migration 0008's
--- statement), planned for each call.
+-- dispatcher role calls; migration 0005 added it, and since 0010 it checks
+-- the arguments and chooses between two claims). p_chain gives, per topic,
+-- the most events of one ordering key to take in sequence; without chains
+-- (NULL, or no topic's chain longer than one) the claim is
+-- modkit_outbox_claim_plain, on cached plans; with chains it is
+-- modkit_outbox_claim_chains (migration 0008's statement), planned for each
+-- call.
 CREATE FUNCTION @s.modkit_outbox_claim_chained(
     p_worker uuid, p_topics text[], p_limit int, p_max_attempts int, p_lease interval, p_skip_dead text[],
     p_chain int[], p_now timestamptz DEFAULT NULL)

@@ -4,6 +4,9 @@
 -- claim of 5 events with its outcome write took 1.98 ms, the claim alone
 -- 0.78 ms, and the same write on a cached plan 1.31 ms), and at 2,000
 -- events/s a dispatcher writes outcomes more than a hundred times a second.
+-- With the statements below, a claim of 5 and its outcome write take
+-- 0.94-1.07 ms against 1.41-1.58 ms, and of 500, 24-27 ms against 79-84 ms
+-- (BENCHMARKS.md, "Outcome writes on cached plans").
 --
 -- A cached (generic) plan is costed from the statistics and the table's size
 -- when it is made, so each statement is written so that none of its plans
@@ -21,8 +24,8 @@
 -- Sequential scans, bitmap scans, sorts of the table, hash joins and merge
 -- joins are off for these statements. What the function settles, refuses
 -- and returns is unchanged: an outcome is recorded only while the event is
--- leased to the caller under the token presented and unexpired; a repeated
--- id is settled once (the first of its outcomes).
+-- leased to the caller under the token presented and unexpired. A repeated
+-- id is settled once, as before, now always by the first of its outcomes.
 --
 -- The function it replaces stays as modkit_outbox_complete_0009 (it was
 -- created by 0009), callable by its owner only, so that the down migration
@@ -74,7 +77,10 @@ DECLARE
     v_errors text[];
     v_delays bigint[];
     v_settled uuid[];
-    -- Delivered events of ordering keys: their streams and sequences.
+    -- The settled events of ordering keys, and the delivered ones among
+    -- them: their streams and sequences.
+    v_keyed_streams bigint[];
+    v_keyed_seqs bigint[];
     v_streams bigint[];
     v_seqs bigint[];
 BEGIN
@@ -142,9 +148,11 @@ BEGIN
         SELECT u.id, u.ledger_seq, u.namespace, u.topic, u.outcome, u.attempt, p_worker, u.token, u.claimed_at, v_now, u.err
         FROM upd u)
     SELECT pg_catalog.array_agg(u.id),
+        pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL),
+        pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL),
         pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.outcome = 'delivered' AND u.ordering_key IS NOT NULL),
         pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.outcome = 'delivered' AND u.ordering_key IS NOT NULL)
-    INTO v_settled, v_streams, v_seqs
+    INTO v_settled, v_keyed_streams, v_keyed_seqs, v_streams, v_seqs
     FROM upd u;
 
     -- 3. A delivered event lets the next one of its key into the claim,
@@ -154,7 +162,9 @@ BEGIN
         UPDATE @s.modkit_outbox_events AS s SET held = false
         WHERE s.id = ANY(ARRAY(
             SELECT n.id
-            FROM unnest(v_streams, v_seqs) AS f(stream, seq)
+            FROM (SELECT d.stream, d.seq FROM unnest(v_streams, v_seqs) AS d(stream, seq)
+                  EXCEPT
+                  SELECT k.stream, k.seq - 1 FROM unnest(v_keyed_streams, v_keyed_seqs) AS k(stream, seq)) f
             CROSS JOIN LATERAL (
                 SELECT x.id FROM @s.modkit_outbox_events x
                 WHERE x.ordering_stream = f.stream AND x.ordering_seq = f.seq + 1 AND x.held) n))

@@ -239,6 +239,26 @@ func TestCompleteMixedOutcomes(t *testing.T) {
 	}
 }
 
+// An event named twice in one outcome write is settled once, by the first
+// of its outcomes, with one ledger row.
+func TestCompleteRepeatedID(t *testing.T) {
+	s, tdb := newStore(t)
+	insertN(t, s, tdb.Provider.Pool, "test", "events", 1)
+	w := uuid.New()
+	c := claim(t, s, 1, 3, w)[0]
+	ok := complete(t, s, w, outcome(c, driver.Delivered), outcome(c, driver.Retry))
+	if !ok[0] {
+		t.Fatalf("settled %v, want the first outcome settled", ok)
+	}
+	if e := get(t, s, c.ID); e.Status != "delivered" {
+		t.Fatalf("status %s, want delivered (the first outcome)", e.Status)
+	}
+	h, err := s.History(ctx, c.ID)
+	if err != nil || len(h) != 1 || h[0].Outcome != "delivered" {
+		t.Fatalf("history %+v (%v), want one delivered row", h, err)
+	}
+}
+
 // A worker that crashes on the last allowed attempt leaves the row
 // processing with attempts = max, which no claim picks up; Sweep
 // dead-letters it, saying why, and leaves live leases alone.
