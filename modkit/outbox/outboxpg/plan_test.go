@@ -231,7 +231,8 @@ func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
 
 	// Plans made on an empty table's statistics: the table is analyzed
 	// empty, and the first claims (one finds nothing, one finds 5) cache
-	// every statement of the claim.
+	// the plans of the due-event lookup and of the update. (The expired
+	// leases' ledger insert reads no table.)
 	if n, _ := claimOn(5); n != 0 {
 		t.Fatalf("claimed %d from an empty table", n)
 	}
