@@ -141,7 +141,7 @@ func TestMigrateCommands(t *testing.T) {
 	if out != fmt.Sprintf("reverted %04d_%s\n", last.Version, last.Name) {
 		t.Fatalf("down 1:\n%s", out)
 	}
-	cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "10", "--yes").must(t, exitOK)
+	cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", fmt.Sprint(len(known)-1), "--yes").must(t, exitOK)
 	noOutboxTables(t, f, "ops")
 	if s := status(); strings.Count(s, " no\n") != len(known) {
 		t.Fatalf("status after down:\n%s", s)
