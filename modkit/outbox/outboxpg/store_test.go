@@ -239,6 +239,70 @@ func TestCompleteMixedOutcomes(t *testing.T) {
 	}
 }
 
+// The owner's prune deletes the history of purged events finished before
+// the cut-off, and nothing else: not the history of an event still in the
+// table, nor rows finished after the cut-off (since migration 0013 it finds
+// them without an index on finished_at).
+func TestPruneAttempts(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	w := uuid.New()
+	deliver := func(n int) []driver.Claimed {
+		t.Helper()
+		if _, err := s.Insert(ctx, pool, rows(n, "test", "events"), nil); err != nil {
+			t.Fatal(err)
+		}
+		got := claim(t, s, n, 3, w)
+		outcomes := make([]driver.Outcome, len(got))
+		for i, c := range got {
+			outcomes[i] = outcome(c, driver.Delivered)
+		}
+		if done, err := s.Complete(ctx, nil, w, outcomes); err != nil || len(done) != n {
+			t.Fatalf("delivered %d of %d: %v", len(done), n, err)
+		}
+		return got
+	}
+	ledger := func() (rows int) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_attempts").Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	prune := func(before string) (n int64) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, "SELECT modkit_outbox_prune_attempts("+before+")").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	purged := deliver(3)
+	if n, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10}); err != nil || n != 3 {
+		t.Fatalf("purged %d of 3: %v", n, err)
+	}
+	kept := deliver(2) // delivered, not purged
+	if got := ledger(); got != 5 {
+		t.Fatalf("%d ledger rows, want 5", got)
+	}
+	if n := prune("now() - interval '1 hour'"); n != 0 {
+		t.Fatalf("a prune of rows finished an hour ago deleted %d", n)
+	}
+	if n := prune("clock_timestamp() + interval '1 second'"); n != 3 {
+		t.Fatalf("the prune deleted %d rows, want the 3 of the purged events", n)
+	}
+	for _, c := range purged {
+		if h, err := s.History(ctx, c.ID); err != nil || len(h) != 0 {
+			t.Fatalf("history of a purged, pruned event: %v, %v", h, err)
+		}
+	}
+	for _, c := range kept {
+		if h, err := s.History(ctx, c.ID); err != nil || len(h) != 1 {
+			t.Fatalf("history of a kept event after the prune: %v, %v", h, err)
+		}
+	}
+}
+
 // An event named twice in one outcome write is settled once, by the first
 // of its outcomes, with one ledger row.
 func TestCompleteRepeatedID(t *testing.T) {
