@@ -152,25 +152,29 @@ func retryAfter(err error) time.Duration {
 func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) {
 	outcomes := make([]driver.Outcome, 0, len(batch))
 	reports := make([]Outcome, 0, len(batch))
-	kept := batch[:0:0]
-	for _, r := range batch {
+	kept := make([]*result, 0, len(batch)) // the results outcomes[i] records
+	var latest time.Time
+	for i := range batch {
+		r := &batch[i]
 		switch r.kind {
 		case ackedInTx:
-			d.record(r, Outcome{Status: StatusDelivered})
+			d.record(*r, Outcome{Status: StatusDelivered})
 			continue
 		case lostInTx:
-			d.record(r, Outcome{LeaseLost: true})
+			d.record(*r, Outcome{LeaseLost: true})
 			continue
 		}
-		o, rep := d.decide(r)
+		o, rep := d.decide(*r)
 		outcomes, reports, kept = append(outcomes, o), append(reports, rep), append(kept, r)
+		if r.c.deadline.After(latest) {
+			latest = r.c.deadline
+		}
 	}
 	if len(outcomes) == 0 {
 		return
 	}
 	// Keep trying while the leases can still be honoured; after that the
 	// events will simply be claimed and delivered again.
-	latest := slices.MaxFunc(kept, func(a, b result) int { return a.c.deadline.Compare(b.c.deadline) }).c.deadline
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
@@ -189,7 +193,7 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) 
 					// The next event of the key may be claimed now.
 					due.add(start)
 				}
-				d.record(kept[i], reports[i])
+				d.record(*kept[i], reports[i])
 			}
 			return
 		}
