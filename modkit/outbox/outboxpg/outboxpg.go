@@ -322,14 +322,14 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	// The call is not prepared on the server; it goes in one round trip
 	// with its arguments and results in binary (pgx caches the call's
 	// parameter and result types per connection: in text, encoding the id
-	// arrays and parsing the results took a tenth of the client's CPU in
-	// a drain). How the function's own statements are planned is its
-	// business: a claim without chains
-	// runs on plans cached for the connection, built so that no statistics
-	// can make them read the table (migration 0010); a claim with chains is
-	// planned afresh each time, because a plan cached from whatever the
-	// table looked like then made a drain over a million delivered rows run
-	// at 0.1x or 0.9x of its empty-table rate, depending on the connection.
+	// arrays and parsing the results took a tenth of the client's CPU in a
+	// drain). How the function's own statements are planned is its
+	// business: a claim without chains runs on plans cached for the
+	// connection, built so that no statistics can make them read the table
+	// (migration 0010); a claim with chains is planned afresh each time,
+	// because a plan cached from whatever the table looked like then made a
+	// drain over a million delivered rows run at 0.1x or 0.9x of its
+	// empty-table rate, depending on the connection.
 	rows, err := s.pool.Query(ctx, s.sql.claim, append([]any{pgx.QueryExecModeCacheDescribe}, s.args(uuidArg(p.Worker), p.Topics, p.Limit, p.MaxAttempts, p.Lease, p.SkipDeadTopics, chainsArg(p))...)...)
 	if err != nil {
 		return nil, err
