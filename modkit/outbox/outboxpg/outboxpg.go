@@ -322,7 +322,7 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	// The call is not prepared on the server; it goes in one round trip
 	// with its arguments and results in binary (pgx caches the call's
 	// parameter and result types per connection: in text, encoding the id
-	// arrays and parsing the results took a tenth of the client's CPU in a
+	// arrays and parsing the results took 5-8% of the client's CPU in a
 	// drain). How the function's own statements are planned is its
 	// business: a claim without chains runs on plans cached for the
 	// connection, built so that no statistics can make them read the table
