@@ -1,14 +1,16 @@
 -- The enqueue of one event runs on plans cached for the session, as the
--- claim without chains (0010) and the outcome write (0011) do. Its INSERT was
--- planned again on every call: PostgreSQL keeps choosing a fresh plan for a
--- statement whose fresh plans are estimated cheaper than the cached one, and
--- the INSERT's check of an ordering predecessor, with its sequence unknown,
--- is. Planning was a third of the function's time: on a scratch database, 4
--- connections enqueueing one event per transaction (asynchronous commit,
--- so that the server's CPU decides) reached 7,700-8,000 transactions a
--- second against 9,700-10,300 on cached plans, and 8 connections with
--- durable commits 4,300-4,400 against 5,200 (BENCHMARKS.md, "Enqueue on
--- cached plans").
+-- claim without chains (0010) and the outcome write (0011) do. Under the
+-- default plan_cache_mode a connection may plan a statement afresh on every
+-- call (PostgreSQL does so while the fresh plans are estimated cheaper than
+-- the cached one), and whether the enqueue's connections did varied from
+-- run to run: the same benchmark ran at 5,100-5,300 or at 3,200-3,900
+-- enqueues a second. Planning took a fifth to a half of the function's
+-- time: on a scratch database, 4 connections enqueueing one event per
+-- transaction (asynchronous commit, so that the server's CPU decides)
+-- reached 7,700-8,300 transactions a second against 9,650-10,300 on cached
+-- plans, and 8 connections with durable commits 4,340-4,420 against
+-- 5,180-5,230; under a benchmark's load the function took 357 us a call
+-- against 165 us (BENCHMARKS.md, "Enqueue on cached plans").
 --
 -- A cached (generic) plan is costed from the statistics and the table's size
 -- when it is made, and made on a table analyzed while empty it reads the
