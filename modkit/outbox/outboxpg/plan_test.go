@@ -208,7 +208,7 @@ func TestDispatchPathRunsWithoutJIT(t *testing.T) {
 func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+	analyzeEmpty(t, pool, "modkit_outbox_events")
 	conn, err := pgx.Connect(ctx, tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -243,21 +243,7 @@ func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
 		t.Fatalf("claimed %d of 5", n)
 	}
 
-	const pending = 40000
-	if _, err := s.Insert(ctx, pool, rows(pending, "test", "events"), nil); err != nil {
-		t.Fatal(err)
-	}
-	for _, limit := range []int{5, 500} {
-		n, read := claimOn(limit)
-		if n != int64(limit) {
-			t.Fatalf("claimed %d of %d", n, limit)
-		}
-		if bound := int64(4*limit + 100); read > bound {
-			t.Fatalf("a claim of %d events from %d pending read %d rows and index entries (bound %d): "+
-				"its cached plan reads the table instead of the due events", n, pending, read, bound)
-		}
-		t.Logf("claim of %d from %d pending: %d rows and index entries read", n, pending, read)
-	}
+	readsOnAFullTable(t, s, pool, "a claim", claimOn)
 }
 
 // Outcome writes run on plans cached for the connection too (migration
@@ -267,7 +253,7 @@ func TestClaimPlanCachedOnAnEmptyTable(t *testing.T) {
 func TestCompletePlanCachedOnAnEmptyTable(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+	analyzeEmpty(t, pool, "modkit_outbox_events")
 	conn, err := pgx.Connect(ctx, tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -303,22 +289,9 @@ func TestCompletePlanCachedOnAnEmptyTable(t *testing.T) {
 		t.Fatalf("settled %d of 5", n)
 	}
 
-	const pending = 40000
-	if _, err := s.Insert(ctx, pool, rows(pending, "test", "events"), nil); err != nil {
-		t.Fatal(err)
-	}
-	for _, limit := range []int{5, 500} {
-		got := claim(t, s, limit, 3, w)
-		n, read := completeOn(got)
-		if n != int64(limit) {
-			t.Fatalf("settled %d of %d", n, limit)
-		}
-		if bound := int64(4*limit + 100); read > bound {
-			t.Fatalf("an outcome write of %d events in a table of %d read %d rows and index entries (bound %d): "+
-				"its cached plan reads the table instead of the settled events", n, pending, read, bound)
-		}
-		t.Logf("outcome write of %d in a table of %d: %d rows and index entries read", n, pending, read)
-	}
+	readsOnAFullTable(t, s, pool, "an outcome write", func(limit int) (int64, int64) {
+		return completeOn(claim(t, s, limit, 3, w))
+	})
 }
 
 // The enqueue of one event runs on plans cached for the connection too
@@ -331,12 +304,7 @@ func TestCompletePlanCachedOnAnEmptyTable(t *testing.T) {
 func TestEnqueuePlanCachedOnAnEmptyTable(t *testing.T) {
 	_, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	// No statistics but the empty tables' until the end of the test: an
-	// ANALYZE would replace the cached plans.
-	for _, table := range []string{"modkit_outbox_events", "modkit_outbox_sequences"} {
-		mustExec(t, pool, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)")
-		mustExec(t, pool, "ANALYZE "+table)
-	}
+	analyzeEmpty(t, pool, "modkit_outbox_events", "modkit_outbox_sequences")
 	conn, err := pgx.Connect(ctx, tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -406,6 +374,42 @@ func TestEnqueuePlanCachedOnAnEmptyTable(t *testing.T) {
 			"a cached plan reads a table instead of the rows the enqueue names", len(calls), 2*n, n, read, bound)
 	}
 	t.Logf("%d enqueues into tables of %d events and %d ordering keys: %d rows and index entries read", len(calls), 2*n, n, read)
+}
+
+// analyzeEmpty gathers the statistics of the (empty) tables that the plans
+// a test caches are costed from, and turns the tables' autovacuum off, so
+// that no ANALYZE replaces those plans before the test has filled the
+// tables and checked what the plans read.
+func analyzeEmpty(t *testing.T, pool *pgxpool.Pool, tables ...string) {
+	t.Helper()
+	for _, table := range tables {
+		mustExec(t, pool, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)")
+		mustExec(t, pool, "ANALYZE "+table)
+	}
+}
+
+// readsOnAFullTable adds 40,000 pending events, then has op handle 5 and
+// then 500 of them (op returns how many it handled and how many rows and
+// index entries it read), and fails unless op handled them all reading at
+// most 4 per event plus 100: a cached plan that reads the table instead
+// reads every row.
+func readsOnAFullTable(t *testing.T, s driver.Store, pool *pgxpool.Pool, what string, op func(limit int) (n, read int64)) {
+	t.Helper()
+	const pending = 40000
+	if _, err := s.Insert(ctx, pool, rows(pending, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int{5, 500} {
+		n, read := op(limit)
+		if n != int64(limit) {
+			t.Fatalf("%s handled %d of %d events", what, n, limit)
+		}
+		if bound := int64(4*limit + 100); read > bound {
+			t.Fatalf("%s of %d events in a table of %d read %d rows and index entries (bound %d): "+
+				"its cached plan reads the table instead of the events it handles", what, n, pending, read, bound)
+		}
+		t.Logf("%s of %d events in a table of %d: %d rows and index entries read", what, n, pending, read)
+	}
 }
 
 // readAndCommit returns what the transaction read from the events table
