@@ -111,10 +111,13 @@ func validate(i int, m *Message, maxPayload int) error {
 	if len(m.Payload) > maxPayload {
 		return bad("Payload", ErrPayloadTooLarge, "%d bytes, the limit is %d", len(m.Payload), maxPayload)
 	}
-	if !json.Valid(m.Payload) {
+	valid, why := checkPayload(m.Payload)
+	switch {
+	case !valid:
 		return bad("Payload", ErrInvalidPayload, "not valid JSON")
-	}
-	if why := jsonbIncompatibility(m.Payload); why != "" {
+	case !utf8.Valid(m.Payload): // only strings can hold such bytes in valid JSON
+		return bad("Payload", ErrInvalidPayload, "contains invalid UTF-8")
+	case why != "":
 		return bad("Payload", ErrInvalidPayload, "%s", why)
 	}
 	if m.TenantID != nil && *m.TenantID == uuid.Nil {
@@ -200,9 +203,29 @@ func storedKey(m *Message) *string {
 	if m.DedupeKey == nil || m.TenantID == nil {
 		return m.DedupeKey
 	}
-	_, n, _ := tenantPrefix(*m.DedupeKey)
-	k := m.TenantID.String() + (*m.DedupeKey)[n:]
+	var canonical [36]byte // m.TenantID.String(), without allocating it
+	uuidText(&canonical, *m.TenantID)
+	key := *m.DedupeKey
+	_, n, _ := tenantPrefix(key)
+	if n == len(canonical) && key[:n] == string(canonical[:]) {
+		return m.DedupeKey // already in the canonical spelling, as most keys are
+	}
+	k := string(canonical[:]) + key[n:]
 	return &k
+}
+
+// uuidText writes id's canonical text form (lower-case, hyphenated) to dst.
+func uuidText(dst *[36]byte, id uuid.UUID) {
+	const digits = "0123456789abcdef"
+	j := 0
+	for i, b := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			dst[j] = '-'
+			j++
+		}
+		dst[j], dst[j+1] = digits[b>>4], digits[b&0x0f]
+		j += 2
+	}
 }
 
 func hex32(id uuid.UUID) string { return strings.ReplaceAll(id.String(), "-", "") }

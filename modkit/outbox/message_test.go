@@ -50,3 +50,30 @@ func TestNamesAndTenantKeys(t *testing.T) {
 		}
 	}
 }
+
+// storedKey spells a tenant's prefix canonically, and hands back the
+// caller's own key when it already is.
+func TestStoredKey(t *testing.T) {
+	for range 100 {
+		id := uuid.New()
+		var text [36]byte
+		if uuidText(&text, id); string(text[:]) != id.String() {
+			t.Fatalf("uuidText gives %s for %s", text[:], id)
+		}
+	}
+	tenant := uuid.MustParse("0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65")
+	want := tenant.String() + "/turn/1"
+	for _, key := range []string{want, hex32(tenant) + "/turn/1", strings.ToUpper(tenant.String()) + "/turn/1"} {
+		m := Message{TenantID: &tenant, DedupeKey: Key(key)}
+		got := storedKey(&m)
+		if *got != want {
+			t.Errorf("storedKey(%q) = %q, want %q", key, *got, want)
+		}
+		if same := got == m.DedupeKey; same != (key == want) {
+			t.Errorf("storedKey(%q) returned the caller's key: %v, want %v", key, same, key == want)
+		}
+	}
+	if m := (Message{DedupeKey: Key("k/1")}); storedKey(&m) != m.DedupeKey {
+		t.Error("storedKey changed a key without a tenant")
+	}
+}
