@@ -213,22 +213,25 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 	}
 	destination := msgs[0].Namespace + ":" + msgs[0].Topic
 	for _, m := range msgs[1:] {
-		if m.Namespace+":"+m.Topic != destination {
+		if m.Namespace != msgs[0].Namespace || m.Topic != msgs[0].Topic {
 			destination = "" // several topics
 			break
 		}
 	}
 	ctx, span := startEnqueueSpan(ctx, destination, len(msgs))
 	defer func() { endSpan(span, err) }()
+	ids, err := newEventIDs(len(msgs))
+	if err != nil {
+		return nil, err
+	}
 	rows := make([]driver.InsertRow, len(msgs))
 	var notify []string
 	for i, m := range msgs {
-		id, err := uuid.NewV7()
-		if err != nil {
-			return nil, fmt.Errorf("outbox: new event id: %w", err)
-		}
-		rows[i] = driver.InsertRow{ID: id, Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m),
+		rows[i] = driver.InsertRow{ID: ids[i], Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m),
 			Payload: m.Payload, Headers: withTraceContext(ctx, m.Headers), OrderingKey: orderingKey(m.OrderingKey)}
+		if i > 0 && m.Namespace == msgs[i-1].Namespace && m.Topic == msgs[i-1].Topic {
+			continue // the message before decided for this topic
+		}
 		if t := m.Namespace + ":" + m.Topic; !slices.Contains(notify, t) && c.shouldNotify(m.Namespace, m.Topic) {
 			notify = append(notify, t)
 		}

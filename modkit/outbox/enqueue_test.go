@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -599,6 +600,28 @@ func TestEnqueueBatchLarge(t *testing.T) {
 			}
 			if n := countRows(t, pool, "dedupe_key LIKE $1 AND id = ANY($2)", name+"-%", ids); n != 300 {
 				t.Fatalf("%d rows carry the returned ids, want 300", n)
+			}
+			// The ids of a batch increase in message order, so its events
+			// are claimed in that order.
+			for i := 1; i < len(res1); i++ {
+				if bytes.Compare(res1[i-1].ID[:], res1[i].ID[:]) >= 0 {
+					t.Fatalf("first batch, id %d (%s) does not come after id %d (%s)", i, res1[i].ID, i-1, res1[i-1].ID)
+				}
+			}
+			// A key repeated inside a batch, all keys new: the COPY fails
+			// on the repeat and the INSERT writes one row, named by both
+			// results.
+			third := batch(name+"-repeat", 0, 100)
+			third[70].DedupeKey = third[10].DedupeKey
+			var res3 []outbox.Enqueued
+			if err := run(func(r db.Runner) (err error) { res3, err = c.EnqueueBatch(ctx, r, third); return }); err != nil {
+				t.Fatal(err)
+			}
+			if res3[70].ID != res3[10].ID || res3[10].AlreadyEnqueued || !res3[70].AlreadyEnqueued {
+				t.Fatalf("repeated key: results %+v and %+v, want the second to name the first's row", res3[10], res3[70])
+			}
+			if n := countRows(t, pool, "dedupe_key LIKE $1", name+"-repeat-%"); n != 99 {
+				t.Fatalf("%d rows for a batch of 100 with one key repeated, want 99", n)
 			}
 		})
 	}
