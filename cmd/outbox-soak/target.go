@@ -53,11 +53,17 @@ CREATE TABLE soak_audit (
 	new_token        uuid,
 	old_locked_until timestamptz,
 	new_last_error   text,
+	-- The start of the statement that made the transition: the time the
+	-- outbox's functions judge a lease by (modkit_outbox_clock). now(), the
+	-- transaction's start, can lie tens of milliseconds earlier (the
+	-- implicit transaction starts with the Parse message, the statement
+	-- with the Execute after it), so a lease that ended in between looked
+	-- valid to this audit though the claim rightly found it expired.
 	at               timestamptz NOT NULL
 );
 CREATE FUNCTION soak_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-	INSERT INTO soak_audit VALUES (OLD.id, NEW.status, OLD.lease_token, NEW.lease_token, OLD.locked_until, NEW.last_error, now());
+	INSERT INTO soak_audit VALUES (OLD.id, NEW.status, OLD.lease_token, NEW.lease_token, OLD.locked_until, NEW.last_error, statement_timestamp());
 	RETURN NULL;
 END $$;
 CREATE TRIGGER soak_audit AFTER UPDATE ON modkit_outbox_events

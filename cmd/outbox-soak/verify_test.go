@@ -65,3 +65,76 @@ func TestAttributeDuplicates(t *testing.T) {
 		t.Fatalf("want one failure naming the unexplained duplicates, got %q", r.failures)
 	}
 }
+
+// TestAuditJudgesLeasesByStatementTime: the audit judges a lease by the
+// start of the statement that ended it, the clock the outbox's functions
+// use, not by the start of its transaction. A lease that ended after its
+// claimer's transaction began but before the claim statement did was
+// expired for the claim; the soak had reported such reclaims as reclaims of
+// a valid lease. A reclaim while the lease still runs is still caught, and
+// so is a settlement under an ended lease, unless it is the sweeper's
+// repair, which the ledger records as lease_expired.
+func TestAuditJudgesLeasesByStatementTime(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	if _, err := pool.Exec(ctx, soakDDL); err != nil {
+		t.Fatal(err)
+	}
+	leased := func() (id, token uuid.UUID) {
+		id, token = uuid.Must(uuid.NewV7()), uuid.New()
+		if _, err := pool.Exec(ctx, `INSERT INTO modkit_outbox_events (id, namespace, topic, payload, status, attempts, locked_by,
+			locked_until, lease_token) VALUES ($1, 'soak', 'audit', '{}', 'processing', 1, gen_random_uuid(), now() + interval '1 hour', $2)`,
+			id, token); err != nil {
+			t.Fatal(err)
+		}
+		return id, token
+	}
+	ended, _ := leased()
+	running, _ := leased()
+	repaired, repairedToken := leased()
+	settled, _ := leased()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// Three leases end now, after the transaction began; the statements
+	// below start after they ended.
+	if _, err := tx.Exec(ctx, `UPDATE modkit_outbox_events SET locked_until = clock_timestamp() WHERE id = ANY($1)`,
+		[]uuid.UUID{ended, repaired, settled}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uuid.UUID{ended, running} {
+		if _, err := tx.Exec(ctx, `UPDATE modkit_outbox_events SET lease_token = gen_random_uuid(),
+			locked_until = statement_timestamp() + interval '1 second' WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []uuid.UUID{repaired, settled} {
+		if _, err := tx.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'pending', locked_by = NULL, locked_until = NULL,
+			lease_token = NULL WHERE id = $1`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, attempt,
+		lease_token, finished_at, detail) VALUES ($1, 1, 'soak', 'audit', 'lease_expired', 1, $2, now(),
+		'the lease expired before an outcome was recorded; repaired by the sweeper')`, repaired, repairedToken); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := verify(ctx, pool, options{lease: time.Second}, nil)
+	want := map[string]int{"reclaims of a valid lease": 1, "settlements under an expired lease": 1}
+	for _, c := range r.counts {
+		if n, ok := want[c.what]; ok {
+			if c.n != n {
+				t.Errorf("%s: %d, want %d", c.what, c.n, n)
+			}
+			delete(want, c.what)
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("checks missing from the report: %v", want)
+	}
+}
