@@ -69,6 +69,7 @@ type options struct {
 	writeEvents     int
 	latencyBatch    int
 	payload         int
+	writeDesigns    []string
 }
 
 var allWorkloads = []string{"dispatch", "enqueue", "bulk", "latency", "writes"}
@@ -77,7 +78,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("river-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var only, rates string
+	var only, rates, designs string
 	fs.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "PostgreSQL server (default $DATABASE_URL; empty starts a throwaway durable cluster); a database is created for the run and dropped afterwards")
 	fs.StringVar(&only, "only", "dispatch,enqueue,bulk,latency", "workloads to run, comma-separated, of "+strings.Join(allWorkloads, ","))
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds per comparison; the sides of a comparison alternate within every round")
@@ -96,6 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.riverConns, "river-conns", 10, "MaxConns of River's pool")
 	fs.IntVar(&o.latencyBatch, "latency-outbox-batch", 0, "BatchSize of the outbox dispatcher in the latency workload (0: the library's default)")
 	fs.IntVar(&o.writeEvents, "write-events", 100000, "events per phase of the writes workload")
+	fs.StringVar(&designs, "write-designs", "", "designs of the writes workload to run, comma-separated by their letters (e.g. B,C2,H); empty runs all")
 	fs.IntVar(&o.payload, "payload", 128, "approximate payload size in bytes")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -111,6 +113,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, fmt.Errorf("-only: unknown workload %q", w)
 		}
 		o.only = append(o.only, w)
+	}
+	for _, d := range strings.Split(designs, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			o.writeDesigns = append(o.writeDesigns, d)
+		}
 	}
 	for _, s := range strings.Split(rates, ",") {
 		r, err := strconv.Atoi(strings.TrimSpace(s))

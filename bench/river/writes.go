@@ -74,13 +74,19 @@ const eventsLike = `(LIKE outbox.modkit_outbox_events INCLUDING DEFAULTS INCLUDI
 const eventsOpts = `WITH (fillfactor = 85, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05)`
 
 func writeClaim(table string, keyset bool) string {
+	return writeClaimWhere(table, "status IN ('pending', 'processing')", keyset)
+}
+
+// writeClaimWhere is writeClaim whose rows are those matching live, the
+// predicate of the design's claim index.
+func writeClaimWhere(table, live string, keyset bool) string {
 	hint := ""
 	if keyset {
 		hint = "\n\t  AND (created_at, id) > ($5::timestamptz, $6::uuid)"
 	}
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
-	WHERE status IN ('pending', 'processing')
+	WHERE ` + live + `
 	  AND ((status = 'pending' AND next_attempt_at <= now()) OR (status = 'processing' AND locked_until < now()))
 	  AND attempts < 25 AND namespace = $1 AND topic = $2` + hint + `
 	ORDER BY created_at, id
@@ -101,6 +107,20 @@ func ackInPlace(table string) string {
 	ledger_seq = ledger_seq + 1, updated_at = now()
 	WHERE id = ANY($1) RETURNING id, ledger_seq, namespace, topic, attempts, claimed_at)
 ` + ledgerInsert
+}
+
+// liveDDL is design H's table: the claim index's predicate reads a stored
+// generated column that a claim (pending -> processing) leaves unchanged,
+// so that no index refers to a column a claim changes and the claim's
+// update can be HOT; the outcome (live -> not live) cannot be.
+func liveDDL(opts string) []string {
+	return []string{
+		`CREATE TABLE scratch.events ` + eventsLike + ` ` + opts,
+		`ALTER TABLE scratch.events ADD COLUMN live boolean GENERATED ALWAYS AS (status IN ('pending', 'processing')) STORED`,
+		`ALTER TABLE scratch.events ADD PRIMARY KEY (id)`,
+		`CREATE UNIQUE INDEX ON scratch.events (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL`,
+		`CREATE INDEX ON scratch.events (created_at, id) WHERE live`,
+	}
 }
 
 func (b *bench) writeVariants() []writeVariant {
@@ -148,6 +168,12 @@ func (b *bench) writeVariants() []writeVariant {
 				`CREATE INDEX ON scratch.events (created_at, id)`,
 			},
 			claim: writeClaim(t, true), keyset: true, ack: ackInPlace(t), repeatClean: purge, clean: vacuum},
+		{name: "H. claim index over a stored generated column (live = not delivered or dead): the claim can be HOT, the outcome is not; pk, dedupe, claim", table: t,
+			ddl:   liveDDL(eventsOpts),
+			claim: writeClaimWhere(t, "live", false), ack: ackInPlace(t), repeatClean: purge, clean: vacuum},
+		{name: "H2. H with fillfactor 50", table: t,
+			ddl:   liveDDL(strings.Replace(eventsOpts, "fillfactor = 85", "fillfactor = 50", 1)),
+			claim: writeClaimWhere(t, "live", false), ack: ackInPlace(t), repeatClean: purge, clean: vacuum},
 		{name: "D. delete on deliver, history in the attempts ledger (B's indexes)", ddl: lean, table: t,
 			claim: writeClaim(t, false),
 			ack: `WITH d AS (DELETE FROM ` + t + ` WHERE id = ANY($1) RETURNING id, ledger_seq + 1 AS ledger_seq, namespace, topic, attempts, claimed_at)
@@ -482,9 +508,30 @@ func (b *bench) writeLoop(ctx context.Context, v writeVariant) error {
 	return errors.Join(errs...)
 }
 
+// selectedWriteVariants is today's library and the designs -write-designs
+// names by their letters (all when it names none).
+func (b *bench) selectedWriteVariants() ([]writeVariant, error) {
+	all := b.writeVariants()
+	if len(b.opts.writeDesigns) == 0 {
+		return all, nil
+	}
+	picked := all[:1]
+	for _, d := range b.opts.writeDesigns {
+		i := slices.IndexFunc(all, func(v writeVariant) bool { return strings.HasPrefix(v.name, d+". ") })
+		if i < 0 {
+			return nil, fmt.Errorf("-write-designs: no design %q (the designs are A to H2, as BENCHMARKS.md names them)", d)
+		}
+		picked = append(picked, all[i])
+	}
+	return picked, nil
+}
+
 // runWrites measures every variant once per round, in turn.
 func (b *bench) runWrites(ctx context.Context) error {
-	variants := b.writeVariants()
+	variants, err := b.selectedWriteVariants()
+	if err != nil {
+		return err
+	}
 	sides := make([]side[writeRun], len(variants))
 	for i, v := range variants {
 		sides[i] = side[writeRun]{v.name, func(ctx context.Context) (writeRun, error) {
