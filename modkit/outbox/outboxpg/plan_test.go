@@ -16,13 +16,14 @@ import (
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
-// An outcome write finds its events by id, never by reading the
-// locked_until index, whatever the planner's costs (migration 0009): with
-// statistics gathered mid-drain, a plan that walked that index for every
-// outcome made each call take hundreds of milliseconds. Nested loops are
-// turned off here, which makes a readable locked_until index the planner's
-// pick (the function of 0008 read it); the function must not be able to.
-func TestCompleteNeverWalksTheLeaseIndex(t *testing.T) {
+// An outcome write finds its events by id, never by walking the claim
+// index, whatever the planner's costs: with statistics gathered mid-drain,
+// a plan that walked an index of leased events for every outcome (the
+// locked_until index, until migration 0014) made each call take hundreds of
+// milliseconds (migration 0009). Since 0014 the claim index holds the leased
+// events. Nested loops are turned off here, which makes a readable index of
+// leased events the planner's pick; the function must not be able to.
+func TestCompleteNeverWalksTheClaimIndex(t *testing.T) {
 	s, tdb := newStore(t)
 	const n, leased = 3000, 300
 	if _, err := s.Insert(ctx, tdb.Provider.Pool, rows(n, "test", "events"), nil); err != nil {
@@ -61,12 +62,87 @@ func TestCompleteNeverWalksTheLeaseIndex(t *testing.T) {
 	if err != nil || settled != leased {
 		t.Fatalf("settled %d of %d: %v", settled, leased, err)
 	}
-	err = tx.QueryRow(ctx, "SELECT pg_stat_get_xact_numscans('modkit_outbox_events_locked_until_idx'::regclass)").Scan(&scans)
+	err = tx.QueryRow(ctx, "SELECT pg_stat_get_xact_numscans('modkit_outbox_events_claim_idx'::regclass)").Scan(&scans)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if scans != 0 {
-		t.Fatalf("the outcome write read the locked_until index %d time(s); it must look its events up by id", scans)
+		t.Fatalf("the outcome write read the claim index %d time(s); it must look its events up by id", scans)
+	}
+}
+
+// A claim's update of an event, and an outcome that puts it back to pending
+// (a retry), are heap-only (HOT): no index reads a column they change, and
+// pages keep room for the new versions (migration 0014). A delivery is not:
+// the event leaves the claim index for the settled index.
+func TestClaimAndRetryAreHeapOnlyUpdates(t *testing.T) {
+	s, tdb := newStore(t)
+	if _, err := s.Insert(ctx, tdb.Provider.Pool, rows(100, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	// A connection of its own: the transaction statistics read below must
+	// hold this transaction's updates only.
+	conn, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // nothing is kept
+	updates := func() (all, hot int64) {
+		t.Helper()
+		err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_updated('modkit_outbox_events'::regclass),
+			pg_stat_get_xact_tuples_hot_updated('modkit_outbox_events'::regclass)`).Scan(&all, &hot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return all, hot
+	}
+
+	const claimed = 10
+	w := uuid.New()
+	var ids, tokens []uuid.UUID
+	rs, err := tx.Query(ctx, "SELECT id, lease_token FROM modkit_outbox_claim($1, $2, $3, 3, interval '30 seconds', NULL)",
+		w, []string{"test:events"}, claimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rs.Next() {
+		var id, token uuid.UUID
+		if err := rs.Scan(&id, &token); err != nil {
+			t.Fatal(err)
+		}
+		ids, tokens = append(ids, id), append(tokens, token)
+	}
+	if err := rs.Err(); err != nil || len(ids) != claimed {
+		t.Fatalf("claimed %d of %d: %v", len(ids), claimed, err)
+	}
+	if all, hot := updates(); all != claimed || hot != claimed {
+		t.Fatalf("the claim of %d events made %d updates, %d of them HOT; want all %d HOT", claimed, all, hot, claimed)
+	}
+
+	// Half retried, half delivered.
+	outcomes, errs, delays := make([]string, claimed), make([]*string, claimed), make([]int64, claimed)
+	reason := "unavailable"
+	for i := range outcomes {
+		outcomes[i], errs[i], delays[i] = "delivered", nil, 0
+		if i%2 == 0 {
+			outcomes[i], errs[i], delays[i] = "retry", &reason, 1000
+		}
+	}
+	var settled int
+	err = tx.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_complete($1, $2, $3, $4, $5, $6)",
+		w, ids, tokens, outcomes, errs, delays).Scan(&settled)
+	if err != nil || settled != claimed {
+		t.Fatalf("settled %d of %d: %v", settled, claimed, err)
+	}
+	all, hot := updates()
+	if all != 2*claimed || hot != claimed+claimed/2 {
+		t.Fatalf("after %d retries and %d deliveries: %d updates, %d HOT; want %d and %d (the claim's and the retries')",
+			claimed/2, claimed/2, all, hot, 2*claimed, claimed+claimed/2)
 	}
 }
 
