@@ -187,15 +187,16 @@ func (b *bench) drainRiver(ctx context.Context, n int) (float64, error) {
 }
 
 // rawClaim and rawAck are a hand-written claim+ack loop on the outbox
-// table: the predicate of the library's claim index (pending, unheld
-// events; the loop never needs the repair of expired leases) and its
+// table: the predicate of the library's claim index (unsettled, unheld
+// events since migration 0014, of which it takes the pending ones; the
+// loop never needs the repair of expired leases) and its
 // order, a batch claim under FOR UPDATE SKIP LOCKED that takes a lease,
 // and a mark-delivered by id array, each statement its own (synchronously
 // committed) transaction.
 func rawClaim(table string) string {
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
-	WHERE status = 'pending' AND NOT held AND next_attempt_at <= now()
+	WHERE settled_status IS NULL AND NOT held AND status = 'pending' AND next_attempt_at <= now()
 	  AND attempts < 25 AND namespace = $1 AND topic = $2
 	ORDER BY created_at, id
 	LIMIT $3

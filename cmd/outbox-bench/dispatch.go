@@ -23,8 +23,9 @@ import (
 // ledger): the same order, lock clause, UPDATE, RETURNING list and
 // parameters ($1 MaxAttempts, $2 topic keys "namespace:topic", $3 limit,
 // $4 worker id, $5 lease), and the predicate of today's claim index
-// (pending, unheld events: migration 0005), so that the baseline gets the
-// index the library's claim uses; it leaves out the repair of expired
+// (unsettled, unheld events since migration 0014; of these it takes the
+// pending ones), so that the baseline gets the index the library's claim
+// uses; it leaves out the repair of expired
 // leases, which a drain never needs. It leaves out the
 // asynchronous commit the library's statements carry: the baseline is what
 // a hand-written loop would send. directDriver adds it back for the direct
@@ -32,7 +33,7 @@ import (
 func rawClaimSQL(table string) string {
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
-	WHERE status = 'pending' AND NOT held AND next_attempt_at <= now()
+	WHERE settled_status IS NULL AND NOT held AND status = 'pending' AND next_attempt_at <= now()
 	  AND attempts < $1
 	  AND (namespace || ':' || topic) = ANY($2::text[])
 	ORDER BY created_at, id
