@@ -545,7 +545,6 @@ BEGIN
         UNION ALL
         SELECT h.namespace, h.topic, h.status, h.next_attempt_at, h.locked_until FROM @s.modkit_outbox_events h
         WHERE h.held AND h.status = 'pending' AND (h.namespace || ':' || h.topic) = ANY(p_topics)
-
         UNION ALL
         SELECT d.namespace, d.topic, d.status, d.next_attempt_at, d.locked_until FROM @s.modkit_outbox_events d
         WHERE d.settled_status = 'dead' AND (d.namespace || ':' || d.topic) = ANY(p_topics)) e
