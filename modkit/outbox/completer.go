@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,14 +55,56 @@ type Outcome struct {
 	Error string
 }
 
+// completeWriters is how many outcome writes a dispatcher runs at once. A
+// drain is bound by its outcome writes (each settles up to completeMaxBatch
+// events in one statement, most of its time the server's writes), and one
+// writer left a core idle while the other wrote (BENCHMARKS.md, "Two
+// outcome writers").
+const completeWriters = 2
+
 func (d *Dispatcher) completer(ctx context.Context, results <-chan result, due *dueTimes) {
-	batch := make([]result, 0, completeMaxBatch)
+	writeOutcomes(results, func(batch []result) { d.settle(ctx, batch, due) })
+}
+
+// writeOutcomes gathers results into batches and has write record each,
+// up to completeWriters at once, until results is closed and every write
+// has returned. A batch holding a result of an ordering key is written
+// alone, after every write before it and before any after it, as with one
+// writer: whether a released event is held again, and which successor a
+// delivery lets into the claim, depend on the outcomes of its key that
+// earlier writes recorded. write may keep batch only until it returns.
+func writeOutcomes(results <-chan result, write func(batch []result)) {
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	defer linger.Stop()
+	// A batch's buffer goes back to free when its write is done; a token
+	// in writing is a writer at work.
+	free := make(chan []result, completeWriters)
+	for range completeWriters {
+		free <- make([]result, 0, completeMaxBatch)
+	}
+	writing := make(chan struct{}, completeWriters)
+	var writers sync.WaitGroup
+	defer writers.Wait()
 	for first := range results {
-		batch = gather(append(batch[:0], first), results, linger, completeLinger)
-		d.settle(ctx, batch, due)
+		batch := gather(append((<-free)[:0], first), results, linger, completeLinger)
+		if slices.ContainsFunc(batch, ordered) {
+			for range completeWriters {
+				writing <- struct{}{}
+			}
+			write(batch)
+			for range completeWriters {
+				<-writing
+			}
+			free <- batch
+			continue
+		}
+		writing <- struct{}{}
+		writers.Go(func() {
+			write(batch)
+			free <- batch
+			<-writing
+		})
 	}
 }
 
@@ -210,6 +253,10 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) 
 }
 
 func (d *Dispatcher) record(r result, o Outcome) {
+	// One at a time, whichever writer recorded it: OnOutcome is called
+	// serially.
+	d.recordMu.Lock()
+	defer d.recordMu.Unlock()
 	d.metrics.observe(r, o)
 	if d.cfg.OnOutcome != nil {
 		defer d.cfg.OnOutcome(r.c.d, o)

@@ -1,7 +1,9 @@
 package outbox
 
 import (
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -73,5 +75,68 @@ func TestGatherWaitsForMoreResults(t *testing.T) {
 		if batch := gather([]result{unordered}, results, newLinger(), time.Hour); len(batch) != completeLingerBelow {
 			t.Fatalf("gathered %d results, want %d", len(batch), completeLingerBelow)
 		}
+	})
+}
+
+// Outcome writes: two batches of unordered results are written at once; a
+// batch with a result of an ordering key waits for the writes before it
+// and is written alone. In the bubble, time.Sleep moves the bubble's clock
+// past the linger without waiting, and synctest.Wait returns once every
+// other goroutine is blocked, so each check sees every write that could
+// have started by then.
+func TestWriteOutcomesConcurrency(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		unordered := result{}
+		keyed := result{c: claimed{d: Delivery{OrderingKey: "k"}}}
+		// Buffered: a result may wait while the gatherer writes an ordered
+		// batch itself.
+		results := make(chan result, 1)
+		started := make(chan bool, 8) // whether each write's batch is ordered
+		release := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			writeOutcomes(results, func(batch []result) {
+				started <- slices.ContainsFunc(batch, ordered)
+				<-release
+			})
+		}()
+		writes := func(want int, what string) {
+			t.Helper()
+			time.Sleep(completeLinger) // the bubble's clock: the linger ends
+			synctest.Wait()
+			if got := len(started); got != want {
+				t.Fatalf("%s: %d writes started, want %d", what, got, want)
+			}
+		}
+
+		results <- unordered
+		writes(1, "one unordered batch")
+		results <- unordered
+		writes(2, "a second unordered batch while the first is written")
+		results <- keyed
+		writes(2, "an ordered batch while two writes run")
+		release <- struct{}{}
+		writes(2, "an ordered batch while one write runs")
+		release <- struct{}{}
+		writes(3, "an ordered batch once the writes before it are done")
+		results <- unordered
+		writes(3, "an unordered batch while an ordered one is written")
+		release <- struct{}{}
+		writes(4, "an unordered batch after the ordered one")
+		for _, wantOrdered := range []bool{false, false, true, false} {
+			if got := <-started; got != wantOrdered {
+				t.Fatalf("writes started out of order: ordered=%v, want %v", got, wantOrdered)
+			}
+		}
+		close(results)
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("writeOutcomes returned while a write was still running")
+		default:
+		}
+		release <- struct{}{}
+		<-done
 	})
 }

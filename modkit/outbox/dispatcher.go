@@ -94,9 +94,9 @@ type DispatcherConfig struct {
 	// Logger for the dispatcher. Default: the Client's.
 	Logger *slog.Logger
 	// OnOutcome, if set, is called after each outcome is recorded (or
-	// refused for a lost lease), from the dispatcher's completer goroutine:
-	// keep it fast and never block in it. Useful for tests and custom
-	// telemetry.
+	// refused for a lost lease), by the goroutines that write outcomes,
+	// one call at a time: keep it fast and never block in it. Useful for
+	// tests and custom telemetry.
 	OnOutcome func(d Delivery, o Outcome)
 }
 
@@ -165,6 +165,10 @@ type Dispatcher struct {
 	// sawOrdered: this dispatcher has claimed events with an ordering key,
 	// so it repairs held ones on its poll timer.
 	sawOrdered atomic.Bool
+
+	// recordMu makes the outcome writers record (metrics, OnOutcome,
+	// logs) one outcome at a time.
+	recordMu sync.Mutex
 
 	mu         sync.Mutex
 	pool       *workerPool // of the current run; nil when stopped
