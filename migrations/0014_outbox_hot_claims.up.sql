@@ -1,8 +1,8 @@
 -- A claim's update can be HOT: no index of the events table names a column
 -- that a claim changes, so PostgreSQL writes the leased row version on its
 -- page without an entry in any index (a heap-only tuple), where it wrote
--- three index entries before (the primary key, the dedupe index, the
--- locked_until index). So can an outcome that puts an event back to pending
+-- two or three index entries before (the primary key, the locked_until
+-- index, and the dedupe index for an event with a key). So can an outcome that puts an event back to pending
 -- (a retry or a release). A settling outcome (delivered, dead) still writes
 -- its index entries: it leaves the claim index and enters the settled index.
 --

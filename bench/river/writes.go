@@ -145,7 +145,7 @@ func (b *bench) writeVariants() []writeVariant {
 	purge := `DELETE FROM scratch.events WHERE id IN (SELECT id FROM scratch.events WHERE status = 'delivered' LIMIT 10000)`
 	vacuum := []string{"VACUUM scratch.events", "VACUUM scratch.ledger"}
 	return []writeVariant{
-		{name: "today's library: function path, attempts ledger, 5 indexes (outbox tables)", library: true,
+		{name: "today's library: function path, attempts ledger, its migrations' indexes (outbox tables)", library: true,
 			repeatClean: `SELECT ` + pgx.Identifier{outboxSchema}.Sanitize() + `.modkit_outbox_purge(ARRAY['bench:events'], interval '0', 10000)`,
 			clean:       []string{"VACUUM outbox.modkit_outbox_events", "VACUUM outbox.modkit_outbox_attempts"}},
 		{name: "A. today's 5 indexes, raw claim+ack, ledger row, purge by DELETE + VACUUM", ddl: today, table: t,
