@@ -204,8 +204,11 @@ END $function$;
 
 -- The claim with chains (migration 0008's statement, planned for each
 -- call); since 0014 one walk of the claim index finds pending events and
--- expired leases. Called by modkit_outbox_claim_chained; callable by the
--- owner only.
+-- expired leases. Called by modkit_outbox_claim_chained only when some
+-- topic's chain is longer than one (modkit_outbox_claim_plain takes the
+-- rest), so the shortcut without chains that 0008 kept here is gone; called
+-- without chains, it still claims correctly, each head with no successors.
+-- Callable by the owner only.
 CREATE FUNCTION @s.modkit_outbox_claim_chains(p_worker uuid, p_topics text[], p_limit integer, p_max_attempts integer, p_lease interval, p_skip_dead text[], p_chain integer[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS TABLE(id uuid, namespace text, topic text, tenant_id uuid, dedupe_key text, payload jsonb, attempts integer, lease_token uuid, locked_until timestamp with time zone, created_at timestamp with time zone, repaired boolean, headers jsonb, ordering_key text, ordering_seq bigint)
  LANGUAGE plpgsql
@@ -228,69 +231,6 @@ BEGIN
     IF p_chain IS NOT NULL AND pg_catalog.cardinality(p_chain) <> pg_catalog.cardinality(p_topics) THEN
         RAISE EXCEPTION 'outbox: claim needs one chain length per topic (% topics, % chain lengths)',
             pg_catalog.cardinality(p_topics), pg_catalog.cardinality(p_chain) USING ERRCODE = '22023';
-    END IF;
-    -- Without chains (no topic's chain longer than one) the claim is the
-    -- due events and their update: the chained statement below without its
-    -- run machinery, which costs a claim of 10 events about a quarter of its
-    -- time (every call is planned afresh, force_custom_plan).
-    IF NOT coalesce(1 < ANY(p_chain), false) THEN
-        RETURN QUERY
-        -- Due events come from one walk of the claim index in its order (since
-        -- migration 0014 it holds every pending and leased event that is not
-        -- held): pending events that are due and leases that expired.
-        WITH due AS (
-            SELECT e.id, e.namespace, e.topic, e.ordering_key, e.ordering_stream, e.ordering_seq, e.created_at,
-                e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
-                e.claimed_at AS old_claimed_at, e.attempts AS old_attempts, e.ledger_seq AS old_seq
-            FROM @s.modkit_outbox_events e
-            WHERE e.settled_status IS NULL AND NOT e.held
-              AND ((e.status = 'pending' AND e.next_attempt_at <= v_now)
-                OR (e.status = 'processing' AND e.locked_until < v_now))
-              AND e.attempts < p_max_attempts
-              AND (e.namespace || ':' || e.topic) = ANY(p_topics)
-              -- An event with an ordering key waits while the one before it
-              -- (sequences are gap-free) is undelivered: pending, leased, or dead
-              -- unless skipped (by an operator, or by the publisher's policy,
-              -- p_skip_dead). Delivered or purged, it no longer holds it back.
-              AND (e.ordering_key IS NULL OR NOT EXISTS (
-                    SELECT 1 FROM @s.modkit_outbox_events p
-                    WHERE p.ordering_stream = e.ordering_stream
-                      AND p.ordering_seq = e.ordering_seq - 1
-                      AND (p.status IN ('pending', 'processing')
-                        OR (p.status = 'dead' AND NOT p.head_skipped
-                            AND NOT ((e.namespace || ':' || e.topic) = ANY(coalesce(p_skip_dead, '{}')))))))
-            ORDER BY e.created_at, e.id
-            LIMIT p_limit
-            FOR UPDATE SKIP LOCKED),
-        upd AS (
-            UPDATE @s.modkit_outbox_events AS e SET
-                status = 'processing',
-                attempts = e.attempts + 1,
-                locked_by = p_worker,
-                locked_until = v_now + p_lease,
-                lease_token = gen_random_uuid(),
-                ledger_seq = e.ledger_seq + (d.old_status = 'processing')::int,
-                claimed_at = v_now,
-                updated_at = v_now,
-                held = false
-            FROM due d WHERE e.id = d.id
-            -- The old lease's columns travel in RETURNING: joining two CTEs
-            -- would be planned from the stale estimate of one processing row,
-            -- as a nested loop over the whole batch.
-            RETURNING e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, e.payload, e.attempts,
-                e.lease_token, e.locked_until, e.created_at, d.old_status = 'processing' AS repaired, e.headers,
-                e.ordering_key, e.ordering_seq, d.old_seq, d.old_attempts, d.old_worker, d.old_token, d.old_claimed_at),
-        repair AS (
-            INSERT INTO @s.modkit_outbox_attempts
-                (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
-            SELECT u.id, u.old_seq + 1, u.namespace, u.topic, 'lease_expired', u.old_attempts, u.old_worker, u.old_token,
-                u.old_claimed_at, v_now, 'the lease expired before an outcome was recorded; claimed again'
-            FROM upd u
-            WHERE u.repaired)
-        SELECT u.id, u.namespace, u.topic, u.tenant_id, u.dedupe_key, u.payload, u.attempts,
-            u.lease_token, u.locked_until, u.created_at, u.repaired, u.headers, u.ordering_key, u.ordering_seq
-        FROM upd u;
-        RETURN;
     END IF;
     -- With chains, a claim keeps the heads that fit p_limit with their
     -- chains, often a few of the heads it could lock (16 heads in chains of
