@@ -70,7 +70,7 @@ func drainTimeout(n int) time.Duration { return time.Minute + time.Duration(n)*t
 // drainOutbox resets the tables, preloads n events and times the
 // dispatcher (library defaults but for clientCfg) from Start until the n-th
 // delivery is recorded.
-func (b *bench) drainOutbox(ctx context.Context, n int, clientCfg outbox.Config) (float64, error) {
+func (b *bench) drainOutbox(ctx context.Context, n int, clientCfg outbox.Config, deleteOnDelivery bool) (float64, error) {
 	if err := b.env.reset(ctx); err != nil {
 		return 0, err
 	}
@@ -97,7 +97,7 @@ func (b *bench) drainOutbox(ctx context.Context, n int, clientCfg outbox.Config)
 			close(done)
 		}
 	}}
-	d, err := b.newDispatcher(pool, clientCfg, cfg, nil)
+	d, err := b.newDispatcher(pool, clientCfg, deleteOnDelivery, cfg, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -112,9 +112,18 @@ func (b *bench) drainOutbox(ctx context.Context, n int, clientCfg outbox.Config)
 	if err != nil {
 		return 0, err
 	}
-	got, err := b.env.count(ctx, "SELECT count(*) FROM "+b.env.outboxTable.Sanitize()+" WHERE status = 'delivered'")
+	check := "SELECT count(*) FROM " + b.env.outboxTable.Sanitize() + " WHERE status = 'delivered'"
+	if deleteOnDelivery {
+		check = "SELECT count(*) FROM " + pgx.Identifier{outboxSchema, "modkit_outbox_attempts"}.Sanitize() + " WHERE outcome = 'delivered'"
+	}
+	got, err := b.env.count(ctx, check)
 	if err == nil && got != n {
-		err = fmt.Errorf("drain check: %d delivered rows, want %d", got, n)
+		err = fmt.Errorf("drain check: %d deliveries recorded, want %d", got, n)
+	}
+	if err == nil && deleteOnDelivery {
+		if left, cerr := b.env.count(ctx, "SELECT count(*) FROM "+b.env.outboxTable.Sanitize()); cerr != nil || left != 0 {
+			err = errors.Join(cerr, fmt.Errorf("drain check: %d events left with DeleteOnDelivery, want 0", left))
+		}
 	}
 	return float64(n) / time.Duration(took.Load()).Seconds(), err
 }
@@ -282,15 +291,19 @@ func (b *bench) drainRaw(ctx context.Context, n int) (float64, error) {
 	return float64(n) / took.Seconds(), err
 }
 
-// runDispatch alternates the four drains round by round.
+// runDispatch alternates the six drains round by round.
 func (b *bench) runDispatch(ctx context.Context) error {
 	n := b.opts.events
 	sides := []side[float64]{
-		{"outbox, library defaults", func(ctx context.Context) (float64, error) { return b.drainOutbox(ctx, n, outbox.Config{}) }},
+		{"outbox, library defaults", func(ctx context.Context) (float64, error) { return b.drainOutbox(ctx, n, outbox.Config{}, false) }},
 		{"River tuned", func(ctx context.Context) (float64, error) { return b.drainRiver(ctx, n) }},
 		{"raw claim+ack loop", func(ctx context.Context) (float64, error) { return b.drainRaw(ctx, n) }},
 		{"outbox, SynchronousCommit", func(ctx context.Context) (float64, error) {
-			return b.drainOutbox(ctx, n, outbox.Config{SynchronousCommit: true})
+			return b.drainOutbox(ctx, n, outbox.Config{SynchronousCommit: true}, false)
+		}},
+		{"outbox, DeleteOnDelivery", func(ctx context.Context) (float64, error) { return b.drainOutbox(ctx, n, outbox.Config{}, true) }},
+		{"outbox, DeleteOnDelivery + SynchronousCommit", func(ctx context.Context) (float64, error) {
+			return b.drainOutbox(ctx, n, outbox.Config{SynchronousCommit: true}, true)
 		}},
 	}
 	runs, err := alternate(ctx, b, "dispatch", sides)
@@ -298,11 +311,15 @@ func (b *bench) runDispatch(ctx context.Context) error {
 		return err
 	}
 	lib, riv, raw, sync := series(runs[0]), series(runs[1]), series(runs[2]), series(runs[3])
+	del, delSync := series(runs[4]), series(runs[5])
 	measure := fmt.Sprintf("drain %s preloaded no-op events", itoa(int64(n)))
 	b.add(rateRow("dispatch", measure+", outbox library defaults", lib, riv, raw, "≥ 2× River, ≥ 1.0× raw",
 		fmt.Sprintf("River tuned: FetchCooldown %v, MaxWorkers %d, a pool of %d connections; the outbox: zero DispatcherConfig, pgx's default pool; "+
 			"raw: claim %d + ack by id array on %d connections, synchronous commits. Each drain starts from emptied tables, a COPY preload, VACUUM (ANALYZE) and CHECKPOINT.",
 			b.opts.riverCooldown, b.opts.riverWorkers, b.opts.riverConns, b.opts.rawBatch, b.opts.rawWorkers)))
 	b.add(rateRow("dispatch", measure+", outbox Config.SynchronousCommit", sync, riv, raw, "≥ 1.5× River", ""))
+	b.add(rateRow("dispatch", measure+", outbox Publisher.DeleteOnDelivery", del, riv, raw, "≥ 2× River, ≥ 1.0× raw",
+		"DeleteOnDelivery (opt-in, not the default): each event is deleted in the write that records its delivery; its ledger row stays."))
+	b.add(rateRow("dispatch", measure+", outbox DeleteOnDelivery + SynchronousCommit", delSync, riv, raw, "≥ 1.5× River", ""))
 	return nil
 }

@@ -110,7 +110,7 @@ func (b *bench) latencyOutbox(ctx context.Context, rate int, dur time.Duration) 
 		return latency{}, err
 	}
 	defer dpool.Close()
-	d, err := b.newDispatcher(dpool, outbox.Config{}, outbox.DispatcherConfig{BatchSize: b.opts.latencyBatch}, func(dl outbox.Delivery) {
+	d, err := b.newDispatcher(dpool, outbox.Config{}, b.opts.latencyDelete, outbox.DispatcherConfig{BatchSize: b.opts.latencyBatch}, func(dl outbox.Delivery) {
 		if v, ok := byID.Load(dl.ID); ok && v.(*stamps).worked.CompareAndSwap(0, since(base)) && got.Add(1) == int64(total) {
 			close(done)
 		}

@@ -68,6 +68,7 @@ type options struct {
 	riverConns      int
 	writeEvents     int
 	latencyBatch    int
+	latencyDelete   bool
 	payload         int
 	writeDesigns    []string
 }
@@ -96,6 +97,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.riverCooldown, "river-fetch-cooldown", time.Millisecond, "River FetchCooldown")
 	fs.IntVar(&o.riverConns, "river-conns", 10, "MaxConns of River's pool")
 	fs.IntVar(&o.latencyBatch, "latency-outbox-batch", 0, "BatchSize of the outbox dispatcher in the latency workload (0: the library's default)")
+	fs.BoolVar(&o.latencyDelete, "latency-delete-on-delivery", false, "the outbox publisher of the latency workload deletes events on delivery (Publisher.DeleteOnDelivery)")
 	fs.IntVar(&o.writeEvents, "write-events", 100000, "events per phase of the writes workload")
 	fs.StringVar(&designs, "write-designs", "", "designs of the writes workload to run, comma-separated by their letters (e.g. B,C2,H); empty runs all")
 	fs.IntVar(&o.payload, "payload", 128, "approximate payload size in bytes")

@@ -105,7 +105,7 @@ func (b *bench) newOutbox(pool *pgxpool.Pool, cfg outbox.Config) (*outbox.Client
 
 // newDispatcher builds a dispatcher with cfg (library defaults for the
 // zero value) whose no-op publisher calls onPublish (if set).
-func (b *bench) newDispatcher(pool *pgxpool.Pool, clientCfg outbox.Config, cfg outbox.DispatcherConfig,
+func (b *bench) newDispatcher(pool *pgxpool.Pool, clientCfg outbox.Config, deleteOnDelivery bool, cfg outbox.DispatcherConfig,
 	onPublish func(d outbox.Delivery)) (*outbox.Dispatcher, error) {
 	client, err := b.newOutbox(pool, clientCfg)
 	if err != nil {
@@ -114,7 +114,7 @@ func (b *bench) newDispatcher(pool *pgxpool.Pool, clientCfg outbox.Config, cfg o
 	if cfg.Logger == nil {
 		cfg.Logger = warnLogger()
 	}
-	return client.NewDispatcher(cfg, outbox.Publisher{Topic: benchTopic, Name: "river-bench",
+	return client.NewDispatcher(cfg, outbox.Publisher{Topic: benchTopic, Name: "river-bench", DeleteOnDelivery: deleteOnDelivery,
 		Publish: func(_ context.Context, d outbox.Delivery) error {
 			if onPublish != nil {
 				onPublish(d)

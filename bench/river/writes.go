@@ -50,6 +50,8 @@ type writeVariant struct {
 	// repeatClean statements run until they affect no row.
 	repeatClean string
 	library     bool // today's library on its own tables instead
+	// deleteOnDelivery: the library with Publisher.DeleteOnDelivery.
+	deleteOnDelivery bool
 }
 
 // phase is what one phase of a variant cost.
@@ -148,6 +150,10 @@ func (b *bench) writeVariants() []writeVariant {
 		{name: "today's library: function path, attempts ledger, its migrations' indexes (outbox tables)", library: true,
 			repeatClean: `SELECT ` + pgx.Identifier{outboxSchema}.Sanitize() + `.modkit_outbox_purge(ARRAY['bench:events'], interval '0', 10000)`,
 			clean:       []string{"VACUUM outbox.modkit_outbox_events", "VACUUM outbox.modkit_outbox_attempts"}},
+		{name: "L. today's library with Publisher.DeleteOnDelivery: the delivery deletes the event (outbox tables)", library: true,
+			deleteOnDelivery: true,
+			repeatClean:      `SELECT ` + pgx.Identifier{outboxSchema}.Sanitize() + `.modkit_outbox_purge(ARRAY['bench:events'], interval '0', 10000)`,
+			clean:            []string{"VACUUM outbox.modkit_outbox_events", "VACUUM outbox.modkit_outbox_attempts"}},
 		{name: "A. today's 5 indexes, raw claim+ack, ledger row, purge by DELETE + VACUUM", ddl: today, table: t,
 			claim: writeClaim(t, false), ack: ackInPlace(t), repeatClean: purge, clean: vacuum},
 		{name: "B. index set: pk, dedupe, claim (+ empty dead-rows partial); drop (status, next_attempt_at) and locked_until", ddl: lean, table: t,
@@ -342,7 +348,7 @@ func (b *bench) runWriteVariant(ctx context.Context, v writeVariant) (writeRun, 
 	}
 	r.deliver, err = b.measurePhase(ctx, func(ctx context.Context) error {
 		if v.library {
-			_, err := b.drainOutboxLoaded(ctx, n)
+			_, err := b.drainOutboxLoaded(ctx, n, v.deleteOnDelivery)
 			return err
 		}
 		return b.writeLoop(ctx, v)
@@ -414,9 +420,10 @@ FROM pg_stat_user_tables WHERE schemaname = $1 AND relname LIKE $2`, schema, nam
 	return upd, hot, err
 }
 
-// drainOutboxLoaded runs the library's dispatcher (defaults) over the n
-// events already in the outbox table.
-func (b *bench) drainOutboxLoaded(ctx context.Context, n int) (time.Duration, error) {
+// drainOutboxLoaded runs the library's dispatcher (defaults, with
+// Publisher.DeleteOnDelivery when asked) over the n events already in the
+// outbox table.
+func (b *bench) drainOutboxLoaded(ctx context.Context, n int, deleteOnDelivery bool) (time.Duration, error) {
 	pool, err := b.env.newPool(ctx, 0, 1, nil)
 	if err != nil {
 		return 0, err
@@ -424,7 +431,7 @@ func (b *bench) drainOutboxLoaded(ctx context.Context, n int) (time.Duration, er
 	defer pool.Close()
 	var delivered atomic.Int64
 	done := make(chan struct{})
-	d, err := b.newDispatcher(pool, outbox.Config{}, outbox.DispatcherConfig{OnOutcome: func(_ outbox.Delivery, o outbox.Outcome) {
+	d, err := b.newDispatcher(pool, outbox.Config{}, deleteOnDelivery, outbox.DispatcherConfig{OnOutcome: func(_ outbox.Delivery, o outbox.Outcome) {
 		if !o.LeaseLost && !o.Released && o.Status == outbox.StatusDelivered && delivered.Add(1) == int64(n) {
 			close(done)
 		}
@@ -519,7 +526,7 @@ func (b *bench) selectedWriteVariants() ([]writeVariant, error) {
 	for _, d := range b.opts.writeDesigns {
 		i := slices.IndexFunc(all, func(v writeVariant) bool { return strings.HasPrefix(v.name, d+". ") })
 		if i < 0 {
-			return nil, fmt.Errorf("-write-designs: no design %q (the designs are A to H2, as BENCHMARKS.md names them)", d)
+			return nil, fmt.Errorf("-write-designs: no design %q (the designs are A to H2 and L, as BENCHMARKS.md names them)", d)
 		}
 		picked = append(picked, all[i])
 	}

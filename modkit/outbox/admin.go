@@ -78,12 +78,13 @@ func eventFrom(e driver.Event) Event {
 type Attempt struct {
 	// No numbers the event's entries from 1, without gaps.
 	No int
-	// Outcome is one of delivered, retry, dead, released (given back
-	// unpublished), lease_expired (the claim ended without an outcome: its
-	// dispatcher crashed or overran), swept (dead-lettered by the sweeper:
-	// attempts used up), replayed (by an operator), purged (by an
-	// operator's Admin.Purge; the dispatchers' own retention purge leaves
-	// no entry).
+	// Outcome is one of delivered (with Detail "deleted on delivery" when
+	// Publisher.DeleteOnDelivery deleted the event), retry, dead, released
+	// (given back unpublished), lease_expired (the claim ended without an
+	// outcome: its dispatcher crashed or overran), swept (dead-lettered by
+	// the sweeper: attempts used up), replayed (by an operator), purged (by
+	// an operator's Admin.Purge; the dispatchers' own retention purge
+	// leaves no entry).
 	Outcome string
 	// Attempt is the event's attempt number during the claim this entry
 	// closes; 0 for entries that close no claim.

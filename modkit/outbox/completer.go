@@ -162,7 +162,7 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 		o.Kind, out.Status, out.Released, out.Abandoned = driver.Release, StatusPending, true, r.kind == abandoned
 		o.Error = r.why
 	case r.err == nil:
-		o.Kind, out.Status = driver.Delivered, StatusDelivered
+		o.Kind, out.Status = deliveredKind(r.pub), StatusDelivered
 	case IsPermanent(r.err):
 		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed permanently: %v")
 	case m.Attempt >= m.MaxAttempts:
@@ -176,6 +176,16 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 		out.Error = o.Error
 	}
 	return o, out
+}
+
+// deliveredKind is how a delivery of p's topic is recorded: kept as
+// delivered, or deleted (Publisher.DeleteOnDelivery). p is nil for an event
+// that was not published.
+func deliveredKind(p *Publisher) driver.OutcomeKind {
+	if p != nil && p.DeleteOnDelivery {
+		return driver.DeliveredDeleted
+	}
+	return driver.Delivered
 }
 
 // retryAfterMax bounds the delay a publish error may ask for.
@@ -295,7 +305,7 @@ func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery) (re
 			}
 			// Fails with driver.ErrLeaseLost (and aborts the
 			// transaction) when the lease is no longer ours.
-			_, err := d.c.store.Complete(ctx, tx, d.cfg.WorkerID, []driver.Outcome{{ID: m.ID, LeaseToken: m.leaseToken, Kind: driver.Delivered}})
+			_, err := d.c.store.Complete(ctx, tx, d.cfg.WorkerID, []driver.Outcome{{ID: m.ID, LeaseToken: m.leaseToken, Kind: deliveredKind(p)}})
 			return err
 		})
 	})

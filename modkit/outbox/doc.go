@@ -46,7 +46,8 @@
 //     dedupe_key) exists, enqueueing again inserts nothing and reports
 //     Enqueued.AlreadyEnqueued with the existing id, also under races. The
 //     dedupe window is the row's lifetime: delivered rows are purged after
-//     their topic's retention, after which the key can be used again.
+//     their topic's retention, after which the key can be used again, or at
+//     delivery under Publisher.DeleteOnDelivery.
 //   - At-least-once delivery: an event is published until a publisher
 //     returns nil and the outcome is recorded, or until it is dead. A crash
 //     at any point leads to redelivery after the lease expires, with the

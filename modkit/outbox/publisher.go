@@ -97,6 +97,17 @@ type Publisher struct {
 	// keys). Zero takes DispatcherConfig.Retention; negative keeps them
 	// forever.
 	Retention time.Duration
+	// DeleteOnDelivery deletes each of this topic's events in the write
+	// that records its delivery, instead of keeping it as delivered until
+	// Retention ends. The attempts ledger keeps its history, the delivery
+	// included (Admin.History); Admin.Get and Admin.List no longer find it,
+	// and its dedupe key is free again at once, so an enqueue of the same
+	// key after the delivery enqueues a new event. It saves the database
+	// about a third of the writes an event costs and the purge of delivered
+	// events (BENCHMARKS.md, "Delete on delivery"). Off by default: seed
+	// 004 keeps delivered events, and their dedupe keys, for the retention.
+	// Retention must be zero when it is set.
+	DeleteOnDelivery bool
 	// SkipDeadHeads lets the later events of an ordering key go on when
 	// one of the key's events becomes dead. By default a dead event holds
 	// its key back (payments must not skip) until an operator skips it
@@ -146,6 +157,10 @@ func newRegistry(pubs []Publisher) (*registry, error) {
 		}
 		if (p.Publish == nil) == (p.HandleTx == nil) {
 			return nil, configError("publisher %s for %s: set exactly one of Publish and HandleTx", p.name(), p.Topic)
+		}
+		if p.DeleteOnDelivery && p.Retention != 0 {
+			return nil, configError("publisher %s for %s: Retention is %v with DeleteOnDelivery set; delivered events are then deleted at once, so leave Retention zero",
+				p.name(), p.Topic, p.Retention)
 		}
 		if p.Concurrency < 0 {
 			return nil, configError("publisher %s for %s: Concurrency is %d; it must not be negative", p.name(), p.Topic, p.Concurrency)

@@ -57,6 +57,9 @@ const (
 // over its events this long after the kill.
 const childLease = time.Second
 
+// orderedChildLease is the lease of the ordered mode's child dispatcher.
+const orderedChildLease = 5 * time.Second
+
 // childSweepInterval is the child's maintenance interval: a dead child's
 // maintenance lease (three intervals) passes to the survivor this long
 // after the kill.
@@ -155,6 +158,12 @@ func TestHelperDispatcherProcess(t *testing.T) {
 			select {}
 		}
 	case childOrdered:
+		// orderedPublisher records its publishes whatever its context
+		// says, so a publish that passed its context check and then
+		// stalled past its lease (the process starved of CPU under -race)
+		// would show as an overlap with the survivor that took the event
+		// over. With 1s leases such stalls happened; 5s leaves them room.
+		cfg.LeaseDuration = orderedChildLease
 		logPool, err := orderedLogPool(os.Getenv(childDSNEnv))
 		if err != nil {
 			t.Fatal(err)

@@ -52,6 +52,7 @@ const (
 // result is one publish's end, for the completer.
 type result struct {
 	c       claimed
+	pub     *Publisher // whose publish it was; nil when not published
 	kind    resultKind
 	err     error
 	why     string // why a released event was not published (its history's detail)
@@ -611,6 +612,7 @@ func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
 	m := c.d
 	res := result{c: c, started: time.Now()}
 	p := d.reg.byKey[Topic{m.Namespace, m.Topic}.key()]
+	res.pub = p
 	ctx, span := startPublishSpan(ctx, m)
 	if p.HandleTx != nil {
 		res.kind, res.err = d.handleTx(ctx, p, m)

@@ -42,8 +42,9 @@
 //   - Complete: one UPDATE per outcome kind joined to the outcome ids
 //     (MySQL: a derived table of VALUES ROW(…); SQLite: json_each over a
 //     JSON array), each with `lease_token = ? AND status = 'processing' AND
-//     locked_until > ?`; the ids changed are read back by a SELECT in the
-//     same transaction (MySQL) or RETURNING (SQLite).
+//     locked_until > ?` (DeliveredDeleted: a DELETE with the same guard);
+//     the ids changed are read back by a SELECT in the same transaction
+//     (MySQL) or RETURNING (SQLite).
 //   - Sweep, Purge, Replay: plain UPDATE/DELETE with LIMIT (MySQL) or a
 //     rowid subquery (SQLite), in batches.
 //   - Elect: the leader table is engine-neutral: an upsert that takes a row
@@ -279,6 +280,9 @@ const (
 	Dead
 	// Release: pending at once, the claim's attempt undone.
 	Release
+	// DeliveredDeleted: terminal success, and the event is deleted in the
+	// same write; its history records it as delivered.
+	DeliveredDeleted
 )
 
 // Outcome is one event's settlement.

@@ -376,7 +376,8 @@ func chainsArg(p driver.ClaimParams) []int32 {
 	return out
 }
 
-var outcomeNames = [...]string{driver.Delivered: "delivered", driver.Retry: "retry", driver.Dead: "dead", driver.Release: "released"}
+var outcomeNames = [...]string{driver.Delivered: "delivered", driver.Retry: "retry", driver.Dead: "dead", driver.Release: "released",
+	driver.DeliveredDeleted: "delivered_deleted"}
 
 func outcomeName(k driver.OutcomeKind) string {
 	if int(k) < len(outcomeNames) {

@@ -1,0 +1,7 @@
+-- Back to migration 0011's outcome write, which the up migration kept under
+-- another name. Events already deleted on delivery stay deleted; their
+-- ledger rows stay.
+DROP FUNCTION modkit_outbox_complete(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz);
+ALTER FUNCTION modkit_outbox_complete_0011(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz)
+    RENAME TO modkit_outbox_complete;
+SELECT modkit_outbox_grant_roles();
