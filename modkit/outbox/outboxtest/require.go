@@ -118,7 +118,8 @@ func Tenant(id uuid.UUID) Matcher {
 // RequireEnqueued fails t unless at least one committed event of topic
 // matches every matcher, and returns the matching events, oldest first.
 // Events count whatever their status: a dispatcher may already have
-// delivered them.
+// delivered them (but not deleted them: under Publisher.DeleteOnDelivery
+// a delivered event is gone from the table).
 func RequireEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) []outbox.Event {
 	t.Helper()
 	return requireEnqueued(t, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
