@@ -97,7 +97,7 @@ func runChild(ctx context.Context, o options) error {
 		Concurrency:   16,
 		SweepInterval: time.Second,
 		StopTimeout:   10 * time.Second,
-	}, outbox.Publisher{Topic: soakTopic, Publish: publish, Name: "soak"})
+	}, outbox.Publisher{Topic: soakTopic, Publish: publish, Name: "soak", DeleteOnDelivery: o.deleteOnDelivery})
 	if err != nil {
 		return err
 	}
@@ -158,6 +158,9 @@ func (s *supervisor) start(ctx context.Context) (*child, error) {
 	gen := s.gens
 	s.mu.Unlock()
 	args := []string{"-child", "-lease", s.o.lease.String(), "-max-attempts", fmt.Sprint(s.o.maxAttempts)}
+	if s.o.deleteOnDelivery {
+		args = append(args, "-delete-on-delivery")
+	}
 	cmd := exec.Command(s.exe, args...)
 	cmd.Env = append(os.Environ(), childDSNEnv+"="+s.dsn)
 	logFile, err := os.Create(filepath.Join(s.logDir, fmt.Sprintf("dispatcher-%03d.log", gen)))

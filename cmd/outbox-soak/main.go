@@ -66,12 +66,14 @@ type options struct {
 	restartEvery time.Duration
 	lease        time.Duration
 	maxAttempts  int
-	drainTimeout time.Duration
-	dsn          string
-	seed         uint64
-	child        bool
-	verbose      bool
-	preset       string
+	// deleteOnDelivery runs the dispatchers with Publisher.DeleteOnDelivery.
+	deleteOnDelivery bool
+	drainTimeout     time.Duration
+	dsn              string
+	seed             uint64
+	child            bool
+	verbose          bool
+	preset           string
 }
 
 // presets are named schedules: flag name to value. "harsh" is issue 18's
@@ -132,6 +134,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.restartEvery, "restart-every", 30*time.Second, "mean time between PostgreSQL restarts (own cluster only); 0 for none")
 	fs.DurationVar(&o.lease, "lease", 2*time.Second, "the dispatchers' lease duration")
 	fs.IntVar(&o.maxAttempts, "max-attempts", 4, "the dispatchers' MaxAttempts")
+	fs.BoolVar(&o.deleteOnDelivery, "delete-on-delivery", false, "the dispatchers delete each event as they record its delivery (Publisher.DeleteOnDelivery)")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 3*time.Minute, "how long the dispatchers get to drain the outbox after the producers stop")
 	fs.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "PostgreSQL server to use (default $DATABASE_URL; empty: a throwaway cluster)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the fault schedule (0: random)")

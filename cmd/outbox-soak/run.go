@@ -40,8 +40,12 @@ func run(ctx context.Context, o options) (bool, error) {
 		logf("external server: PostgreSQL restarts disabled")
 		o.restartEvery = 0
 	}
-	logf("soak%s: %v on %s; %d dispatchers, %d producers, %d events/s (every %d-th poison), kills every ~%v, restarts every ~%v, lease %v, max attempts %d, seed %d",
-		presetNote(o.preset), o.duration, tgt.server, o.dispatchers, o.producers, o.rate, o.poisonEvery, o.killEvery, o.restartEvery, o.lease, o.maxAttempts, o.seed)
+	mode := ""
+	if o.deleteOnDelivery {
+		mode = ", events deleted on delivery"
+	}
+	logf("soak%s: %v on %s; %d dispatchers, %d producers, %d events/s (every %d-th poison), kills every ~%v, restarts every ~%v, lease %v, max attempts %d%s, seed %d",
+		presetNote(o.preset), o.duration, tgt.server, o.dispatchers, o.producers, o.rate, o.poisonEvery, o.killEvery, o.restartEvery, o.lease, o.maxAttempts, mode, o.seed)
 
 	pool, err := pgxpool.New(ctx, tgt.dsn)
 	if err != nil {
@@ -172,8 +176,10 @@ func chaos(ctx context.Context, o options, rng *rand.Rand, tgt *target, sup *sup
 // outboxCounts summarises the outbox by status, for progress lines.
 func outboxCounts(ctx context.Context, pool *pgxpool.Pool) string {
 	var pending, processing, delivered, dead int
-	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'processing'),
-		count(*) FILTER (WHERE status = 'delivered'), count(*) FILTER (WHERE status = 'dead') FROM modkit_outbox_events`).
+	// finalEvents counts the events deleted on delivery too (from the
+	// ledger).
+	err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE f.status = 'pending'), count(*) FILTER (WHERE f.status = 'processing'),
+		count(*) FILTER (WHERE f.status = 'delivered'), count(*) FILTER (WHERE f.status = 'dead') FROM `+finalEvents).
 		Scan(&pending, &processing, &delivered, &dead)
 	if err != nil {
 		return "counts unavailable (" + err.Error() + ")"
@@ -283,7 +289,7 @@ func (p *producers) enqueue(ctx context.Context, pool *pgxpool.Pool, pl payload)
 			if err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, `INSERT INTO soak_enqueued (event_id, seq, poison) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+			_, err = tx.Exec(ctx, `INSERT INTO soak_enqueued (event_id, seq, poison) VALUES ($1, $2, $3) ON CONFLICT (event_id) DO NOTHING`,
 				res.ID, pl.Seq, poison)
 			return err
 		})

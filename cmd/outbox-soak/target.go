@@ -32,7 +32,11 @@ type target struct {
 const soakDDL = `
 CREATE TABLE soak_enqueued (
 	event_id    uuid PRIMARY KEY,
-	seq         bigint NOT NULL UNIQUE,
+	-- The producer's sequence number, its dedupe key. One event a seq,
+	-- unless events are deleted on delivery: a producer's retry after an
+	-- ambiguous commit then enqueues a second event when the first was
+	-- already delivered (its dedupe key free again).
+	seq         bigint NOT NULL,
 	poison      text CHECK (poison IN ('transient', 'permanent')),
 	enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
@@ -46,6 +50,7 @@ CREATE TABLE soak_deliveries (
 	at          timestamptz NOT NULL DEFAULT clock_timestamp()  -- the server made the row
 );
 CREATE INDEX ON soak_deliveries (event_id);
+CREATE INDEX ON soak_enqueued (seq);
 CREATE TABLE soak_audit (
 	event_id         uuid NOT NULL,
 	new_status       text NOT NULL,
@@ -67,7 +72,15 @@ BEGIN
 	RETURN NULL;
 END $$;
 CREATE TRIGGER soak_audit AFTER UPDATE ON modkit_outbox_events
-	FOR EACH ROW WHEN (OLD.status = 'processing') EXECUTE FUNCTION soak_audit();`
+	FOR EACH ROW WHEN (OLD.status = 'processing') EXECUTE FUNCTION soak_audit();
+-- A delivery under Publisher.DeleteOnDelivery deletes the leased row.
+CREATE FUNCTION soak_audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO soak_audit VALUES (OLD.id, 'delivered', OLD.lease_token, NULL, OLD.locked_until, NULL, statement_timestamp());
+	RETURN NULL;
+END $$;
+CREATE TRIGGER soak_audit_delete AFTER DELETE ON modkit_outbox_events
+	FOR EACH ROW WHEN (OLD.status = 'processing') EXECUTE FUNCTION soak_audit_delete();`
 
 // openTarget starts a durable throwaway cluster when dsn is empty, creates
 // the run database, and migrates it.

@@ -29,6 +29,7 @@ type report struct {
 	maxInFlightLag                          time.Duration // the latest such write began this long after the death
 	kills, restarts                         int
 	audited                                 int
+	reenqueued                              int // dedupe keys enqueued as two events
 	counts                                  []check
 	failures                                []string
 }
@@ -42,6 +43,14 @@ type check struct {
 func (r *report) fail(format string, args ...any) {
 	r.failures = append(r.failures, fmt.Sprintf(format, args...))
 }
+
+// finalEvents is every event with its final status: the rows of the events
+// table, and the events deleted on delivery (Publisher.DeleteOnDelivery),
+// which only their ledger rows still record.
+const finalEvents = `(SELECT e.id, e.status, e.attempts FROM modkit_outbox_events e
+	UNION ALL
+	SELECT l.event_id, 'delivered', l.attempt FROM modkit_outbox_attempts l
+	WHERE l.outcome = 'delivered' AND l.detail = 'deleted on delivery') f`
 
 // verify checks the database after the drain.
 func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []incident) *report {
@@ -64,11 +73,12 @@ func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []inci
 	r.healthy = scalar(`SELECT count(*) FROM soak_enqueued WHERE poison IS NULL`)
 	r.transient = scalar(`SELECT count(*) FROM soak_enqueued WHERE poison = 'transient'`)
 	r.permanent = scalar(`SELECT count(*) FROM soak_enqueued WHERE poison = 'permanent'`)
-	r.delivered = scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'delivered'`)
+	r.delivered = scalar(`SELECT count(*) FROM ` + finalEvents + ` WHERE f.status = 'delivered'`)
 	r.dead = scalar(`SELECT count(*) FROM modkit_outbox_events WHERE status = 'dead'`)
 	r.deliveries = scalar(`SELECT count(*) FROM soak_deliveries`)
 	r.lateDeliveries = scalar(`SELECT count(*) FROM soak_deliveries WHERE lease_token IS NULL`)
 	r.audited = scalar(`SELECT count(*) FROM soak_audit`)
+	r.reenqueued = scalar(`SELECT count(*) FROM (SELECT seq FROM soak_enqueued GROUP BY seq HAVING count(*) > 1) x`)
 	if r.enqueued == 0 || r.deliveries == 0 {
 		r.fail("nothing was enqueued or delivered")
 	}
@@ -78,9 +88,11 @@ func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []inci
 		{"healthy events never delivered (lost)", scalar(`SELECT count(*) FROM soak_enqueued q WHERE q.poison IS NULL
 			AND NOT EXISTS (SELECT 1 FROM soak_deliveries d WHERE d.event_id = q.event_id)`)},
 		{"healthy events not marked delivered", scalar(`SELECT count(*) FROM soak_enqueued q
-			LEFT JOIN modkit_outbox_events e ON e.id = q.event_id WHERE q.poison IS NULL AND e.status IS DISTINCT FROM 'delivered'`)},
-		{"enqueued events without an outbox row", scalar(`SELECT count(*) FROM soak_enqueued q
-			WHERE NOT EXISTS (SELECT 1 FROM modkit_outbox_events e WHERE e.id = q.event_id)`)},
+			WHERE q.poison IS NULL AND NOT EXISTS (SELECT 1 FROM ` + finalEvents + ` WHERE f.id = q.event_id AND f.status = 'delivered')`)},
+		{"enqueued events with neither a row nor a deletion", scalar(`SELECT count(*) FROM soak_enqueued q
+			WHERE NOT EXISTS (SELECT 1 FROM ` + finalEvents + ` WHERE f.id = q.event_id)`)},
+		{"events with both a row and a deletion, or two deletions", scalar(`SELECT count(*) FROM (
+			SELECT f.id FROM ` + finalEvents + ` GROUP BY f.id HAVING count(*) > 1) x`)},
 		{"outbox rows no producer committed", scalar(`SELECT count(*) FROM modkit_outbox_events e
 			WHERE NOT EXISTS (SELECT 1 FROM soak_enqueued q WHERE q.event_id = e.id)`)},
 		{"deliveries of unknown events", scalar(`SELECT count(*) FROM soak_deliveries d
@@ -110,6 +122,10 @@ func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []inci
 				SELECT 1 FROM soak_deliveries d WHERE d.event_id = a.event_id AND d.lease_token = a.old_token)`)},
 		{"reclaims of a valid lease", scalar(`SELECT count(*) FROM soak_audit
 			WHERE new_status = 'processing' AND new_token IS DISTINCT FROM old_token AND old_locked_until > at`)},
+	}
+	if !o.deleteOnDelivery {
+		// The dedupe key makes a producer's retry find its first event.
+		mustBeZero = append(mustBeZero, check{"dedupe keys enqueued as two events", r.reenqueued})
 	}
 	for _, c := range mustBeZero {
 		if c.n != 0 {
@@ -228,6 +244,10 @@ func (r *report) print() {
 	fmt.Fprintf(&b, "enqueued            %d events: %d healthy, %d poison (%d transient, %d permanent); %d producer retries\n",
 		r.enqueued, r.healthy, r.transient+r.permanent, r.transient, r.permanent, r.producerRetries)
 	fmt.Fprintf(&b, "outcome             %d delivered, %d dead\n", r.delivered, r.dead)
+	if r.reenqueued > 0 {
+		fmt.Fprintf(&b, "enqueued again      %d dedupe keys as a second event: a producer retried after an ambiguous commit, and the\n"+
+			"                    first event was already delivered and deleted (Publisher.DeleteOnDelivery frees the key)\n", r.reenqueued)
+	}
 	fmt.Fprintf(&b, "deliveries          %d recorded downstream (%d after their lease ended); %d events delivered more than once, %d extra deliveries\n",
 		r.deliveries, r.lateDeliveries, r.eventsDeliveredTwice, r.extraDeliveries)
 	fmt.Fprintf(&b, "duplicates due to   %d kills, %d restarts, %d unexplained\n", r.byKill, r.byRestart, r.unattributed)

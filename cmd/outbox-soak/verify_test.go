@@ -138,3 +138,72 @@ func TestAuditJudgesLeasesByStatementTime(t *testing.T) {
 		t.Fatalf("checks missing from the report: %v", want)
 	}
 }
+
+// Under Publisher.DeleteOnDelivery a delivered event leaves no row: the
+// verifier finds its delivery in the ledger and audits the delete as a
+// settlement. An event with neither a row nor a recorded deletion is lost,
+// and a delete under an ended lease is caught like an update.
+func TestVerifyFindsDeletedDeliveries(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	if _, err := pool.Exec(ctx, soakDDL); err != nil {
+		t.Fatal(err)
+	}
+	// lease inserts an event processing under a lease that ends in ends,
+	// enqueued and delivered downstream under that lease.
+	lease := func(seq int, ends string) (id, token uuid.UUID) {
+		id, token = uuid.Must(uuid.NewV7()), uuid.New()
+		for _, st := range []struct {
+			sql  string
+			args []any
+		}{
+			{`INSERT INTO modkit_outbox_events (id, namespace, topic, payload, status, attempts, locked_by, locked_until, lease_token)
+			VALUES ($1, 'soak', 'events', '{}', 'processing', 1, gen_random_uuid(), now() + $3::interval, $2)`, []any{id, token, ends}},
+			{`INSERT INTO soak_enqueued (event_id, seq) VALUES ($1, $2)`, []any{id, seq}},
+			{`INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid, sent_at) VALUES ($1, $2, 1, 1, now())`, []any{id, token}},
+		} {
+			if _, err := pool.Exec(ctx, st.sql, st.args...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return id, token
+	}
+	// deliver deletes the event as the outcome write does, with its ledger row.
+	deliver := func(id uuid.UUID) {
+		if _, err := pool.Exec(ctx, `WITH d AS (DELETE FROM modkit_outbox_events WHERE id = $1 RETURNING id, lease_token, attempts)
+			INSERT INTO modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, attempt, lease_token, finished_at, detail)
+			SELECT id, 1, 'soak', 'events', 'delivered', attempts, lease_token, now(), 'deleted on delivery' FROM d`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok, _ := lease(1, "1 hour")
+	deliver(ok)
+	late, _ := lease(2, "-1 second")
+	deliver(late)
+	lost, _ := lease(3, "1 hour")
+	if _, err := pool.Exec(ctx, `DELETE FROM modkit_outbox_events WHERE id = $1`, lost); err != nil {
+		t.Fatal(err)
+	}
+
+	r := verify(ctx, pool, options{lease: time.Second}, nil)
+	if r.delivered != 2 {
+		t.Errorf("delivered: %d, want the 2 deletions the ledger records", r.delivered)
+	}
+	want := map[string]int{
+		"healthy events not marked delivered":                     1,
+		"enqueued events with neither a row nor a deletion":       1,
+		"events with both a row and a deletion, or two deletions": 0,
+		"settlements under an expired lease":                      1,
+	}
+	for _, c := range r.counts {
+		if n, ok := want[c.what]; ok {
+			if c.n != n {
+				t.Errorf("%s: %d, want %d", c.what, c.n, n)
+			}
+			delete(want, c.what)
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("checks missing from the report: %v", want)
+	}
+}

@@ -231,20 +231,23 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) 
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		// The database sets each retry's next_attempt_at from its clock
-		// during Complete: a wake-up at start+delay may come a little early,
-		// and the wake window it opens re-checks until the retry is due.
-		start := time.Now()
 		settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
 		if err == nil {
+			// The database set each retry's next_attempt_at from its clock
+			// during Complete, so now+delay is never before it: the wake-up
+			// comes at most the statement's duration late. (A wake-up timed
+			// from before the call could come early by more than the wake
+			// window when the statement was slow to start, and the retry
+			// then waited for the poll.)
+			end := time.Now()
 			for i, ok := range settled {
 				if !ok {
 					reports[i] = Outcome{LeaseLost: true, Abandoned: reports[i].Abandoned}
 				} else if outcomes[i].Kind == driver.Retry {
-					due.add(start.Add(outcomes[i].Delay))
+					due.add(end.Add(outcomes[i].Delay))
 				} else if kept[i].c.d.OrderingKey != "" {
 					// The next event of the key may be claimed now.
-					due.add(start)
+					due.add(end)
 				}
 				d.record(*kept[i], reports[i])
 			}
