@@ -35,7 +35,7 @@
 //   - Claim: MySQL 8 / MariaDB 10.6 support `SELECT … FOR UPDATE SKIP
 //     LOCKED` but not UPDATE … RETURNING: in one transaction, select the due
 //     ids with SKIP LOCKED and LIMIT, UPDATE them by id with a fresh lease
-//     token per row (UUID()), and SELECT them back. SQLite has one writer:
+//     token (UUID()), and SELECT them back. SQLite has one writer:
 //     `UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING …` inside BEGIN
 //     IMMEDIATE is already exclusive, no SKIP LOCKED needed. Ordering and
 //     due-ness use the same columns.
