@@ -146,14 +146,14 @@ func (b *bench) writeVariants() []writeVariant {
 	}
 	purge := `DELETE FROM scratch.events WHERE id IN (SELECT id FROM scratch.events WHERE status = 'delivered' LIMIT 10000)`
 	vacuum := []string{"VACUUM scratch.events", "VACUUM scratch.ledger"}
+	// The library's own clean-up: its maintenance purge, then VACUUM.
+	libraryPurge := `SELECT ` + pgx.Identifier{outboxSchema}.Sanitize() + `.modkit_outbox_purge(ARRAY['bench:events'], interval '0', 10000)`
+	libraryVacuum := []string{"VACUUM outbox.modkit_outbox_events", "VACUUM outbox.modkit_outbox_attempts"}
 	return []writeVariant{
 		{name: "today's library: function path, attempts ledger, its migrations' indexes (outbox tables)", library: true,
-			repeatClean: `SELECT ` + pgx.Identifier{outboxSchema}.Sanitize() + `.modkit_outbox_purge(ARRAY['bench:events'], interval '0', 10000)`,
-			clean:       []string{"VACUUM outbox.modkit_outbox_events", "VACUUM outbox.modkit_outbox_attempts"}},
+			repeatClean: libraryPurge, clean: libraryVacuum},
 		{name: "L. today's library with Publisher.DeleteOnDelivery: the delivery deletes the event (outbox tables)", library: true,
-			deleteOnDelivery: true,
-			repeatClean:      `SELECT ` + pgx.Identifier{outboxSchema}.Sanitize() + `.modkit_outbox_purge(ARRAY['bench:events'], interval '0', 10000)`,
-			clean:            []string{"VACUUM outbox.modkit_outbox_events", "VACUUM outbox.modkit_outbox_attempts"}},
+			deleteOnDelivery: true, repeatClean: libraryPurge, clean: libraryVacuum},
 		{name: "A. today's 5 indexes, raw claim+ack, ledger row, purge by DELETE + VACUUM", ddl: today, table: t,
 			claim: writeClaim(t, false), ack: ackInPlace(t), repeatClean: purge, clean: vacuum},
 		{name: "B. index set: pk, dedupe, claim (+ empty dead-rows partial); drop (status, next_attempt_at) and locked_until", ddl: lean, table: t,
