@@ -14,7 +14,7 @@
 //
 //	dispatch  drain -events preloaded events with the outbox's Dispatcher
 //	          and a no-op publisher, against a raw claim+ack loop on 2
-//	          connections
+//	          connections; also with Publisher.DeleteOnDelivery (opt-in)
 //	latency   commit-to-publish latency at fixed enqueue rates (-rates), with
 //	          NOTIFY and poll-only, plus a raw LISTEN/NOTIFY round trip
 //	enqueue   one event per transaction from -producers producers for
