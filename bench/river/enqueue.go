@@ -104,7 +104,7 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 	}
 	b.add(rateRow("enqueue", fmt.Sprintf("1 event/tx, %d producers, %v per round", b.opts.producers, b.opts.duration),
 		runs[0], runs[1], runs[2], "≥ 1.2× River",
-		"Outbox: Client.Enqueue with a tenant and dedupe key (function path, attempts ledger on, NOTIFY at most every 1 ms per client and topic (Config.NotifyInterval default)); "+
+		"Outbox: Client.Enqueue with a tenant and dedupe key (a plain INSERT of the message columns, the enqueue function only for a duplicate; NOTIFY at most every 1 ms per client and topic (Config.NotifyInterval default)); "+
 			"River: InsertTx of the same payload, no unique options; raw: a plain INSERT of the outbox row. Each in BEGIN; …; COMMIT."))
 	return nil
 }

@@ -156,8 +156,9 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 		roundsNote(rates[0], rates[1])
 	b.add(r)
 	b.add(roundsRow("enqueue", "same, Config.DisableNotify", rates[2], rates[1], 0))
-	r = roundsRow("enqueue", "function path vs direct path", rates[0], rates[3], 0.85)
-	r.Note = "Baseline: Client.Enqueue on the write path before migration 0004 (a plain INSERT … ON CONFLICT, no SECURITY DEFINER function; cmd/outbox-bench/direct.go)." +
+	r = roundsRow("enqueue", "library vs the direct path before migration 0004", rates[0], rates[3], 0.85)
+	r.Note = "The library enqueues one event without an ordering key by a plain INSERT of the message columns (the enqueue function only for a duplicate). " +
+		"Baseline: Client.Enqueue on the write path before migration 0004 (a plain INSERT … ON CONFLICT … RETURNING id as the table's owner; cmd/outbox-bench/direct.go)." +
 		roundsNote(rates[0], rates[3])
 	b.add(r)
 	return nil

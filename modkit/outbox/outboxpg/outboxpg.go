@@ -120,6 +120,20 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 	if err != nil {
 		return nil, err
 	}
+	if r.OrderingKey == nil { // sequences come from the function
+		var inserted int64
+		err = q.QueryRow(ctx, s.sql.insertDirect, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
+			string(r.Payload), headers, notify).Scan(&inserted)
+		if err != nil {
+			return nil, insertError(err)
+		}
+		if inserted == 1 {
+			out[0].ID = r.ID
+			return out, nil
+		}
+		// A conflict: the function finds the event that holds the dedupe
+		// key (or inserts this one, if it was purged in between).
+	}
 	err = q.QueryRow(ctx, s.sql.insertOne, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
 		string(r.Payload), notify, headers, r.OrderingKey).Scan(&out[0].ID, &out[0].Duplicate)
 	if err != nil {

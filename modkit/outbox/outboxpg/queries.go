@@ -10,9 +10,12 @@ import (
 // through the outbox's SECURITY DEFINER functions (created by migration
 // 0004, some replaced since), so the driver works for a login role holding
 // only the outbox role it needs (producer, dispatcher, operator or reader)
-// and never touches a table directly, except for the batch enqueue's COPY fast path, which a producer
-// may use (it may INSERT the message columns and nothing else, and the
-// table's checks hold for it).
+// and never touches a table directly, except for the enqueue of events
+// without an ordering key: one event by a plain INSERT (qInsertDirect), a
+// large batch by COPY. A producer may do both (it may INSERT the message
+// columns and nothing else, and the table's checks hold for them); a
+// duplicate, and every event with an ordering key, go to the enqueue
+// functions.
 //
 // {{fn}} stands for the quoted schema followed by a dot; {{async}}, joined
 // into a statement's FROM list, makes that statement's implicit transaction
@@ -21,6 +24,24 @@ import (
 // is set (see newQueries), and NULL (the database clock) otherwise.
 const (
 	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb, $9)`
+
+	// qInsertDirect enqueues one event without an ordering key by a plain
+	// INSERT of the message columns, which a producer may write (as the
+	// COPY path does; the table's checks hold for it): the enqueue
+	// function's call cost a tenth of the enqueue rate (BENCHMARKS.md,
+	// "Enqueue without the function call"). It returns how many rows it
+	// inserted, 0 on any unique conflict (ON CONFLICT without a target,
+	// which needs no SELECT privilege), and announces the topic in the
+	// same statement when $8 is true and it inserted. On 0 the driver asks
+	// the enqueue function, which finds the existing event.
+	qInsertDirect = `WITH ins AS (
+    INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
+    VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
+    ON CONFLICT DO NOTHING
+    RETURNING 1),
+n AS (SELECT count(*) AS inserted FROM ins)
+SELECT n.inserted FROM n
+LEFT JOIN LATERAL (SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3) WHERE $8::boolean AND n.inserted > 0) AS note ON true`
 
 	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 
@@ -95,7 +116,8 @@ const (
 
 // queries holds the statements with the names filled in.
 type queries struct {
-	insertOne, insertMany, notifyMany       string
+	insertOne, insertDirect                 string
+	insertMany, notifyMany                  string
 	claim, complete, completeAsync          string
 	completeOne, sweep, purge, elect        string
 	purgeRecorded                           string
@@ -109,6 +131,7 @@ type queries struct {
 // statement's last parameter (one past its own), which store.args appends.
 func newQueries(schema string, syncCommit, testClock bool) queries {
 	fn := pgx.Identifier{schema}.Sanitize() + "."
+	table := pgx.Identifier{schema, TableName}.Sanitize()
 	async := `(SELECT set_config('synchronous_commit', 'off', true)) AS async_commit, `
 	if syncCommit {
 		async = ""
@@ -118,10 +141,11 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		if testClock && clockArg != "" {
 			now = "$" + clockArg + "::timestamptz"
 		}
-		return strings.NewReplacer("{{fn}}", fn, "{{async}}", asyncPart, "{{now}}", now).Replace(q)
+		return strings.NewReplacer("{{fn}}", fn, "{{table}}", table, "{{async}}", asyncPart, "{{now}}", now).Replace(q)
 	}
 	return queries{
 		insertOne:     bind(qInsertOne, "", ""),
+		insertDirect:  bind(qInsertDirect, "", ""),
 		insertMany:    bind(qInsertMany, "", ""),
 		notifyMany:    qNotifyMany,
 		claim:         bind(qClaim, "8", async),

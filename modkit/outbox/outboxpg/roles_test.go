@@ -80,8 +80,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	tdb := pgtest.NewDB(t)
 	owner := open(t, tdb.Provider.Pool, driver.Options{})
 
-	// Producer: enqueues one, a few (the function) and many (COPY), but
-	// reads nothing and writes nothing else.
+	// Producer: enqueues one (a plain INSERT; its duplicate through the
+	// function), a few (the function) and many (COPY), but reads nothing
+	// and writes nothing else.
 	prodPool := loginAs(t, tdb, outboxpg.RoleProducer)
 	prod := open(t, prodPool, driver.Options{})
 	key := "k1"
@@ -306,6 +307,10 @@ func TestSearchPathShadowing(t *testing.T) {
 	if _, err := s.Insert(ctx, pool, rows(3, "test", "events"), nil); err != nil {
 		t.Fatal(err)
 	}
+	// One event goes in by a plain INSERT, which runs as the caller.
+	if _, err := s.Insert(ctx, pool, rows(1, "test", "events"), []string{topic}); err != nil {
+		t.Fatal(err)
+	}
 	w := uuid.New()
 	got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 3, MaxAttempts: 3, Worker: w, Lease: time.Minute})
 	if err != nil || len(got) != 3 {
@@ -325,8 +330,8 @@ func TestSearchPathShadowing(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_temp.modkit_outbox_events").Scan(&temp); err != nil {
 		t.Fatal(err)
 	}
-	if real != 3 || shadow != 0 || temp != 0 || shadowLedger != 0 {
-		t.Fatalf("rows: public %d, evil %d, temp %d, evil ledger %d; want 3, 0, 0, 0", real, shadow, temp, shadowLedger)
+	if real != 4 || shadow != 0 || temp != 0 || shadowLedger != 0 {
+		t.Fatalf("rows: public %d, evil %d, temp %d, evil ledger %d; want 4, 0, 0, 0", real, shadow, temp, shadowLedger)
 	}
 }
 
