@@ -2,7 +2,10 @@ package outboxpg_test
 
 import (
 	"context"
+	"math/rand/v2"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,5 +85,80 @@ func TestInsertOne(t *testing.T) {
 	}
 	if e := get(t, s, quiet[0].ID); e.Status != "pending" || e.Attempts != 0 || e.LockedBy != nil {
 		t.Fatalf("directly inserted event: %+v, want pending with no attempts", e)
+	}
+}
+
+// The table's check on event names (migration 0017, written without regular
+// expressions so that updates do not pay for them) accepts exactly the
+// names of the pattern the client validates against: every string of up to
+// three characters from a set of edge characters, lengths around the limit,
+// and a corpus of random ones, as namespace and as topic.
+func TestNameCheckMatchesPattern(t *testing.T) {
+	_, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	pattern := regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`) // outbox's namePattern
+	edge := []string{"", "a", "z", "0", "9", ".", "_", "-", "A", "Z", " ", "/", ":", "é", "\n", "`", "{", "@", "[", "^", "$", `\`, "*", "\x7f"}
+	var names []string
+	for _, a := range edge {
+		for _, b := range edge {
+			for _, c := range edge {
+				names = append(names, a+b+c)
+			}
+		}
+	}
+	for n := 125; n <= 130; n++ {
+		long := strings.Repeat("a", n)
+		names = append(names, long, "-"+long, long+"é", long[:n-1]+"A")
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "abcxyz0189._-AZ /é"
+	for range 2000 {
+		r := []rune(alphabet)
+		b := make([]rune, rnd.IntN(12))
+		for i := range b {
+			b[i] = r[rnd.IntN(len(r))]
+		}
+		names = append(names, string(b))
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `CREATE FUNCTION pg_temp.accepts(p_namespace text, p_topic text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO modkit_outbox_events (id, namespace, topic, payload) VALUES (gen_random_uuid(), p_namespace, p_topic, '{}');
+    RETURN true;
+EXCEPTION WHEN check_violation THEN
+    RETURN false;
+END $$`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `SELECT n, pg_temp.accepts(n, 'ok'), pg_temp.accepts('ok', n) FROM unnest($1::text[]) AS n`, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked, valid := 0, 0
+	for rows.Next() {
+		var name string
+		var asNamespace, asTopic bool
+		if err := rows.Scan(&name, &asNamespace, &asTopic); err != nil {
+			t.Fatal(err)
+		}
+		want := pattern.MatchString(name)
+		if asNamespace != want || asTopic != want {
+			t.Errorf("%q: the table accepts it as namespace %v, as topic %v; the pattern says %v", name, asNamespace, asTopic, want)
+		}
+		checked++
+		if want {
+			valid++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if checked != len(names) || valid == 0 || valid == checked {
+		t.Fatalf("checked %d of %d names, %d valid: the corpus must hold both kinds", checked, len(names), valid)
 	}
 }
