@@ -22,7 +22,12 @@ demo-payments: ## Run the payments demo: rail faults, a dispatcher SIGKILLed, re
 	$(GO) run ./examples/payments/cmd/payments $(DEMOFLAGS)
 
 .PHONY: bench
-bench: ## Run the benchmark program and print its table (BENCHFLAGS=-help for options)
+bench: ## Run both benchmark programs, one after the other: the outbox against raw SQL, then beside River
+	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
+	cd bench/river && $(GO) run . $(RIVERFLAGS)
+
+.PHONY: bench-outbox
+bench-outbox: ## Run the outbox against raw-SQL baselines and print its table (BENCHFLAGS=-help for options)
 	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
 
 .PHONY: bench-river

@@ -42,7 +42,7 @@
 //
 // Usage:
 //
-//	make bench BENCHFLAGS='-only=dispatch,scale -events=500000'
+//	make bench-outbox BENCHFLAGS='-only=dispatch,scale -events=500000'
 //	go run ./cmd/outbox-bench -json > bench.json
 //	go run ./cmd/outbox-bench -only=dispatch -cpuprofile=cpu.out -explain
 package main
