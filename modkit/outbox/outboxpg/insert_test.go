@@ -45,6 +45,14 @@ func TestInsertOne(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
 		t.Fatalf("duplicate: %+v, %v; want the existing event %v", got, err, first[0].ID)
 	}
+	// Without an announcement the enqueue is a bare INSERT; its duplicate
+	// takes the same way to the existing event.
+	quietDup := rows(1, "test", "events")
+	quietDup[0].DedupeKey = &key
+	got, err = s.Insert(ctx, pool, quietDup, nil)
+	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
+		t.Fatalf("duplicate without an announcement: %+v, %v; want the existing event %v", got, err, first[0].ID)
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

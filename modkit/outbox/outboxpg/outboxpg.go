@@ -122,8 +122,13 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 	}
 	if r.OrderingKey == nil { // sequences come from the function
 		var inserted int64
-		err = q.QueryRow(ctx, s.sql.insertDirect, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
-			string(r.Payload), headers, notify).Scan(&inserted)
+		if notify {
+			err = q.QueryRow(ctx, s.sql.insertDirect, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
+				string(r.Payload), headers, true).Scan(&inserted)
+		} else {
+			inserted, err = q.Exec(ctx, s.sql.insertPlain, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
+				string(r.Payload), headers)
+		}
 		if err != nil {
 			return nil, insertError(err)
 		}

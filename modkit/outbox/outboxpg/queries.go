@@ -11,7 +11,8 @@ import (
 // 0004, some replaced since), so the driver works for a login role holding
 // only the outbox role it needs (producer, dispatcher, operator or reader)
 // and never touches a table directly, except for the enqueue of events
-// without an ordering key: one event by a plain INSERT (qInsertDirect), a
+// without an ordering key: one event by a plain INSERT (qInsertPlain, or
+// qInsertDirect when it announces its topic), a
 // large batch by COPY. A producer may do both (it may INSERT the message
 // columns and nothing else, and the table's checks hold for them); a
 // duplicate, and every event with an ordering key, go to the enqueue
@@ -25,7 +26,8 @@ import (
 const (
 	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb, $9)`
 
-	// qInsertDirect enqueues one event without an ordering key by a plain
+	// qInsertDirect enqueues one event without an ordering key that
+	// announces its topic (qInsertPlain when it does not) by a plain
 	// INSERT of the message columns, which a producer may write (as the
 	// COPY path does; the table's checks hold for it): the enqueue
 	// function's call cost a tenth of the enqueue rate (BENCHMARKS.md,
@@ -42,6 +44,16 @@ const (
 n AS (SELECT count(*) AS inserted FROM ins)
 SELECT n.inserted FROM n
 LEFT JOIN LATERAL (SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3) WHERE $8::boolean AND n.inserted > 0) AS note ON true`
+
+	// qInsertPlain is qInsertDirect without the announcement, for the
+	// enqueues that need none (most: a client announces a topic at most
+	// once per Config.NotifyInterval): a bare INSERT whose row count says
+	// whether it inserted. The CTE, count and join cost qInsertDirect
+	// about 7% of the enqueue rate in pgbench (BENCHMARKS.md, "An enqueue
+	// without NOTIFY is a bare INSERT").
+	qInsertPlain = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
+ON CONFLICT DO NOTHING`
 
 	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 
@@ -116,7 +128,7 @@ const (
 
 // queries holds the statements with the names filled in.
 type queries struct {
-	insertOne, insertDirect                 string
+	insertOne, insertDirect, insertPlain    string
 	insertMany, notifyMany                  string
 	claim, complete, completeAsync          string
 	completeOne, sweep, purge, elect        string
@@ -146,6 +158,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 	return queries{
 		insertOne:     bind(qInsertOne, "", ""),
 		insertDirect:  bind(qInsertDirect, "", ""),
+		insertPlain:   bind(qInsertPlain, "", ""),
 		insertMany:    bind(qInsertMany, "", ""),
 		notifyMany:    qNotifyMany,
 		claim:         bind(qClaim, "8", async),
