@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
@@ -53,6 +54,22 @@ func TestInsertOne(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
 		t.Fatalf("duplicate without an announcement: %+v, %v; want the existing event %v", got, err, first[0].ID)
 	}
+	// The bare INSERT's row count through database/sql and bun too.
+	for name, r := range map[string]db.Runner{"database/sql": db.SQL(tdb.Provider.SQL), "bun": db.SQL(tdb.Provider.Bun)} {
+		fresh := rows(1, "test", "events")
+		freshKey := "fresh via " + name
+		fresh[0].DedupeKey = &freshKey
+		got, err := s.Insert(ctx, r, fresh, nil)
+		if err != nil || len(got) != 1 || got[0].ID != fresh[0].ID || got[0].Duplicate {
+			t.Fatalf("%s: insert: %+v, %v; want the new event %v", name, got, err, fresh[0].ID)
+		}
+		dup := rows(1, "test", "events")
+		dup[0].DedupeKey = &key
+		got, err = s.Insert(ctx, r, dup, nil)
+		if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
+			t.Fatalf("%s: duplicate: %+v, %v; want the existing event %v", name, got, err, first[0].ID)
+		}
+	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -88,8 +105,8 @@ func TestInsertOne(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {
 		t.Fatal(err)
 	}
-	if events != 3 {
-		t.Fatalf("%d events, want 3 (the first, the quiet one and the marker)", events)
+	if events != 5 {
+		t.Fatalf("%d events, want 5 (the first, one each through database/sql and bun, the quiet one and the marker)", events)
 	}
 	if e := get(t, s, quiet[0].ID); e.Status != "pending" || e.Attempts != 0 || e.LockedBy != nil {
 		t.Fatalf("directly inserted event: %+v, want pending with no attempts", e)
