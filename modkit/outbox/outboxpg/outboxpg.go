@@ -124,7 +124,7 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 		var inserted int64
 		if notify {
 			err = q.QueryRow(ctx, s.sql.insertDirect, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
-				string(r.Payload), headers, true).Scan(&inserted)
+				string(r.Payload), headers).Scan(&inserted)
 		} else {
 			inserted, err = q.Exec(ctx, s.sql.insertPlain, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
 				string(r.Payload), headers)

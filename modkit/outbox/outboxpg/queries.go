@@ -12,11 +12,10 @@ import (
 // only the outbox role it needs (producer, dispatcher, operator or reader)
 // and never touches a table directly, except for the enqueue of events
 // without an ordering key: one event by a plain INSERT (qInsertPlain, or
-// qInsertDirect when it announces its topic), a
-// large batch by COPY. A producer may do both (it may INSERT the message
-// columns and nothing else, and the table's checks hold for them); a
-// duplicate, and every event with an ordering key, go to the enqueue
-// functions.
+// qInsertDirect when it announces its topic), a large batch by COPY. A
+// producer may do both (it may INSERT the message columns and nothing
+// else, and the table's checks hold for them); a duplicate, and every
+// event with an ordering key, go to the enqueue functions.
 //
 // {{fn}} stands for the quoted schema followed by a dot; {{async}}, joined
 // into a statement's FROM list, makes that statement's implicit transaction
@@ -34,8 +33,8 @@ const (
 	// "Enqueue without the function call"). It returns how many rows it
 	// inserted, 0 on any unique conflict (ON CONFLICT without a target,
 	// which needs no SELECT privilege), and announces the topic in the
-	// same statement when $8 is true and it inserted. On 0 the driver asks
-	// the enqueue function, which finds the existing event.
+	// same statement when it inserted. On 0 the driver asks the enqueue
+	// function, which finds the existing event.
 	qInsertDirect = `WITH ins AS (
     INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
     VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
@@ -43,7 +42,7 @@ const (
     RETURNING 1),
 n AS (SELECT count(*) AS inserted FROM ins)
 SELECT n.inserted FROM n
-LEFT JOIN LATERAL (SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3) WHERE $8::boolean AND n.inserted > 0) AS note ON true`
+LEFT JOIN LATERAL (SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3) WHERE n.inserted > 0) AS note ON true`
 
 	// qInsertPlain is qInsertDirect without the announcement, for the
 	// enqueues that need none (most: a client announces a topic at most

@@ -307,9 +307,12 @@ func TestSearchPathShadowing(t *testing.T) {
 	if _, err := s.Insert(ctx, pool, rows(3, "test", "events"), nil); err != nil {
 		t.Fatal(err)
 	}
-	// One event goes in by a plain INSERT, which runs as the caller.
-	if _, err := s.Insert(ctx, pool, rows(1, "test", "events"), []string{topic}); err != nil {
-		t.Fatal(err)
+	// One event goes in by a plain INSERT, which runs as the caller, with
+	// its announcement and without.
+	for _, notify := range [][]string{{topic}, nil} {
+		if _, err := s.Insert(ctx, pool, rows(1, "test", "events"), notify); err != nil {
+			t.Fatal(err)
+		}
 	}
 	w := uuid.New()
 	got, err := s.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 3, MaxAttempts: 3, Worker: w, Lease: time.Minute})
@@ -330,8 +333,8 @@ func TestSearchPathShadowing(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_temp.modkit_outbox_events").Scan(&temp); err != nil {
 		t.Fatal(err)
 	}
-	if real != 4 || shadow != 0 || temp != 0 || shadowLedger != 0 {
-		t.Fatalf("rows: public %d, evil %d, temp %d, evil ledger %d; want 4, 0, 0, 0", real, shadow, temp, shadowLedger)
+	if real != 5 || shadow != 0 || temp != 0 || shadowLedger != 0 {
+		t.Fatalf("rows: public %d, evil %d, temp %d, evil ledger %d; want 5, 0, 0, 0", real, shadow, temp, shadowLedger)
 	}
 }
 
