@@ -2,6 +2,7 @@ package outboxpg_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"regexp"
 	"slices"
@@ -9,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/modkit-go/modkit/modkit/db"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
@@ -184,5 +188,57 @@ END $$`); err != nil {
 	}
 	if checked != len(names) || valid == 0 || valid == checked {
 		t.Fatalf("checked %d of %d names, %d valid: the corpus must hold both kinds", checked, len(names), valid)
+	}
+}
+
+// The checks on the message columns hold for new events and are not
+// evaluated again by claims and outcomes (migration 0018), which never change
+// those columns. So a payload limit lowered below events already enqueued
+// refuses new events over it, while the events already there are still
+// claimed, retried and delivered: before 0018, the claim's update of such an
+// event broke the check and failed the whole claim.
+func TestLoweredPayloadLimitLeavesEnqueuedEventsDeliverable(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	// 3,000 random letters: stored uncompressed, so the event stays over the
+	// lowered limit as stored (a repetitive payload would be compressed
+	// under it).
+	rnd := rand.New(rand.NewPCG(3, 4))
+	letters := make([]byte, 3000)
+	for i := range letters {
+		letters[i] = byte('a' + rnd.IntN(26))
+	}
+	big := `{"text":"` + string(letters) + `"}`
+	first := driver.InsertRow{ID: uuid.Must(uuid.NewV7()), Namespace: "test", Topic: "events", Payload: []byte(big)}
+	if _, err := s.Insert(ctx, pool, []driver.InsertRow{first}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT modkit_outbox_set_payload_limit(2048)"); err != nil {
+		t.Fatal(err)
+	}
+	second := driver.InsertRow{ID: uuid.Must(uuid.NewV7()), Namespace: "test", Topic: "events", Payload: []byte(big)}
+	_, err := s.Insert(ctx, pool, []driver.InsertRow{second}, nil)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "modkit_outbox_events_payload_size_check" {
+		t.Fatalf("an event over the lowered limit: %v, want a check violation of modkit_outbox_events_payload_size_check", err)
+	}
+
+	worker := uuid.New()
+	got := claim(t, s, 10, 5, worker)
+	if len(got) != 1 || got[0].ID != first.ID {
+		t.Fatalf("claimed %+v, want the event enqueued before the limit was lowered", got)
+	}
+	if settled := complete(t, s, worker, outcome(got[0], driver.Retry)); !slices.Equal(settled, []bool{true}) {
+		t.Fatalf("retry recorded: %v, want [true]", settled)
+	}
+	got = claim(t, s, 10, 5, worker)
+	if len(got) != 1 || got[0].ID != first.ID {
+		t.Fatalf("claimed %+v after the retry, want the same event", got)
+	}
+	if settled := complete(t, s, worker, outcome(got[0], driver.Delivered)); !slices.Equal(settled, []bool{true}) {
+		t.Fatalf("delivery recorded: %v, want [true]", settled)
+	}
+	if e := get(t, s, first.ID); e.Status != "delivered" || e.Attempts != 2 {
+		t.Fatalf("event after delivery: status %s, %d attempts; want delivered after 2", e.Status, e.Attempts)
 	}
 }
