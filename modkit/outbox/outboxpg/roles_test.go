@@ -502,3 +502,65 @@ func TestReleaseHeld(t *testing.T) {
 		t.Fatalf("a second release freed %d", n)
 	}
 }
+
+// One outcome write may carry events of several claims, so of several lease
+// tokens (since migration 0019 each token's kept deliveries are one UPDATE
+// that fences every event in its WHERE clause). Every event is written under
+// its own token or not at all: a delivery presented with another claim's
+// token, or after its lease expired, changes nothing; the first outcome
+// given for an event is the one recorded; each written event has one
+// ledger row.
+func TestCompleteAcrossLeaseTokens(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	insertN(t, s, pool, "test", "events", 6)
+	worker := uuid.New()
+	a := claim(t, s, 3, 5, worker)
+	b := claim(t, s, 3, 5, worker)
+	if len(a) != 3 || len(b) != 3 || a[0].LeaseToken == b[0].LeaseToken {
+		t.Fatalf("claims: %d and %d events, tokens %v and %v; want two claims of 3 with their own tokens", len(a), len(b), a[0].LeaseToken, b[0].LeaseToken)
+	}
+	expireLease(t, pool, a[2].ID)
+	wrongToken := outcome(a[1], driver.Delivered)
+	wrongToken.LeaseToken = b[1].LeaseToken
+	settled := complete(t, s, worker,
+		outcome(b[0], driver.Delivered),
+		outcome(a[0], driver.Delivered),
+		wrongToken,                      // another claim's token: refused
+		outcome(a[2], driver.Delivered), // lease expired: refused
+		outcome(b[1], driver.Retry),
+		outcome(a[0], driver.Dead), // a second outcome for a[0]: the first wins
+		outcome(b[2], driver.Delivered),
+	)
+	if want := []bool{true, true, false, false, true, true, true}; !slices.Equal(settled, want) {
+		t.Fatalf("settled %v, want %v", settled, want)
+	}
+	for _, w := range []struct {
+		c        driver.Claimed
+		status   string
+		outcomes []string
+	}{
+		{a[0], "delivered", []string{"delivered"}},
+		{a[1], "processing", nil},
+		{a[2], "processing", nil},
+		{b[0], "delivered", []string{"delivered"}},
+		{b[1], "pending", []string{"retry"}},
+		{b[2], "delivered", []string{"delivered"}},
+	} {
+		e := get(t, s, w.c.ID)
+		h, err := s.History(ctx, w.c.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range h {
+			got = append(got, r.Outcome)
+			if r.LeaseToken == nil || *r.LeaseToken != w.c.LeaseToken || r.Worker == nil || *r.Worker != worker || r.Attempt != 1 {
+				t.Errorf("event %v: ledger row %+v, want its own lease token, the worker and attempt 1", w.c.ID, r)
+			}
+		}
+		if e.Status != w.status || !slices.Equal(got, w.outcomes) {
+			t.Errorf("event %v: status %s, history %v; want %s, %v", w.c.ID, e.Status, got, w.status, w.outcomes)
+		}
+	}
+}
