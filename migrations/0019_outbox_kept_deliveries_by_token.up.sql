@@ -6,9 +6,12 @@
 -- replaces, for those events, the lock by id (a LATERAL lookup with FOR
 -- UPDATE) followed by an update by row address that 0011 introduced, and
 -- saves the second visit of each row: about 1.5 us of a 24 us outcome write
--- an event (BENCHMARKS.md, "Kept deliveries by lease token"). Every lease
--- token of a claim without chains is one (migration 0016), so an outcome
--- write of a claim's events is usually one statement.
+-- an event (BENCHMARKS.md, "Kept deliveries by lease token"). A claim
+-- without chains draws one lease token for all its events (migration
+-- 0016), so an outcome write of a claim's events is usually one statement.
+-- A chained claim draws a token for each event: deliveries under a token
+-- that fewer than eight of them share take the lock and the update by row
+-- address as before (one UPDATE each would cost more than it saves).
 --
 -- What the function records, returns and refuses is unchanged: an event
 -- not leased to the caller under the token presented, or whose lease
@@ -81,15 +84,14 @@ DECLARE
     v_keyed_seqs bigint[];
     v_streams bigint[];
     v_seqs bigint[];
-    -- The deliveries of kept events, and every other outcome, each event
-    -- once (the first outcome given for it).
-    v_kept_ids uuid[];
-    v_kept_tokens uuid[];
-    v_rest_ids uuid[];
-    v_rest_tokens uuid[];
-    v_rest_outcomes text[];
-    v_rest_errors text[];
-    v_rest_delays bigint[];
+    -- The outcomes, each event once (the first outcome given for it).
+    v_once_ids uuid[];
+    v_once_tokens uuid[];
+    v_once_outcomes text[];
+    v_once_errors text[];
+    v_once_delays bigint[];
+    -- The lease tokens whose kept deliveries 2 wrote.
+    v_shared uuid[] := '{}';
     v_lease record;
 BEGIN
     SELECT o INTO v_bad FROM unnest(p_outcomes) AS o
@@ -101,60 +103,57 @@ BEGIN
     SELECT coalesce(pg_catalog.array_agg(o.id), '{}') INTO v_delivered
     FROM unnest(p_ids, p_outcomes) AS o(id, outcome) WHERE o.outcome IN ('delivered', 'delivered_deleted');
 
-    -- 1. Each event once, the first outcome given for it; the deliveries of
-    -- kept events apart.
-    SELECT pg_catalog.array_agg(a.id) FILTER (WHERE a.outcome = 'delivered'),
-        pg_catalog.array_agg(a.token) FILTER (WHERE a.outcome = 'delivered'),
-        pg_catalog.array_agg(a.id) FILTER (WHERE a.outcome <> 'delivered'),
-        pg_catalog.array_agg(a.token) FILTER (WHERE a.outcome <> 'delivered'),
-        pg_catalog.array_agg(a.outcome) FILTER (WHERE a.outcome <> 'delivered'),
-        pg_catalog.array_agg(a.err) FILTER (WHERE a.outcome <> 'delivered'),
-        pg_catalog.array_agg(a.delay_ms) FILTER (WHERE a.outcome <> 'delivered')
-    INTO v_kept_ids, v_kept_tokens, v_rest_ids, v_rest_tokens, v_rest_outcomes, v_rest_errors, v_rest_delays
+    -- 1. Each event once, the first outcome given for it, in id order.
+    SELECT pg_catalog.array_agg(a.id), pg_catalog.array_agg(a.token), pg_catalog.array_agg(a.outcome),
+        pg_catalog.array_agg(a.err), pg_catalog.array_agg(a.delay_ms)
+    INTO v_once_ids, v_once_tokens, v_once_outcomes, v_once_errors, v_once_delays
     FROM (SELECT DISTINCT ON (o.id) o.id, o.token, o.outcome, o.err, o.delay_ms
           FROM unnest(p_ids, p_tokens, p_outcomes, p_errors, p_delays_ms) WITH ORDINALITY
               AS o(id, token, outcome, err, delay_ms, ord)
           ORDER BY o.id, o.ord) a;
 
-    -- 2. The deliveries of kept events, one UPDATE per lease token (a claim
-    -- without chains draws one for all its events, migration 0016): the
-    -- primary key finds the events of the array in id order, and the WHERE
-    -- clause fences each, as the lock in 3 does for the other outcomes
-    -- (leased to p_worker under that token, unexpired); an event that is
-    -- not is left alone and not returned. Each written event appends its
-    -- ledger row. One statement instead of a lock and an update by row
-    -- address: about 1.5 us an event less (BENCHMARKS.md, "Kept deliveries
-    -- by lease token").
-    IF v_kept_ids IS NOT NULL THEN
-        FOR v_lease IN SELECT k.token, pg_catalog.array_agg(k.id) AS ids
-            FROM unnest(v_kept_ids, v_kept_tokens) AS k(id, token) GROUP BY k.token ORDER BY k.token
-        LOOP
-            WITH upd AS (
-                UPDATE @s.modkit_outbox_events AS e SET
-                    status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL,
-                    ledger_seq = e.ledger_seq + 1, updated_at = v_now
-                WHERE e.id = ANY(v_lease.ids) AND e.lease_token = v_lease.token AND e.locked_by = p_worker
-                  AND e.status = 'processing' AND coalesce(e.locked_until, '-infinity'::timestamptz) > v_now
-                RETURNING e.id, e.ledger_seq, e.namespace, e.topic, e.claimed_at, e.attempts,
-                    e.ordering_key, e.ordering_stream, e.ordering_seq),
-            ledger AS (
-                INSERT INTO @s.modkit_outbox_attempts
-                    (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
-                SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'delivered', u.attempts, p_worker, v_lease.token,
-                    u.claimed_at, v_now, NULL
-                FROM upd u)
-            SELECT pg_catalog.array_cat(v_settled, pg_catalog.array_agg(u.id)),
-                pg_catalog.array_cat(v_keyed_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
-                pg_catalog.array_cat(v_keyed_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL)),
-                pg_catalog.array_cat(v_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
-                pg_catalog.array_cat(v_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL))
-            INTO v_settled, v_keyed_streams, v_keyed_seqs, v_streams, v_seqs
-            FROM upd u;
-        END LOOP;
-    END IF;
+    -- 2. The deliveries of kept events under a lease token that at least
+    -- eight of them share (a claim without chains draws one token for all
+    -- its events, migration 0016; a chained claim one for each event, whose
+    -- outcomes 3 and 4 write): one UPDATE per token. The primary key finds
+    -- the events of the array in id order, and the WHERE clause fences each,
+    -- as the lock in 3 does (leased to p_worker under that token,
+    -- unexpired); an event that is not is left alone and not returned. Each
+    -- written event appends its ledger row. One statement instead of a lock
+    -- and an update by row address (BENCHMARKS.md, "Kept deliveries by
+    -- lease token").
+    FOR v_lease IN SELECT k.token, pg_catalog.array_agg(k.id) AS ids
+        FROM unnest(v_once_ids, v_once_tokens, v_once_outcomes) AS k(id, token, outcome)
+        WHERE k.outcome = 'delivered'
+        GROUP BY k.token HAVING count(*) >= 8 ORDER BY k.token
+    LOOP
+        WITH upd AS (
+            UPDATE @s.modkit_outbox_events AS e SET
+                status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL,
+                ledger_seq = e.ledger_seq + 1, updated_at = v_now
+            WHERE e.id = ANY(v_lease.ids) AND e.lease_token = v_lease.token AND e.locked_by = p_worker
+              AND e.status = 'processing' AND coalesce(e.locked_until, '-infinity'::timestamptz) > v_now
+            RETURNING e.id, e.ledger_seq, e.namespace, e.topic, e.claimed_at, e.attempts,
+                e.ordering_key, e.ordering_stream, e.ordering_seq),
+        ledger AS (
+            INSERT INTO @s.modkit_outbox_attempts
+                (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
+            SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'delivered', u.attempts, p_worker, v_lease.token,
+                u.claimed_at, v_now, NULL
+            FROM upd u)
+        SELECT pg_catalog.array_cat(v_settled, pg_catalog.array_agg(u.id)),
+            pg_catalog.array_cat(v_keyed_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
+            pg_catalog.array_cat(v_keyed_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL)),
+            pg_catalog.array_cat(v_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
+            pg_catalog.array_cat(v_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL))
+        INTO v_settled, v_keyed_streams, v_keyed_seqs, v_streams, v_seqs
+        FROM upd u;
+        v_shared := v_shared || v_lease.token;
+    END LOOP;
 
     -- 3. The other outcomes: the events still leased to p_worker under the
-    -- token presented, unexpired, locked, by id; those to delete apart.
+    -- token presented, unexpired, locked, in id order; those to delete
+    -- apart.
     SELECT pg_catalog.array_agg(l.tid) FILTER (WHERE a.outcome <> 'delivered_deleted'),
         pg_catalog.array_agg(a.token) FILTER (WHERE a.outcome <> 'delivered_deleted'),
         pg_catalog.array_agg(a.outcome) FILTER (WHERE a.outcome <> 'delivered_deleted'),
@@ -163,10 +162,11 @@ BEGIN
         pg_catalog.array_agg(l.tid) FILTER (WHERE a.outcome = 'delivered_deleted'),
         pg_catalog.array_agg(a.token) FILTER (WHERE a.outcome = 'delivered_deleted')
     INTO v_tids, v_tokens, v_outcomes, v_errors, v_delays, v_del_tids, v_del_tokens
-    FROM (SELECT DISTINCT ON (o.id) o.id, o.token, o.outcome, o.err, o.delay_ms
-          FROM unnest(v_rest_ids, v_rest_tokens, v_rest_outcomes, v_rest_errors, v_rest_delays) WITH ORDINALITY
-              AS o(id, token, outcome, err, delay_ms, ord)
-          ORDER BY o.id, o.ord) a
+    FROM (SELECT o.id, o.token, o.outcome, o.err, o.delay_ms
+          FROM unnest(v_once_ids, v_once_tokens, v_once_outcomes, v_once_errors, v_once_delays)
+              AS o(id, token, outcome, err, delay_ms)
+          WHERE NOT coalesce(o.outcome = 'delivered' AND o.token = ANY(v_shared), false)
+          ORDER BY o.id) a
     CROSS JOIN LATERAL (
         SELECT e.ctid AS tid FROM @s.modkit_outbox_events e
         WHERE e.id = a.id AND e.lease_token = a.token AND e.locked_by = p_worker

@@ -504,63 +504,82 @@ func TestReleaseHeld(t *testing.T) {
 }
 
 // One outcome write may carry events of several claims, so of several lease
-// tokens (since migration 0019 each token's kept deliveries are one UPDATE
-// that fences every event in its WHERE clause). Every event is written under
-// its own token or not at all: a delivery presented with another claim's
-// token, or after its lease expired, changes nothing; the first outcome
-// given for an event is the one recorded; each written event has one
-// ledger row.
+// tokens (since migration 0019 the kept deliveries under a token that at
+// least eight of them share are one UPDATE, which fences every event in its
+// WHERE clause; the others are locked first, as before). Every event is
+// written under its own token or not at all: a delivery presented with
+// another claim's token, or after its lease expired, changes nothing; the
+// first outcome given for an event is the one recorded; each written event
+// has one ledger row.
 func TestCompleteAcrossLeaseTokens(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	insertN(t, s, pool, "test", "events", 6)
+	insertN(t, s, pool, "test", "events", 22)
 	worker := uuid.New()
-	a := claim(t, s, 3, 5, worker)
-	b := claim(t, s, 3, 5, worker)
-	if len(a) != 3 || len(b) != 3 || a[0].LeaseToken == b[0].LeaseToken {
-		t.Fatalf("claims: %d and %d events, tokens %v and %v; want two claims of 3 with their own tokens", len(a), len(b), a[0].LeaseToken, b[0].LeaseToken)
+	a := claim(t, s, 10, 5, worker)
+	b := claim(t, s, 10, 5, worker)
+	c := claim(t, s, 2, 5, worker) // too few to share a token: locked first
+	if len(a) != 10 || len(b) != 10 || len(c) != 2 || a[0].LeaseToken == b[0].LeaseToken {
+		t.Fatalf("claims of %d, %d and %d events, tokens %v and %v; want 10, 10 and 2 with their own tokens",
+			len(a), len(b), len(c), a[0].LeaseToken, b[0].LeaseToken)
 	}
-	expireLease(t, pool, a[2].ID)
-	wrongToken := outcome(a[1], driver.Delivered)
-	wrongToken.LeaseToken = b[1].LeaseToken
-	settled := complete(t, s, worker,
-		outcome(b[0], driver.Delivered),
-		outcome(a[0], driver.Delivered),
+	expireLease(t, pool, a[9].ID)
+	wrongToken := outcome(a[8], driver.Delivered)
+	wrongToken.LeaseToken = b[0].LeaseToken // among b's deliveries, under b's token
+	var outcomes []driver.Outcome
+	want := map[uuid.UUID]string{}
+	for i, e := range b {
+		kind, status := driver.Delivered, "delivered"
+		if i == 1 {
+			kind, status = driver.Retry, "pending"
+		}
+		outcomes = append(outcomes, outcome(e, kind))
+		want[e.ID] = status
+	}
+	for _, e := range a[:8] {
+		outcomes = append(outcomes, outcome(e, driver.Delivered))
+		want[e.ID] = "delivered"
+	}
+	outcomes = append(outcomes,
 		wrongToken,                      // another claim's token: refused
-		outcome(a[2], driver.Delivered), // lease expired: refused
-		outcome(b[1], driver.Retry),
-		outcome(a[0], driver.Dead), // a second outcome for a[0]: the first wins
-		outcome(b[2], driver.Delivered),
-	)
-	if want := []bool{true, true, false, false, true, true, true}; !slices.Equal(settled, want) {
-		t.Fatalf("settled %v, want %v", settled, want)
+		outcome(a[9], driver.Delivered), // lease expired: refused
+		outcome(a[0], driver.Dead),      // a second outcome for a[0]: the first wins
+		outcome(c[0], driver.Delivered),
+		outcome(c[1], driver.Delivered))
+	want[a[8].ID], want[a[9].ID], want[c[0].ID], want[c[1].ID] = "processing", "processing", "delivered", "delivered"
+	settled := complete(t, s, worker, outcomes...)
+	for i, o := range outcomes {
+		// Settled is per event: the second outcome for a[0] reports a[0]'s.
+		if wantSettled := want[o.ID] != "processing"; settled[i] != wantSettled {
+			t.Errorf("outcome %d (%v, kind %d): settled %v, want %v", i, o.ID, o.Kind, settled[i], wantSettled)
+		}
 	}
-	for _, w := range []struct {
-		c        driver.Claimed
-		status   string
-		outcomes []string
-	}{
-		{a[0], "delivered", []string{"delivered"}},
-		{a[1], "processing", nil},
-		{a[2], "processing", nil},
-		{b[0], "delivered", []string{"delivered"}},
-		{b[1], "pending", []string{"retry"}},
-		{b[2], "delivered", []string{"delivered"}},
-	} {
-		e := get(t, s, w.c.ID)
-		h, err := s.History(ctx, w.c.ID)
+	claimed := map[uuid.UUID]driver.Claimed{}
+	for _, e := range append(append(append([]driver.Claimed{}, a...), b...), c...) {
+		claimed[e.ID] = e
+	}
+	for id, status := range want {
+		e := get(t, s, id)
+		h, err := s.History(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var got []string
 		for _, r := range h {
 			got = append(got, r.Outcome)
-			if r.LeaseToken == nil || *r.LeaseToken != w.c.LeaseToken || r.Worker == nil || *r.Worker != worker || r.Attempt != 1 {
-				t.Errorf("event %v: ledger row %+v, want its own lease token, the worker and attempt 1", w.c.ID, r)
+			if r.LeaseToken == nil || *r.LeaseToken != claimed[id].LeaseToken || r.Worker == nil || *r.Worker != worker || r.Attempt != 1 {
+				t.Errorf("event %v: ledger row %+v, want its own lease token, the worker and attempt 1", id, r)
 			}
 		}
-		if e.Status != w.status || !slices.Equal(got, w.outcomes) {
-			t.Errorf("event %v: status %s, history %v; want %s, %v", w.c.ID, e.Status, got, w.status, w.outcomes)
+		wantHistory := []string{status}
+		switch status {
+		case "processing":
+			wantHistory = nil
+		case "pending":
+			wantHistory = []string{"retry"}
+		}
+		if e.Status != status || !slices.Equal(got, wantHistory) {
+			t.Errorf("event %v: status %s, history %v; want %s, %v", id, e.Status, got, status, wantHistory)
 		}
 	}
 }
