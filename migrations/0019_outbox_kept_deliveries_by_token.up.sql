@@ -5,8 +5,8 @@
 -- its WHERE clause: leased to the caller under that token, unexpired. It
 -- replaces, for those events, the lock by id (a LATERAL lookup with FOR
 -- UPDATE) followed by an update by row address that 0011 introduced, and
--- saves the second visit of each row: about 1.5 us of a 24 us outcome write
--- an event (BENCHMARKS.md, "Kept deliveries by lease token"). A claim
+-- saves the second visit of each row: about a tenth of an outcome write's
+-- time (BENCHMARKS.md, "Kept deliveries by lease token"). A claim
 -- without chains draws one lease token for all its events (migration
 -- 0016), so an outcome write of a claim's events is usually one statement.
 -- A chained claim draws a token for each event: deliveries under a token
