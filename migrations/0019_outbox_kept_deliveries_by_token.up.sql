@@ -121,35 +121,38 @@ BEGIN
     -- unexpired); an event that is not is left alone and not returned. Each
     -- written event appends its ledger row. One statement instead of a lock
     -- and an update by row address (BENCHMARKS.md, "Kept deliveries by
-    -- lease token").
-    FOR v_lease IN SELECT k.token, pg_catalog.array_agg(k.id) AS ids
-        FROM unnest(v_once_ids, v_once_tokens, v_once_outcomes) AS k(id, token, outcome)
-        WHERE k.outcome = 'delivered'
-        GROUP BY k.token HAVING count(*) >= 8 ORDER BY k.token
-    LOOP
-        WITH upd AS (
-            UPDATE @s.modkit_outbox_events AS e SET
-                status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL,
-                ledger_seq = e.ledger_seq + 1, updated_at = v_now
-            WHERE e.id = ANY(v_lease.ids) AND e.lease_token = v_lease.token AND e.locked_by = p_worker
-              AND e.status = 'processing' AND coalesce(e.locked_until, '-infinity'::timestamptz) > v_now
-            RETURNING e.id, e.ledger_seq, e.namespace, e.topic, e.claimed_at, e.attempts,
-                e.ordering_key, e.ordering_stream, e.ordering_seq),
-        ledger AS (
-            INSERT INTO @s.modkit_outbox_attempts
-                (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
-            SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'delivered', u.attempts, p_worker, v_lease.token,
-                u.claimed_at, v_now, NULL
-            FROM upd u)
-        SELECT pg_catalog.array_cat(v_settled, pg_catalog.array_agg(u.id)),
-            pg_catalog.array_cat(v_keyed_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
-            pg_catalog.array_cat(v_keyed_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL)),
-            pg_catalog.array_cat(v_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
-            pg_catalog.array_cat(v_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL))
-        INTO v_settled, v_keyed_streams, v_keyed_seqs, v_streams, v_seqs
-        FROM upd u;
-        v_shared := v_shared || v_lease.token;
-    END LOOP;
+    -- lease token"). A write of fewer than eight events (low rates) has no
+    -- such token and skips the grouping.
+    IF cardinality(v_once_ids) >= 8 THEN
+        FOR v_lease IN SELECT k.token, pg_catalog.array_agg(k.id) AS ids
+            FROM unnest(v_once_ids, v_once_tokens, v_once_outcomes) AS k(id, token, outcome)
+            WHERE k.outcome = 'delivered'
+            GROUP BY k.token HAVING count(*) >= 8 ORDER BY k.token
+        LOOP
+            WITH upd AS (
+                UPDATE @s.modkit_outbox_events AS e SET
+                    status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL,
+                    ledger_seq = e.ledger_seq + 1, updated_at = v_now
+                WHERE e.id = ANY(v_lease.ids) AND e.lease_token = v_lease.token AND e.locked_by = p_worker
+                  AND e.status = 'processing' AND coalesce(e.locked_until, '-infinity'::timestamptz) > v_now
+                RETURNING e.id, e.ledger_seq, e.namespace, e.topic, e.claimed_at, e.attempts,
+                    e.ordering_key, e.ordering_stream, e.ordering_seq),
+            ledger AS (
+                INSERT INTO @s.modkit_outbox_attempts
+                    (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
+                SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'delivered', u.attempts, p_worker, v_lease.token,
+                    u.claimed_at, v_now, NULL
+                FROM upd u)
+            SELECT pg_catalog.array_cat(v_settled, pg_catalog.array_agg(u.id)),
+                pg_catalog.array_cat(v_keyed_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
+                pg_catalog.array_cat(v_keyed_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL)),
+                pg_catalog.array_cat(v_streams, pg_catalog.array_agg(u.ordering_stream) FILTER (WHERE u.ordering_key IS NOT NULL)),
+                pg_catalog.array_cat(v_seqs, pg_catalog.array_agg(u.ordering_seq) FILTER (WHERE u.ordering_key IS NOT NULL))
+            INTO v_settled, v_keyed_streams, v_keyed_seqs, v_streams, v_seqs
+            FROM upd u;
+            v_shared := v_shared || v_lease.token;
+        END LOOP;
+    END IF;
 
     -- 3. The other outcomes: the events still leased to p_worker under the
     -- token presented, unexpired, locked, in id order; those to delete
