@@ -137,8 +137,15 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	return m, errors.Join(errs...)
 }
 
+// topicAttrs are the attributes of a topic's measurements.
+func topicAttrs(t Topic) metric.MeasurementOption {
+	return metric.WithAttributes(attribute.String("namespace", t.Namespace), attribute.String("topic", t.Topic))
+}
+
+// topicAttrs returns the attributes of the topic's measurements, built once
+// per registered topic.
 func (m *metrics) topicAttrs(namespace, topic string) metric.MeasurementOption {
-	return metric.WithAttributes(attribute.String("namespace", namespace), attribute.String("topic", topic))
+	return m.d.reg.telemetryOf(Topic{namespace, topic}).attrs
 }
 
 func (m *metrics) observe(r result, o Outcome) {

@@ -83,6 +83,21 @@ func TestHeadersAndTraceContext(t *testing.T) {
 		t.Fatalf("publish span: parent %s trace %s, want the enqueue span %s in trace %s", publish.Parent().SpanID(),
 			publish.SpanContext().TraceID(), enqueue.SpanContext().SpanID(), want)
 	}
+	// A recording publish span carries the topic's attributes from its
+	// start and the event's id and attempt.
+	attrs := map[string]string{}
+	for _, a := range publish.Attributes() {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	for k, v := range map[string]string{
+		"messaging.system": "modkit-outbox", "messaging.operation.type": "process",
+		"messaging.destination.name": testTopic.Namespace + ":" + testTopic.Topic,
+		"messaging.message.id":       res.ID.String(), "modkit_outbox.attempt": "1",
+	} {
+		if attrs[k] != v {
+			t.Errorf("publish span attribute %s = %q, want %q (all: %v)", k, attrs[k], v, attrs)
+		}
+	}
 }
 
 func TestInvalidHeaders(t *testing.T) {

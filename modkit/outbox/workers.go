@@ -613,7 +613,7 @@ func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
 	res := result{c: c, started: time.Now()}
 	p := d.reg.byKey[Topic{m.Namespace, m.Topic}.key()]
 	res.pub = p
-	ctx, span := startPublishSpan(ctx, m)
+	ctx, span := startPublishSpan(ctx, m, d.reg.telemetryOf(Topic{m.Namespace, m.Topic}).spanOptions)
 	if p.HandleTx != nil {
 		res.kind, res.err = d.handleTx(ctx, p, m)
 	} else {

@@ -350,11 +350,16 @@ func (s *store) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claim
 	}
 	defer rows.Close()
 	out := make([]driver.Claimed, 0, p.Limit)
+	// The scan targets live across rows (handed to Scan as interfaces,
+	// they escape: declared per row they cost seven allocations a row)
+	// and are zeroed before each row, so that no pointer or slice a
+	// claimed event keeps is scanned into again.
+	var c driver.Claimed
+	var id, tenant, token pgtype.UUID
+	var headers []byte
+	var seq *int64
 	for rows.Next() {
-		var c driver.Claimed
-		var id, tenant, token pgtype.UUID
-		var headers []byte
-		var seq *int64
+		c, headers, seq = driver.Claimed{}, nil, nil
 		if err := rows.Scan(&id, &c.Namespace, &c.Topic, &tenant, &c.DedupeKey, &c.Payload, &c.Attempts,
 			&token, &c.LockedTill, &c.CreatedAt, &c.Repaired, &headers, &c.OrderingKey, &seq); err != nil {
 			return nil, err
