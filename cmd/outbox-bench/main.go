@@ -44,7 +44,7 @@
 //
 //	make bench-outbox BENCHFLAGS='-only=dispatch,scale -events=500000'
 //	go run ./cmd/outbox-bench -json > bench.json
-//	go run ./cmd/outbox-bench -only=dispatch -cpuprofile=cpu.out -explain
+//	go run ./cmd/outbox-bench -only=dispatch -cpuprofile=cpu.out -memprofile=mem.out -explain
 package main
 
 import (
@@ -93,6 +93,7 @@ type options struct {
 	payload            int
 	json               bool
 	cpuprofile         string
+	memprofile         string
 	explain            bool
 	verbose            bool
 }
@@ -154,6 +155,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.payload, "payload", 128, "approximate payload size in bytes")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON instead of a table")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (the client side: dispatcher, producers) to this file")
+	fs.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the whole run's allocations (go tool pprof -sample_index=alloc_space) to this file at its end")
 	fs.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim, outcome and raw ack statements before every drain, to stderr")
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatcher's info messages too")
 	fs.Usage = func() {
@@ -320,6 +322,12 @@ func run(args []string) int {
 	}
 
 	code := b.runAll(ctx)
+	if opts.memprofile != "" {
+		if err := writeHeapProfile(opts.memprofile); err != nil {
+			fmt.Fprintln(os.Stderr, "outbox-bench:", err)
+			code = 1
+		}
+	}
 	b.report.Params = b.opts.params() // after runAll resolved the library's defaults
 	b.report.Elapsed = time.Since(b.report.Started).Round(time.Second).String()
 	b.report.Machine["load_end"] = loadAverage()
@@ -374,4 +382,18 @@ func (b *bench) runAll(ctx context.Context) int {
 		b.log.Info("workload "+w.name+" done", "took", time.Since(start).Round(time.Second))
 	}
 	return code
+}
+
+// writeHeapProfile writes the allocations since the start (and what is
+// live) to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

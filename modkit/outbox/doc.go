@@ -151,7 +151,11 @@
 // enqueue" span; the dispatcher restores that context into the publish ctx
 // under an "outbox publish" span, so one trace covers the request that
 // committed the event and every attempt to publish it (spans go to the
-// global TracerProvider, otel.SetTracerProvider).
+// global TracerProvider, otel.SetTracerProvider). A publish span starts
+// with messaging.system, messaging.operation.type and
+// messaging.destination.name ("namespace:topic"), which a sampler sees; a
+// span that records also gets messaging.message.id and
+// modkit_outbox.attempt.
 //
 // # Metrics
 //

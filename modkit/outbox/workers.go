@@ -242,13 +242,15 @@ func (p *workerPool) submit(batch []claimed, deadline time.Time) {
 
 // chainUnits splits a claim's events (in claim order) into units: each
 // event without an ordering key alone, and the events of one ordering key
-// together, in sequence, placed where the key's first event was.
+// together, in sequence, placed where the key's first event was. A unit of
+// one event without a key is batch's own element (a slice of length and
+// capacity one), not a copy.
 func chainUnits(batch []claimed) [][]claimed {
 	units := make([][]claimed, 0, len(batch))
 	var byKey map[[3]string]int
-	for _, c := range batch {
+	for i, c := range batch {
 		if c.d.OrderingKey == "" {
-			units = append(units, []claimed{c})
+			units = append(units, batch[i:i+1:i+1])
 			continue
 		}
 		if byKey == nil {
