@@ -153,8 +153,9 @@ type rawLoop struct {
 	workers, batch int
 	claim          string // parameters as the library's claim
 	ack            string
-	// ackArgs gives the ack's arguments; nil means the id array alone.
-	ackArgs  func(ids, tokens []pgtype.UUID) []any
+	// ackArgs gives the ack's arguments from the claiming worker and the
+	// claimed ids and lease tokens; nil means the id array alone.
+	ackArgs  func(worker pgtype.UUID, ids, tokens []pgtype.UUID) []any
 	settings map[string]string // session settings
 }
 
@@ -187,7 +188,8 @@ func (b *bench) drainRaw(ctx context.Context, n int, loop rawLoop) (drainResult,
 				return
 			}
 			defer conn.Release()
-			args := b.claimParams(loop.batch, pgtype.UUID{Bytes: uuid.New(), Valid: true})
+			worker := pgtype.UUID{Bytes: uuid.New(), Valid: true}
+			args := b.claimParams(loop.batch, worker)
 			ids := make([]pgtype.UUID, 0, loop.batch)
 			tokens := make([]pgtype.UUID, 0, loop.batch)
 			// The rows are decoded into the types the driver's Claim uses.
@@ -214,7 +216,7 @@ func (b *bench) drainRaw(ctx context.Context, n int, loop rawLoop) (drainResult,
 				}
 				args := []any{ids}
 				if loop.ackArgs != nil {
-					args = loop.ackArgs(ids, tokens)
+					args = loop.ackArgs(worker, ids, tokens)
 				}
 				if _, errs[w] = conn.Exec(ctx, loop.ack, args...); errs[w] != nil {
 					return

@@ -89,12 +89,12 @@ func (b *bench) runExperiments(ctx context.Context) error {
 			loop: with(func(l *rawLoop) { l.claim, l.ack = asyncClaim, asyncAck })},
 		{name: "ack with the library's fenced outcome statement", loop: with(func(l *rawLoop) {
 			l.ack = completeSQL
-			l.ackArgs = func(ids, tokens []pgtype.UUID) []any {
+			l.ackArgs = func(worker pgtype.UUID, ids, tokens []pgtype.UUID) []any {
 				outcomes, errs, delays := make([]string, len(ids)), make([]*string, len(ids)), make([]int64, len(ids))
 				for i := range outcomes {
 					outcomes[i] = string(outbox.StatusDelivered)
 				}
-				return []any{ids, tokens, outcomes, errs, delays}
+				return []any{worker, ids, tokens, outcomes, errs, delays}
 			}
 		})},
 		{name: "batch 100", loop: with(func(l *rawLoop) { l.batch = 100 })},
@@ -364,7 +364,9 @@ ON CONFLICT (namespace, topic, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHI
 		{"the library's batch INSERT run raw (ON CONFLICT, RETURNING; no Go validation, no NOTIFY)", func(ctx context.Context, tx pgx.Tx, msgs []outbox.Message) error {
 			args, err := arrays(msgs)
 			if err == nil {
-				_, err = tx.Exec(ctx, batchSQL, args...)
+				// The function's other arrays: the topics to announce (none),
+				// headers and ordering keys (none, one NULL per row).
+				_, err = tx.Exec(ctx, batchSQL, append(args, []string(nil), make([]*string, len(msgs)), make([]*string, len(msgs)))...)
 			}
 			return err
 		}},

@@ -97,6 +97,14 @@ func (b *bench) librarySQL(ctx context.Context) (claim, complete string, err err
 	return claim, complete, err
 }
 
+// libraryClaimArgs are the arguments of the library's claim function
+// (modkit_outbox_claim_chained): worker, topics, limit, max attempts,
+// lease, topics that skip dead heads (none) and chain lengths (none).
+func (b *bench) libraryClaimArgs(limit int, worker uuid.UUID) []any {
+	return []any{worker, []string{benchTopic.Namespace + ":" + benchTopic.Topic}, limit, b.defaults.MaxAttempts,
+		b.defaults.LeaseDuration, []string(nil), []int32(nil)}
+}
+
 // explainHotPath prints EXPLAIN (ANALYZE, BUFFERS) of the library's claim
 // and outcome statements and of the baseline's ack, on the table as the
 // next drain will find it, to stderr. The statements run in a transaction
@@ -119,7 +127,8 @@ func (b *bench) explain(ctx context.Context, label string) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	claimArgs := b.claimParams(b.opts.batch, uuid.New())
+	worker := uuid.New()
+	claimArgs := b.libraryClaimArgs(b.opts.batch, worker)
 	show := func(title, sql string, args ...any) error {
 		return printExplain(ctx, tx, label+": "+title, sql, args...)
 	}
@@ -154,7 +163,7 @@ func (b *bench) explain(ctx context.Context, label string) error {
 	for i := range outcomes {
 		outcomes[i] = string(outbox.StatusDelivered)
 	}
-	if err := show(fmt.Sprintf("outcome of %d deliveries (library)", len(ids)), completeSQL, ids, tokens, outcomes, errs, delays); err != nil {
+	if err := show(fmt.Sprintf("outcome of %d deliveries (library)", len(ids)), completeSQL, worker, ids, tokens, outcomes, errs, delays); err != nil {
 		return err
 	}
 	if ids, _, err = claim(); err != nil {
@@ -193,13 +202,13 @@ func (b *bench) explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim
 		return err
 	}
 	name := "outbox_bench_claim_" + strings.ReplaceAll(uuid.NewString(), "-", "")
-	if _, err := tx.Exec(ctx, "PREPARE "+name+" (int, text[], bigint, uuid, interval) AS "+claim); err != nil {
+	if _, err := tx.Exec(ctx, "PREPARE "+name+" (uuid, text[], int, int, interval, text[], int[]) AS "+claim); err != nil {
 		return err
 	}
 	// PREPARE outlives the transaction.
 	defer func() { _, _ = tx.Conn().Exec(context.WithoutCancel(ctx), "DEALLOCATE "+name) }()
-	exec := fmt.Sprintf("EXECUTE %s(%d, '{%s:%s}', %d, gen_random_uuid(), '%s')", name,
-		b.defaults.MaxAttempts, benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.LeaseDuration)
+	exec := fmt.Sprintf("EXECUTE %s(gen_random_uuid(), '{%s:%s}', %d, %d, '%s', NULL, NULL)", name,
+		benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.MaxAttempts, b.defaults.LeaseDuration)
 	if err := printExplain(ctx, tx, fmt.Sprintf("%s: claim, batch %d (library), generic plan", label, batch), exec); err != nil {
 		return err
 	}

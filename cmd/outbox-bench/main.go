@@ -156,7 +156,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON instead of a table")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run (the client side: dispatcher, producers) to this file")
 	fs.StringVar(&o.memprofile, "memprofile", "", "write a heap profile of the whole run's allocations (go tool pprof -sample_index=alloc_space) to this file at its end")
-	fs.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim, outcome and raw ack statements before every drain, to stderr")
+	fs.BoolVar(&o.explain, "explain", false, "print EXPLAIN (ANALYZE, BUFFERS) of the claim, outcome and raw ack statements before every drain, to stderr (the library's claim and outcome are function calls: their time and buffers, not the plans inside)")
 	fs.BoolVar(&o.verbose, "v", false, "log the dispatcher's info messages too")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: go run ./cmd/outbox-bench [flags]\n\nBenchmarks modkit/outbox against PostgreSQL and prints one table. Workloads: %s.\n\n",
