@@ -179,7 +179,7 @@ func (b *bench) explainCustomClaim(ctx context.Context, name, claim string, sett
 		return err
 	}
 	if settings["plan_cache_mode"] == "" {
-		return b.explainGenericClaim(ctx, tx, fmt.Sprintf("experiment %q", name), claim)
+		return b.explainGenericClaim(ctx, tx, fmt.Sprintf("experiment %q", name), claim, false)
 	}
 	return nil
 }

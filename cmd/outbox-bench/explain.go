@@ -152,7 +152,7 @@ func (b *bench) explain(ctx context.Context, label string) error {
 	if err := show(fmt.Sprintf("claim, batch %d (library), custom plan", b.opts.batch), claimSQL, claimArgs...); err != nil {
 		return err
 	}
-	if err := b.explainGenericClaim(ctx, tx, label, claimSQL); err != nil {
+	if err := b.explainGenericClaim(ctx, tx, label, claimSQL, true); err != nil {
 		return err
 	}
 	ids, tokens, err := claim()
@@ -195,20 +195,28 @@ func printExplain(ctx context.Context, q pgx.Tx, title, sql string, args ...any)
 // explainGenericClaim prints the generic plan of claim, batch -batch: the
 // plan a prepared statement (pgx's default statement cache) switches to
 // after five executions when the planner thinks it no worse than the
-// custom ones. It runs in tx, which the caller rolls back.
-func (b *bench) explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim string) error {
+// custom ones. It runs in tx, which the caller rolls back. claim takes
+// libraryClaimArgs when libraryCall is set (the library's claim function),
+// else claimParams (the raw claims).
+func (b *bench) explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim string, libraryCall bool) error {
 	batch := b.opts.batch
 	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
 		return err
 	}
 	name := "outbox_bench_claim_" + strings.ReplaceAll(uuid.NewString(), "-", "")
-	if _, err := tx.Exec(ctx, "PREPARE "+name+" (uuid, text[], int, int, interval, text[], int[]) AS "+claim); err != nil {
+	// The raw claims take claimParams; the library's claim function takes
+	// libraryClaimArgs.
+	types, exec := "(int, text[], bigint, uuid, interval)", fmt.Sprintf("EXECUTE %s(%d, '{%s:%s}', %d, gen_random_uuid(), '%s')",
+		name, b.defaults.MaxAttempts, benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.LeaseDuration)
+	if libraryCall {
+		types, exec = "(uuid, text[], int, int, interval, text[], int[])", fmt.Sprintf("EXECUTE %s(gen_random_uuid(), '{%s:%s}', %d, %d, '%s', NULL, NULL)",
+			name, benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.MaxAttempts, b.defaults.LeaseDuration)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE "+name+" "+types+" AS "+claim); err != nil {
 		return err
 	}
 	// PREPARE outlives the transaction.
 	defer func() { _, _ = tx.Conn().Exec(context.WithoutCancel(ctx), "DEALLOCATE "+name) }()
-	exec := fmt.Sprintf("EXECUTE %s(gen_random_uuid(), '{%s:%s}', %d, %d, '%s', NULL, NULL)", name,
-		benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.MaxAttempts, b.defaults.LeaseDuration)
 	if err := printExplain(ctx, tx, fmt.Sprintf("%s: claim, batch %d (library), generic plan", label, batch), exec); err != nil {
 		return err
 	}

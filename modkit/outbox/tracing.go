@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"reflect"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
@@ -26,14 +27,18 @@ var traceContext propagation.TraceContext
 // looked up again only when the global provider changes (a provider set,
 // or swapped by a test), since otel.Tracer takes a lock and a map lookup
 // that cost a measurable share of a drain's client CPU when asked per
-// event.
+// event. A provider of a type that cannot be compared (a struct holding a
+// slice, say) is asked every time: only comparable ones are cached, so the
+// comparison below never meets two values of such a type.
 func tracer() trace.Tracer {
 	tp := otel.GetTracerProvider()
 	if c := cachedTracer.Load(); c != nil && c.provider == tp {
 		return c.tracer
 	}
 	t := tp.Tracer(meterName)
-	cachedTracer.Store(&providerTracer{provider: tp, tracer: t})
+	if reflect.TypeOf(tp).Comparable() {
+		cachedTracer.Store(&providerTracer{provider: tp, tracer: t})
+	}
 	return t
 }
 
