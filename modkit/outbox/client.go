@@ -42,8 +42,12 @@ type Config struct {
 	// Events of a transaction that commits long after its enqueue, or after
 	// a rolled-back transaction took the NOTIFY slot, may wait for the
 	// dispatcher's poll. Default 1ms (it was 10ms: at 500 events/s, 1ms
-	// gave a p50 of 1.9ms from commit to publish against 2.6ms, at no
-	// measurable cost to enqueue throughput; BENCHMARKS.md).
+	// gave a p50 of 1.9ms from commit to publish against 2.6ms). Where
+	// commits are slow (a few milliseconds each), notifying commits queue
+	// behind each other: eight producers enqueueing as fast as they could
+	// made about a fifth fewer commits with 1ms than with 10ms on such a
+	// machine. A service that enqueues heavily and can wait a few
+	// milliseconds more for delivery may raise it (BENCHMARKS.md).
 	NotifyInterval time.Duration
 	// DisableNotify stops enqueues from sending NOTIFY at all: dispatchers
 	// then rely on polling alone.
