@@ -66,7 +66,7 @@ func (b *bench) enqueueLoop(ctx context.Context, producers int, dur time.Duratio
 
 // runEnqueue: one event per transaction from concurrent producers.
 func (b *bench) runEnqueue(ctx context.Context) error {
-	lib, err := b.newOutbox(b.env.admin, outbox.Config{})
+	lib, err := b.newOutbox(b.env.admin, outbox.Config{NotifyInterval: b.opts.notifyInterval})
 	if err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 	}
 	b.add(rateRow("enqueue", fmt.Sprintf("1 event/tx, %d producers, %v per round", b.opts.producers, b.opts.duration),
 		runs[0], runs[1], runs[2], "≥ 1.2× River",
-		"Outbox: Client.Enqueue with a tenant and dedupe key (a plain INSERT of the message columns, the enqueue function only for a duplicate; NOTIFY at most every 1 ms per client and topic (Config.NotifyInterval default)); "+
+		"Outbox: Client.Enqueue with a tenant and dedupe key (a plain INSERT of the message columns, the enqueue function only for a duplicate; "+b.notifyNote()+"); "+
 			"River: InsertTx of the same payload, no unique options; raw: a plain INSERT of the outbox row. Each in BEGIN; …; COMMIT."))
 	return nil
 }

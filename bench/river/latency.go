@@ -127,7 +127,7 @@ func (b *bench) latencyOutbox(ctx context.Context, rate int, dur time.Duration) 
 		return latency{}, err
 	}
 	defer ppool.Close()
-	producer, err := b.newOutbox(ppool, outbox.Config{})
+	producer, err := b.newOutbox(ppool, outbox.Config{NotifyInterval: b.opts.notifyInterval})
 	if err != nil {
 		return latency{}, err
 	}
@@ -246,10 +246,10 @@ func (b *bench) runLatency(ctx context.Context) error {
 			vsRiver: "p50 " + ratioText(pick(lib, p50), pick(riv, p50)) + ", p99 " + ratioText(pick(lib, p99), pick(riv, p99)),
 			vsRaw:   "-", target: cmpOr(target, "-"),
 			note: fmt.Sprintf("Second half of each run (steady part): outbox %s; River %s. Rate kept: outbox %s/s, River %s/s (lowest round). "+
-				"Outbox: dispatcher and Client with library defaults (NOTIFY on)%s; River: tuned client, started, inserting by InsertTx. "+
+				"Outbox: dispatcher and Client with library defaults (%s)%s; River: tuned client, started, inserting by InsertTx. "+
 				"%d producers, one event per transaction; a latency ratio below 1 means the outbox is faster.",
 				lateText(lib), lateText(riv), fmtCount(slices.Min(pick(lib, func(l latency) float64 { return l.achieved }))),
-				fmtCount(slices.Min(pick(riv, func(l latency) float64 { return l.achieved }))), batchNote, b.opts.latencyProds)})
+				fmtCount(slices.Min(pick(riv, func(l latency) float64 { return l.achieved }))), b.notifyNote(), batchNote, b.opts.latencyProds)})
 	}
 	return nil
 }

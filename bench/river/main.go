@@ -69,6 +69,7 @@ type options struct {
 	writeEvents     int
 	latencyBatch    int
 	latencyDelete   bool
+	notifyInterval  time.Duration
 	payload         int
 	writeDesigns    []string
 }
@@ -97,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.riverCooldown, "river-fetch-cooldown", time.Millisecond, "River FetchCooldown")
 	fs.IntVar(&o.riverConns, "river-conns", 10, "MaxConns of River's pool")
 	fs.IntVar(&o.latencyBatch, "latency-outbox-batch", 0, "BatchSize of the outbox dispatcher in the latency workload (0: the library's default)")
+	fs.DurationVar(&o.notifyInterval, "notify-interval", 0, "Config.NotifyInterval of the outbox producers of the enqueue and latency workloads (0: the library's default)")
 	fs.BoolVar(&o.latencyDelete, "latency-delete-on-delivery", false, "the outbox publisher of the latency workload deletes events on delivery (Publisher.DeleteOnDelivery)")
 	fs.IntVar(&o.writeEvents, "write-events", 100000, "events per phase of the writes workload")
 	fs.StringVar(&designs, "write-designs", "", "designs of the writes workload to run, comma-separated by their letters (e.g. B,C2,H); empty runs all")
@@ -136,6 +138,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("counts must be positive (and -river-conns at least 2)")
 	case o.duration <= 0, o.latencyDuration <= 0:
 		return o, errors.New("durations must be positive")
+	case o.notifyInterval < 0:
+		return o, errors.New("-notify-interval must not be negative")
 	}
 	return o, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"strconv"
@@ -125,3 +126,12 @@ func (b *bench) newDispatcher(pool *pgxpool.Pool, clientCfg outbox.Config, delet
 
 // since stamps a time as nanoseconds after base, never 0 (0 means unset).
 func since(base time.Time) int64 { return int64(time.Since(base)) + 1 }
+
+// notifyNote says how often the outbox producers of the enqueue and latency
+// workloads send NOTIFY.
+func (b *bench) notifyNote() string {
+	if b.opts.notifyInterval > 0 {
+		return fmt.Sprintf("NOTIFY at most every %v per client and topic (-notify-interval)", b.opts.notifyInterval)
+	}
+	return "NOTIFY at most every 1ms per client and topic (Config.NotifyInterval default)"
+}

@@ -60,31 +60,46 @@ func TestTenantKeys(t *testing.T) {
 }
 
 // The database holds writers that bypass the library to the same rules:
-// names, key length, tenant binding, payload size.
+// names, key length, tenant binding, headers, ordering, payload size. Each
+// refusal names the constraint of the rule broken (since migration 0020 the
+// message rules are one constraint whose function raises the violation under
+// the rule's own name).
 func TestDatabaseChecks(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	tenant := uuid.New()
-	insert := `INSERT INTO modkit_outbox_events (id, namespace, topic, tenant_id, dedupe_key, payload) VALUES (gen_random_uuid(), $1, $2, $3, $4, $5::jsonb)`
-	for name, args := range map[string][]any{
-		"namespace with spaces and SQL":  {"Shop:Order Paid; --", "t", nil, nil, `{}`},
-		"upper-case topic":               {"shop", "OrderPaid", nil, nil, `{}`},
-		"key of 513 bytes":               {"shop", "t", nil, strings.Repeat("k", 513), `{}`},
-		"tenant prefix without tenant":   {"shop", "t", nil, tenant.String() + "/k", `{}`},
-		"bare hex prefix without tenant": {"shop", "t", nil, strings.ReplaceAll(tenant.String(), "-", "") + "/k", `{}`},
-		"another tenant's prefix":        {"shop", "t", uuid.New(), tenant.String() + "/k", `{}`},
-		"non-canonical spelling":         {"shop", "t", tenant, strings.ToUpper(tenant.String()) + "/k", `{}`},
-		"tenant key without prefix":      {"shop", "t", tenant, "k", `{}`},
-		"5 MB payload":                   {"shop", "t", nil, nil, `{"x":"` + strings.Repeat("a", 5<<20) + `"}`},
+	insert := `INSERT INTO modkit_outbox_events (id, namespace, topic, tenant_id, dedupe_key, payload, headers, ordering_seq)
+		VALUES (gen_random_uuid(), $1, $2, $3, $4, $5::jsonb, $6::jsonb, $7)`
+	for name, c := range map[string]struct {
+		args       []any
+		constraint string
+	}{
+		"empty topic":                    {[]any{"shop", "", nil, nil, `{}`, nil, nil}, "names_check"},
+		"namespace with spaces and SQL":  {[]any{"Shop:Order Paid; --", "t", nil, nil, `{}`, nil, nil}, "name_pattern_check"},
+		"upper-case topic":               {[]any{"shop", "OrderPaid", nil, nil, `{}`, nil, nil}, "name_pattern_check"},
+		"empty key":                      {[]any{"shop", "t", nil, "", `{}`, nil, nil}, "dedupe_key_check"},
+		"key of 513 bytes":               {[]any{"shop", "t", nil, strings.Repeat("k", 513), `{}`, nil, nil}, "dedupe_key_length_check"},
+		"tenant prefix without tenant":   {[]any{"shop", "t", nil, tenant.String() + "/k", `{}`, nil, nil}, "tenant_key_check"},
+		"bare hex prefix without tenant": {[]any{"shop", "t", nil, strings.ReplaceAll(tenant.String(), "-", "") + "/k", `{}`, nil, nil}, "tenant_key_check"},
+		"another tenant's prefix":        {[]any{"shop", "t", uuid.New(), tenant.String() + "/k", `{}`, nil, nil}, "tenant_key_check"},
+		"non-canonical spelling":         {[]any{"shop", "t", tenant, strings.ToUpper(tenant.String()) + "/k", `{}`, nil, nil}, "tenant_key_check"},
+		"tenant key without prefix":      {[]any{"shop", "t", tenant, "k", `{}`, nil, nil}, "tenant_key_check"},
+		"headers that are an array":      {[]any{"shop", "t", nil, nil, `{}`, `["a"]`, nil}, "headers_check"},
+		"headers of 70 kB":               {[]any{"shop", "t", nil, nil, `{}`, `{"h":"` + strings.Repeat("a", 70<<10) + `"}`, nil}, "headers_check"},
+		"a sequence without a key":       {[]any{"shop", "t", nil, nil, `{}`, nil, 1}, "ordering_check"},
+		"5 MB payload":                   {[]any{"shop", "t", nil, nil, `{"x":"` + strings.Repeat("a", 5<<20) + `"}`, nil, nil}, "payload_size_check"},
 	} {
-		_, err := pool.Exec(ctx, insert, args...)
+		_, err := pool.Exec(ctx, insert, c.args...)
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
-			t.Errorf("%s: %v, want a check violation (23514)", name, err)
+		if want := "modkit_outbox_events_" + c.constraint; !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != want {
+			t.Errorf("%s: %v, want a check violation (23514) of %s", name, err, want)
 		}
 	}
-	if _, err := pool.Exec(ctx, insert, "shop", "t", tenant, tenant.String()+"/k", `{}`); err != nil {
+	if _, err := pool.Exec(ctx, insert, "shop", "t", tenant, tenant.String()+"/k", `{}`, `{"h":"v"}`, nil); err != nil {
 		t.Fatalf("a valid row: %v", err)
+	}
+	if n := countRows(t, pool, "true"); n != 1 {
+		t.Fatalf("%d rows after the refused inserts and a valid one, want 1", n)
 	}
 }
 

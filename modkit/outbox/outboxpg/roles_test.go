@@ -338,6 +338,37 @@ func TestSearchPathShadowing(t *testing.T) {
 	}
 }
 
+// The rules of the message check (a function since migration 0020) mean
+// what they say whatever the writer's search_path: a writer that puts its own
+// btrim before pg_catalog's does not get a name with a space past the name
+// rule.
+func TestMessageCheckIgnoresTheWritersSearchPath(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	admin := tdb.Provider.Pool
+	mustExec(t, admin, "CREATE SCHEMA evil")
+	mustExec(t, admin, `CREATE FUNCTION evil.btrim(text, text) RETURNS text LANGUAGE sql AS $$ SELECT ''::text $$`)
+	mustExec(t, admin, "GRANT USAGE ON SCHEMA evil TO PUBLIC")
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = "evil, pg_catalog, public"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var trimmed string
+	if err := pool.QueryRow(ctx, "SELECT btrim('shop x', 'abc')").Scan(&trimmed); err != nil || trimmed != "" {
+		t.Fatalf("the shadowing btrim is not in effect: %q %v", trimmed, err)
+	}
+	_, err = pool.Exec(ctx, `INSERT INTO modkit_outbox_events (id, namespace, topic, payload) VALUES (gen_random_uuid(), 'shop x', 't', '{}')`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "modkit_outbox_events_name_pattern_check" {
+		t.Fatalf("a namespace with a space, written with a shadowing btrim: %v, want a violation of modkit_outbox_events_name_pattern_check", err)
+	}
+}
+
 // Store B cannot settle store A's lease, even with A's token: the batch
 // path records nothing, and a single outcome in a transaction fails with
 // ErrLeaseLost (SQLSTATE P7002). An outcome a worker may not record is
