@@ -37,8 +37,11 @@ BEGIN
     EXECUTE replace($function$
 -- Whether a new event's message columns keep the rules of migration 0018's
 -- checks; raises the check violation of the first rule broken, naming that
--- rule's constraint. A rule holds when it is true or unknown (NULL), as a
--- CHECK constraint does. Called by modkit_outbox_events_message_check.
+-- rule's constraint. The rules are tried in the order PostgreSQL evaluated
+-- the seven constraints (by name), so a row that breaks several is refused
+-- under the name it was refused under before. A rule holds when it is true
+-- or unknown (NULL), as a CHECK constraint does. Called by
+-- modkit_outbox_events_message_check.
 CREATE FUNCTION @s.modkit_outbox_message_ok(
     p_namespace text, p_topic text, p_tenant_id uuid, p_dedupe_key text,
     p_headers_type text, p_headers_size int, p_ordering_key text, p_ordering_seq bigint)
@@ -47,10 +50,12 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp A
 DECLARE
     v_broken text;
 BEGIN
-    IF (p_namespace <> '' AND p_topic <> '') IS FALSE THEN
-        v_broken := 'names_check';
-    ELSIF (p_dedupe_key IS NULL OR p_dedupe_key <> '') IS FALSE THEN
+    IF (p_dedupe_key IS NULL OR p_dedupe_key <> '') IS FALSE THEN
         v_broken := 'dedupe_key_check';
+    ELSIF (octet_length(p_dedupe_key) <= 512) IS FALSE THEN
+        v_broken := 'dedupe_key_length_check';
+    ELSIF (p_headers_type IS NULL OR (p_headers_type = 'object' AND p_headers_size <= 65536)) IS FALSE THEN
+        v_broken := 'headers_check';
     ELSIF (octet_length(p_namespace) BETWEEN 1 AND 128
             AND btrim(p_namespace, 'abcdefghijklmnopqrstuvwxyz0123456789._-') = ''
             AND strpos('abcdefghijklmnopqrstuvwxyz0123456789', left(p_namespace, 1)) > 0
@@ -58,14 +63,12 @@ BEGIN
             AND btrim(p_topic, 'abcdefghijklmnopqrstuvwxyz0123456789._-') = ''
             AND strpos('abcdefghijklmnopqrstuvwxyz0123456789', left(p_topic, 1)) > 0) IS FALSE THEN
         v_broken := 'name_pattern_check';
-    ELSIF (octet_length(p_dedupe_key) <= 512) IS FALSE THEN
-        v_broken := 'dedupe_key_length_check';
+    ELSIF (p_namespace <> '' AND p_topic <> '') IS FALSE THEN
+        v_broken := 'names_check';
     ELSIF ((p_ordering_key IS NULL) = (p_ordering_seq IS NULL)
             AND (p_ordering_key IS NULL
                 OR (p_ordering_key <> '' AND octet_length(p_ordering_key) <= 256 AND p_ordering_seq > 0))) IS FALSE THEN
         v_broken := 'ordering_check';
-    ELSIF (p_headers_type IS NULL OR (p_headers_type = 'object' AND p_headers_size <= 65536)) IS FALSE THEN
-        v_broken := 'headers_check';
     ELSIF (p_dedupe_key IS NULL
             OR CASE WHEN p_tenant_id IS NULL
                 THEN p_dedupe_key !~* '^([0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/'
