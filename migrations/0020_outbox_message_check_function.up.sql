@@ -15,9 +15,12 @@
 -- (pgbench, local PostgreSQL 15, asynchronous commits; BENCHMARKS.md,
 -- "The checks' fixed cost"). With one short expression and a function,
 -- whose body PL/pgSQL parses once a session: 9,900-11,600 and
--- 13,400-15,200/s. Enqueues of one event, claims and outcome writes at
--- moderate rates are such statements. A statement of many rows (COPY,
--- a drain's claim) costs as before: a row's check costs about what it did.
+-- 13,400-15,200/s (and, in later rounds of this function as written here,
+-- one-row INSERTs at 10,300-13,200/s against the seven checks'
+-- 8,200-9,600/s). Enqueues of one event, claims and outcome writes at
+-- moderate rates are such statements. A row of a statement of many rows
+-- (COPY, a drain's claim) costs no more than before: 100-row INSERTs ran
+-- at 57,700-71,400 rows/s against 44,000-58,900.
 --
 -- The rules, each as migration 0018 wrote it, apply to new events only
 -- (status 'pending' with no attempt, see 0018). The payload limit keeps
@@ -50,31 +53,30 @@ LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp A
 DECLARE
     v_broken text;
 BEGIN
-    IF (p_dedupe_key IS NULL OR p_dedupe_key <> '') IS FALSE THEN
-        v_broken := 'dedupe_key_check';
-    ELSIF (octet_length(p_dedupe_key) <= 512) IS FALSE THEN
-        v_broken := 'dedupe_key_length_check';
-    ELSIF (p_headers_type IS NULL OR (p_headers_type = 'object' AND p_headers_size <= 65536)) IS FALSE THEN
-        v_broken := 'headers_check';
-    ELSIF (octet_length(p_namespace) BETWEEN 1 AND 128
+    -- One expression, not an IF per rule: PL/pgSQL prepares each
+    -- expression once a transaction and evaluates each with a call of its
+    -- own (an IF per rule made one-row INSERTs about 7% slower and 100-row
+    -- INSERTs 16%; BENCHMARKS.md).
+    v_broken := CASE
+        WHEN (p_dedupe_key IS NULL OR p_dedupe_key <> '') IS FALSE THEN 'dedupe_key_check'
+        WHEN (octet_length(p_dedupe_key) <= 512) IS FALSE THEN 'dedupe_key_length_check'
+        WHEN (p_headers_type IS NULL OR (p_headers_type = 'object' AND p_headers_size <= 65536)) IS FALSE THEN 'headers_check'
+        WHEN (octet_length(p_namespace) BETWEEN 1 AND 128
             AND btrim(p_namespace, 'abcdefghijklmnopqrstuvwxyz0123456789._-') = ''
             AND strpos('abcdefghijklmnopqrstuvwxyz0123456789', left(p_namespace, 1)) > 0
             AND octet_length(p_topic) BETWEEN 1 AND 128
             AND btrim(p_topic, 'abcdefghijklmnopqrstuvwxyz0123456789._-') = ''
-            AND strpos('abcdefghijklmnopqrstuvwxyz0123456789', left(p_topic, 1)) > 0) IS FALSE THEN
-        v_broken := 'name_pattern_check';
-    ELSIF (p_namespace <> '' AND p_topic <> '') IS FALSE THEN
-        v_broken := 'names_check';
-    ELSIF ((p_ordering_key IS NULL) = (p_ordering_seq IS NULL)
+            AND strpos('abcdefghijklmnopqrstuvwxyz0123456789', left(p_topic, 1)) > 0) IS FALSE THEN 'name_pattern_check'
+        WHEN (p_namespace <> '' AND p_topic <> '') IS FALSE THEN 'names_check'
+        WHEN ((p_ordering_key IS NULL) = (p_ordering_seq IS NULL)
             AND (p_ordering_key IS NULL
-                OR (p_ordering_key <> '' AND octet_length(p_ordering_key) <= 256 AND p_ordering_seq > 0))) IS FALSE THEN
-        v_broken := 'ordering_check';
-    ELSIF (p_dedupe_key IS NULL
+                OR (p_ordering_key <> '' AND octet_length(p_ordering_key) <= 256 AND p_ordering_seq > 0))) IS FALSE THEN 'ordering_check'
+        WHEN (p_dedupe_key IS NULL
             OR CASE WHEN p_tenant_id IS NULL
                 THEN p_dedupe_key !~* '^([0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})/'
-                ELSE starts_with(p_dedupe_key, p_tenant_id::text || '/') END) IS FALSE THEN
-        v_broken := 'tenant_key_check';
-    ELSE
+                ELSE starts_with(p_dedupe_key, p_tenant_id::text || '/') END) IS FALSE THEN 'tenant_key_check'
+    END;
+    IF v_broken IS NULL THEN
         RETURN true;
     END IF;
     RAISE EXCEPTION 'new row for relation "modkit_outbox_events" violates check constraint "modkit_outbox_events_%"', v_broken

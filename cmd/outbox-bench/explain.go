@@ -204,8 +204,6 @@ func (b *bench) explainGenericClaim(ctx context.Context, tx pgx.Tx, label, claim
 		return err
 	}
 	name := "outbox_bench_claim_" + strings.ReplaceAll(uuid.NewString(), "-", "")
-	// The raw claims take claimParams; the library's claim function takes
-	// libraryClaimArgs.
 	types, exec := "(int, text[], bigint, uuid, interval)", fmt.Sprintf("EXECUTE %s(%d, '{%s:%s}', %d, gen_random_uuid(), '%s')",
 		name, b.defaults.MaxAttempts, benchTopic.Namespace, benchTopic.Topic, batch, b.defaults.LeaseDuration)
 	if libraryCall {
