@@ -144,6 +144,20 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 			_, err := direct.Enqueue(ctx, tx, b.src.message("enqueue-direct", seq))
 			return err
 		}},
+		{"Client.Enqueue without a dedupe key", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			m := b.src.message("enqueue-keyless", seq)
+			m.DedupeKey = nil
+			_, err := lib.Enqueue(ctx, tx, m)
+			return err
+		}},
+		{"plain INSERT without a dedupe key", func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			v, err := rawValues(b.src.message("enqueue-raw-keyless", seq))
+			if err == nil {
+				v[4] = nil // dedupe_key
+				_, err = tx.Exec(ctx, insert, v...)
+			}
+			return err
+		}},
 	}
 	rates, err := b.enqueueVariants(ctx, producers, dur, variants)
 	if err != nil {
@@ -160,6 +174,10 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 	r.Note = "The library enqueues one event without an ordering key by a plain INSERT of the message columns (the enqueue function only for a duplicate). " +
 		"Baseline: Client.Enqueue on the write path before migration 0004 (a plain INSERT … ON CONFLICT … RETURNING id as the table's owner; cmd/outbox-bench/direct.go)." +
 		roundsNote(rates[0], rates[3])
+	b.add(r)
+	r = roundsRow("enqueue", "same, messages without a dedupe key", rates[4], rates[5], 0)
+	r.Note = "Baseline: the same row without a dedupe key by a plain INSERT. The library inserts such an event without ON CONFLICT (only its fresh id is unique)." +
+		roundsNote(rates[4], rates[5])
 	b.add(r)
 	return nil
 }

@@ -58,12 +58,18 @@ func TestInsertOne(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
 		t.Fatalf("duplicate without an announcement: %+v, %v; want the existing event %v", got, err, first[0].ID)
 	}
-	// The bare INSERT's row count through database/sql and bun too.
+	// The bare INSERT's row count through database/sql and bun too, and
+	// the INSERT of an event without a dedupe key (no ON CONFLICT).
 	for name, r := range map[string]db.Runner{"database/sql": db.SQL(tdb.Provider.SQL), "bun": db.SQL(tdb.Provider.Bun)} {
+		keyless := rows(1, "test", "events")
+		got, err := s.Insert(ctx, r, keyless, nil)
+		if err != nil || len(got) != 1 || got[0].ID != keyless[0].ID || got[0].Duplicate {
+			t.Fatalf("%s: insert without a dedupe key: %+v, %v; want the new event %v", name, got, err, keyless[0].ID)
+		}
 		fresh := rows(1, "test", "events")
 		freshKey := "fresh via " + name
 		fresh[0].DedupeKey = &freshKey
-		got, err := s.Insert(ctx, r, fresh, nil)
+		got, err = s.Insert(ctx, r, fresh, nil)
 		if err != nil || len(got) != 1 || got[0].ID != fresh[0].ID || got[0].Duplicate {
 			t.Fatalf("%s: insert: %+v, %v; want the new event %v", name, got, err, fresh[0].ID)
 		}
@@ -109,8 +115,8 @@ func TestInsertOne(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {
 		t.Fatal(err)
 	}
-	if events != 5 {
-		t.Fatalf("%d events, want 5 (the first, one each through database/sql and bun, the quiet one and the marker)", events)
+	if events != 7 {
+		t.Fatalf("%d events, want 7 (the first, two each through database/sql and bun, the quiet one and the marker)", events)
 	}
 	if e := get(t, s, quiet[0].ID); e.Status != "pending" || e.Attempts != 0 || e.LockedBy != nil {
 		t.Fatalf("directly inserted event: %+v, want pending with no attempts", e)

@@ -120,6 +120,17 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 	if err != nil {
 		return nil, err
 	}
+	if r.OrderingKey == nil && r.DedupeKey == nil { // only its fresh id is unique: nothing to skip
+		stmt := s.sql.insertKeyless
+		if notify {
+			stmt = s.sql.insertKeylessNotify
+		}
+		if _, err = q.Exec(ctx, stmt, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), string(r.Payload), headers); err != nil {
+			return nil, insertError(err)
+		}
+		out[0].ID = r.ID
+		return out, nil
+	}
 	if r.OrderingKey == nil { // sequences come from the function
 		var inserted int64
 		if notify {

@@ -11,11 +11,12 @@ import (
 // 0004, some replaced since), so the driver works for a login role holding
 // only the outbox role it needs (producer, dispatcher, operator or reader)
 // and never touches a table directly, except for the enqueue of events
-// without an ordering key: one event by a plain INSERT (qInsertPlain, or
-// qInsertDirect when it announces its topic), a large batch by COPY. A
-// producer may do both (it may INSERT the message columns and nothing
-// else, and the table's checks hold for them); a duplicate, and every
-// event with an ordering key, go to the enqueue functions.
+// without an ordering key: one event by a plain INSERT (qInsertKeyless or
+// qInsertKeylessNotify without a dedupe key, qInsertPlain or qInsertDirect
+// with one, the second of each pair announcing its topic), a large batch by
+// COPY. A producer may do both (it may INSERT the message columns and
+// nothing else, and the table's checks hold for them); a duplicate, and
+// every event with an ordering key, go to the enqueue functions.
 //
 // {{fn}} stands for the quoted schema followed by a dot; {{async}}, joined
 // into a statement's FROM list, makes that statement's implicit transaction
@@ -53,6 +54,22 @@ LEFT JOIN LATERAL (SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':
 	qInsertPlain = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
 ON CONFLICT DO NOTHING`
+
+	// qInsertKeyless and qInsertKeylessNotify enqueue one event without a
+	// dedupe key or ordering key: nothing but its fresh primary key could
+	// conflict, so they leave out ON CONFLICT, whose check of the unique
+	// indexes and speculative insertion cost a one-row INSERT about 4% of
+	// its server time (BENCHMARKS.md, "Keyless enqueues without ON
+	// CONFLICT"). The second announces the topic in the same statement. (An
+	// id that repeats one already stored, as likely as two of 62 random bits
+	// drawn in the same millisecond being equal, fails the statement.)
+	qInsertKeyless = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, payload, headers)
+VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
+
+	qInsertKeylessNotify = `WITH ins AS (
+    INSERT INTO {{table}} (id, namespace, topic, tenant_id, payload, headers)
+    VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb))
+SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
 
 	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 
@@ -128,6 +145,7 @@ const (
 // queries holds the statements with the names filled in.
 type queries struct {
 	insertOne, insertDirect, insertPlain    string
+	insertKeyless, insertKeylessNotify      string
 	insertMany, notifyMany                  string
 	claim, complete, completeAsync          string
 	completeOne, sweep, purge, elect        string
@@ -155,31 +173,33 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		return strings.NewReplacer("{{fn}}", fn, "{{table}}", table, "{{async}}", asyncPart, "{{now}}", now).Replace(q)
 	}
 	return queries{
-		insertOne:     bind(qInsertOne, "", ""),
-		insertDirect:  bind(qInsertDirect, "", ""),
-		insertPlain:   bind(qInsertPlain, "", ""),
-		insertMany:    bind(qInsertMany, "", ""),
-		notifyMany:    qNotifyMany,
-		claim:         bind(qClaim, "8", async),
-		blockedKeys:   bind(qBlockedKeys, "", ""),
-		skipHead:      bind(qSkipHead, "", ""),
-		releaseHeld:   bind(qReleaseHeld, "", ""),
-		complete:      bind(qComplete, "7", ""),
-		completeAsync: bind(qComplete, "7", async),
-		completeOne:   bind(qCompleteOne, "7", ""),
-		sweep:         bind(qSweep, "4", ""),
-		purge:         bind(qPurge, "4", ""),
-		purgeRecorded: bind(qPurgeRecorded, "4", ""),
-		elect:         bind(qElect, "4", ""),
-		resign:        bind(qResign, "", ""),
-		stats:         bind(qStats, "1", ""),
-		depth:         bind(qDepth, "2", ""),
-		list:          bind(qList, "", ""),
-		listPayload:   bind(qListPayloads, "", ""),
-		get:           bind(qGet, "", ""),
-		getPayload:    bind(qGetPayload, "", ""),
-		history:       bind(qHistory, "", ""),
-		replayIDs:     bind(qReplayIDs, "3", ""),
-		replayFilter:  bind(qReplayFilter, "11", ""),
+		insertOne:           bind(qInsertOne, "", ""),
+		insertDirect:        bind(qInsertDirect, "", ""),
+		insertPlain:         bind(qInsertPlain, "", ""),
+		insertKeyless:       bind(qInsertKeyless, "", ""),
+		insertKeylessNotify: bind(qInsertKeylessNotify, "", ""),
+		insertMany:          bind(qInsertMany, "", ""),
+		notifyMany:          qNotifyMany,
+		claim:               bind(qClaim, "8", async),
+		blockedKeys:         bind(qBlockedKeys, "", ""),
+		skipHead:            bind(qSkipHead, "", ""),
+		releaseHeld:         bind(qReleaseHeld, "", ""),
+		complete:            bind(qComplete, "7", ""),
+		completeAsync:       bind(qComplete, "7", async),
+		completeOne:         bind(qCompleteOne, "7", ""),
+		sweep:               bind(qSweep, "4", ""),
+		purge:               bind(qPurge, "4", ""),
+		purgeRecorded:       bind(qPurgeRecorded, "4", ""),
+		elect:               bind(qElect, "4", ""),
+		resign:              bind(qResign, "", ""),
+		stats:               bind(qStats, "1", ""),
+		depth:               bind(qDepth, "2", ""),
+		list:                bind(qList, "", ""),
+		listPayload:         bind(qListPayloads, "", ""),
+		get:                 bind(qGet, "", ""),
+		getPayload:          bind(qGetPayload, "", ""),
+		history:             bind(qHistory, "", ""),
+		replayIDs:           bind(qReplayIDs, "3", ""),
+		replayFilter:        bind(qReplayFilter, "11", ""),
 	}
 }
