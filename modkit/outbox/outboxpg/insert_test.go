@@ -59,10 +59,11 @@ func TestInsertOne(t *testing.T) {
 		t.Fatalf("duplicate without an announcement: %+v, %v; want the existing event %v", got, err, first[0].ID)
 	}
 	// The bare INSERT's row count through database/sql and bun too, and
-	// the INSERT of an event without a dedupe key (no ON CONFLICT).
+	// the INSERT of an event without a dedupe key (no ON CONFLICT), which
+	// announces its topic.
 	for name, r := range map[string]db.Runner{"database/sql": db.SQL(tdb.Provider.SQL), "bun": db.SQL(tdb.Provider.Bun)} {
 		keyless := rows(1, "test", "events")
-		got, err := s.Insert(ctx, r, keyless, nil)
+		got, err := s.Insert(ctx, r, keyless, []string{topic})
 		if err != nil || len(got) != 1 || got[0].ID != keyless[0].ID || got[0].Duplicate {
 			t.Fatalf("%s: insert without a dedupe key: %+v, %v; want the new event %v", name, got, err, keyless[0].ID)
 		}
@@ -108,8 +109,8 @@ func TestInsertOne(t *testing.T) {
 		}
 		heard = append(heard, n.Payload)
 	}
-	if want := []string{topic, "test:end"}; !slices.Equal(heard, want) {
-		t.Fatalf("notifications %q, want %q (a duplicate, a rolled-back insert and an insert not asked to must not notify)", heard, want)
+	if want := []string{topic, topic, topic, "test:end"}; !slices.Equal(heard, want) {
+		t.Fatalf("notifications %q, want %q (the first insert and the two without a dedupe key; a duplicate, a rolled-back insert and an insert not asked to must not notify)", heard, want)
 	}
 	var events int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {
