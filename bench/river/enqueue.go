@@ -97,6 +97,20 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 			}
 			return err
 		})},
+		{"outbox Client.Enqueue without a dedupe key", loop(func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			m := b.src.message("enqueue-keyless", seq)
+			m.DedupeKey = nil
+			_, err := lib.Enqueue(ctx, tx, m)
+			return err
+		})},
+		{"plain INSERT without a dedupe key", loop(func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			v, err := rawRow(b.src.message("enqueue-raw-keyless", seq))
+			if err == nil {
+				v[4] = nil // dedupe_key
+				_, err = tx.Exec(ctx, insert, v...)
+			}
+			return err
+		})},
 	}
 	runs, err := alternate(ctx, b, "enqueue", sides)
 	if err != nil {
@@ -106,6 +120,9 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 		runs[0], runs[1], runs[2], "≥ 1.2× River",
 		"Outbox: Client.Enqueue with a tenant and dedupe key (a plain INSERT of the message columns, the enqueue function only for a duplicate; "+b.notifyNote()+"); "+
 			"River: InsertTx of the same payload, no unique options; raw: a plain INSERT of the outbox row. Each in BEGIN; …; COMMIT."))
+	b.add(rateRow("enqueue", "same, outbox messages without a dedupe key", runs[3], runs[1], runs[4], "",
+		"Like for like with River's InsertTx without unique options: the outbox message has no dedupe key (the library inserts it without ON CONFLICT), "+
+			"and raw is a plain INSERT of the outbox row without one."))
 	return nil
 }
 
