@@ -26,9 +26,10 @@ import (
 const (
 	qInsertOne = `SELECT id, duplicate FROM {{fn}}modkit_outbox_enqueue($1, $2, $3, $4, $5, $6::jsonb, $7, $8::jsonb, $9)`
 
-	// qInsertDirect enqueues one event without an ordering key that
-	// announces its topic (qInsertPlain when it does not) by a plain
-	// INSERT of the message columns, which a producer may write (as the
+	// qInsertDirect enqueues one event with a dedupe key and without an
+	// ordering key that announces its topic (qInsertPlain when it does
+	// not; an event without a dedupe key takes qInsertKeyless or
+	// qInsertKeylessNotify) by a plain INSERT of the message columns, which a producer may write (as the
 	// COPY path does; the table's checks hold for it): the enqueue
 	// function's call cost a tenth of the enqueue rate (BENCHMARKS.md,
 	// "Enqueue without the function call"). It returns how many rows it
