@@ -2,8 +2,11 @@ package outboxpg_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -247,5 +250,163 @@ func TestLoweredPayloadLimitLeavesEnqueuedEventsDeliverable(t *testing.T) {
 	}
 	if e := get(t, s, first.ID); e.Status != "delivered" || e.Attempts != 2 {
 		t.Fatalf("event after delivery: status %s, %d attempts; want delivered after 2", e.Status, e.Attempts)
+	}
+}
+
+// A batch of copyMinBatch rows or more goes in by COPY in the binary format
+// the driver encodes itself, with the announcement of its topics in the
+// same query: every column comes back as written (NULLs, tenants, keys,
+// payloads and headers with quotes, backslashes and non-ASCII text),
+// through a pgx.Tx and a pool; a topic is announced exactly as given even
+// when it needs quoting; a batch the table refuses changes nothing,
+// announces nothing and, in a transaction, leaves it usable; and a
+// transaction already committed is refused before any SQL runs.
+func TestInsertManyByCopy(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	conn, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	tenant := uuid.Must(uuid.NewV7())
+	batch := func(name string, n int) []driver.InsertRow {
+		out := rows(n, "test", name)
+		for i := range out {
+			r := &out[i]
+			r.Payload = []byte(fmt.Sprintf(`{"i": %d, "text": "quote \" backslash \\ tab \t é ✓ 𝄞", "list": [1, null, true]}`, i))
+			if i%2 == 0 {
+				r.TenantID = &tenant
+			}
+			if i%3 == 0 {
+				key := fmt.Sprintf("%s-%d 'é' \\", name, i)
+				if r.TenantID != nil { // a tenant's keys begin with its id
+					key = tenant.String() + "/" + key
+				}
+				r.DedupeKey = &key
+			}
+			if i%5 == 0 {
+				r.Headers = map[string]string{"traceparent": "00-abc-def-01", "quote": `it's "x" \ é`}
+			}
+		}
+		return out
+	}
+	check := func(t *testing.T, want []driver.InsertRow, got []driver.Inserted) {
+		t.Helper()
+		if len(got) != len(want) {
+			t.Fatalf("%d results for %d rows", len(got), len(want))
+		}
+		for i, w := range want {
+			if got[i].ID != w.ID || got[i].Duplicate {
+				t.Fatalf("result %d: %+v, want the new event %v", i, got[i], w.ID)
+			}
+			e := get(t, s, w.ID)
+			var gotPayload, wantPayload any
+			if err := json.Unmarshal(e.Payload, &gotPayload); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(w.Payload, &wantPayload); err != nil {
+				t.Fatal(err)
+			}
+			if e.Namespace != w.Namespace || e.Topic != w.Topic || !reflect.DeepEqual(e.TenantID, w.TenantID) ||
+				!reflect.DeepEqual(e.DedupeKey, w.DedupeKey) || !reflect.DeepEqual(gotPayload, wantPayload) ||
+				!reflect.DeepEqual(e.Headers, w.Headers) || e.Status != "pending" || e.Attempts != 0 || e.OrderingKey != nil {
+				t.Fatalf("row %d reads back as %+v (payload %s), want %+v (payload %s)", i, e, e.Payload, w, w.Payload)
+			}
+		}
+	}
+	const odd = `test:it's \ odd`
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	inTx := batch("in-tx", 100)
+	got, err := s.Insert(ctx, tx, inTx, []string{"test:in-tx", odd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check(t, inTx, got)
+
+	viaPool := batch("pool", 64)
+	got, err = s.Insert(ctx, pool, viaPool, []string{"test:pool"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(t, viaPool, got)
+
+	// An empty namespace breaks the table's check: the COPY fails, its
+	// announcement with it, and the transaction goes on.
+	bad := batch("bad", 70)
+	bad[69].Namespace = ""
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := s.Insert(ctx, tx, bad, []string{"test:bad"}); err == nil || !strings.Contains(err.Error(), "23514") {
+		t.Fatalf("batch breaking a check in a transaction: %v, want a check violation (23514)", err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("the transaction after a refused COPY: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Insert(ctx, pool, bad, []string{"test:bad"}); err == nil || !strings.Contains(err.Error(), "23514") {
+		t.Fatalf("batch breaking a check through the pool: %v, want a check violation (23514)", err)
+	}
+	// The savepoint is released: the caller's transaction is left as it
+	// was, plus the rows.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := s.Insert(ctx, tx, batch("released", 64), nil); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT modkit_outbox_copy"); !errors.As(err, &pgErr) || pgErr.Code != "3B001" {
+		t.Fatalf("releasing the driver's savepoint again: %v, want invalid_savepoint_specification (3B001)", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A committed transaction's connection is back in the pool: nothing
+	// may run on it.
+	if _, err := s.Insert(ctx, tx, batch("closed", 64), []string{"test:closed"}); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("batch through a committed transaction: %v, want pgx.ErrTxClosed", err)
+	}
+	if _, err := s.Insert(ctx, pool, rows(1, "test", "end"), []string{"test:end"}); err != nil {
+		t.Fatal(err)
+	}
+
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var heard []string
+	for len(heard) == 0 || heard[len(heard)-1] != "test:end" {
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("after %q: %v", heard, err)
+		}
+		heard = append(heard, n.Payload)
+	}
+	if want := []string{"test:in-tx", odd, "test:pool", "test:end"}; !slices.Equal(heard, want) {
+		t.Fatalf("notifications %q, want %q (refused batches must not announce)", heard, want)
+	}
+	var events int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {
+		t.Fatal(err)
+	}
+	if events != 100+64+1 {
+		t.Fatalf("%d events, want %d", events, 100+64+1)
 	}
 }

@@ -172,13 +172,6 @@ func insertError(err error) error {
 	return err
 }
 
-// copyMinBatch is the smallest batch Insert tries to COPY.
-const copyMinBatch = 64
-
-// copyColumns are the columns the COPY fast path writes (those a producer
-// may insert); status, attempts and the lease take their defaults.
-var copyColumns = []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload", "headers"}
-
 // headersArg encodes headers as the JSON text of a jsonb parameter; nil for
 // none.
 func headersArg(h map[string]string) (*string, error) {
@@ -241,12 +234,12 @@ func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []dri
 	for i := range out {
 		out[i].ID = rows[i].ID
 	}
-	copied, err := s.tryCopy(ctx, tx, rows)
+	copied, err := s.tryCopy(ctx, tx, rows, notify)
 	if err != nil {
 		return nil, err
 	}
-	if copied {
-		return out, s.notifyMany(ctx, q, notify)
+	if copied { // the COPY's statement announced the topics
+		return out, nil
 	}
 	c, err := toColumns(rows)
 	if err != nil {
@@ -274,72 +267,6 @@ func (s *store) insertMany(ctx context.Context, tx any, q db.Querier, rows []dri
 		return nil, insertError(err)
 	}
 	return out, nil
-}
-
-func (s *store) notifyMany(ctx context.Context, q db.Querier, topics []string) error {
-	if len(topics) == 0 {
-		return nil
-	}
-	if _, err := q.Exec(ctx, s.sql.notifyMany, topics); err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
-	return nil
-}
-
-// tryCopy is the batch insert's fast path: COPY, which PostgreSQL writes in
-// bulk, about a third faster than the INSERT … SELECT unnest(…) ON CONFLICT
-// it replaces. COPY cannot skip a conflicting dedupe key, so it is tried
-// optimistically: when a key already exists, or is repeated inside the
-// batch, the COPY fails with a unique violation, is undone (on a pgx.Tx by
-// a savepoint, so the caller's transaction goes on), and tryCopy reports
-// false for the INSERT path to sort the duplicates out. (Looking for
-// repeated keys beforehand cost every batch a map of its keys, nearly a
-// third of the driver's own CPU in a bulk load, pgx's encoding aside, to
-// spare the rare batch that repeats one a failed COPY.) It is used for
-// batches of at least copyMinBatch rows without ordering keys, through a
-// pgx.Tx or a *pgxpool.Pool; other runners (database/sql, bun, *pgx.Conn,
-// which may be inside a transaction the driver cannot see) always take the
-// INSERT path.
-func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow) (bool, error) {
-	if len(rows) < copyMinBatch {
-		return false, nil
-	}
-	for i := range rows {
-		if rows[i].OrderingKey != nil { // sequences come from the function
-			return false, nil
-		}
-	}
-	src := pgx.CopyFromSlice(len(rows), func(i int) ([]any, error) {
-		r := &rows[i]
-		headers, err := headersArg(r.Headers)
-		if err != nil {
-			return nil, err
-		}
-		return []any{uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey, r.Payload, headers}, nil
-	})
-	var err error
-	switch r := tx.(type) {
-	case pgx.Tx:
-		var sp pgx.Tx
-		if sp, err = r.Begin(ctx); err != nil { // SAVEPOINT
-			return false, err
-		}
-		if _, err = sp.CopyFrom(ctx, s.table, copyColumns, src); err == nil {
-			err = sp.Commit(ctx) // RELEASE SAVEPOINT
-		}
-		if err != nil {
-			_ = sp.Rollback(ctx) // ROLLBACK TO SAVEPOINT: the caller's transaction stays usable
-		}
-	case *pgxpool.Pool:
-		_, err = r.CopyFrom(ctx, s.table, copyColumns, src) // a transaction of its own
-	default:
-		return false, nil
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation: a dedupe key exists or repeats
-		return false, nil
-	}
-	return err == nil, insertError(err)
 }
 
 // Claim implements driver.Store.

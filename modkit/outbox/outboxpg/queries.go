@@ -74,8 +74,6 @@ SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
 
 	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 
-	qNotifyMany = `SELECT pg_notify('` + NotifyChannel + `', p) FROM unnest($1::text[]) AS p`
-
 	qClaim = `SELECT c.id, c.namespace, c.topic, c.tenant_id, c.dedupe_key, c.payload, c.attempts, c.lease_token,
 	c.locked_until, c.created_at, c.repaired, c.headers, c.ordering_key, c.ordering_seq
 FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::interval, $6::text[], $7::int[], {{now}}) AS c`
@@ -147,7 +145,7 @@ const (
 type queries struct {
 	insertOne, insertDirect, insertPlain    string
 	insertKeyless, insertKeylessNotify      string
-	insertMany, notifyMany                  string
+	insertMany                              string
 	claim, complete, completeAsync          string
 	completeOne, sweep, purge, elect        string
 	purgeRecorded                           string
@@ -180,7 +178,6 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		insertKeyless:       bind(qInsertKeyless, "", ""),
 		insertKeylessNotify: bind(qInsertKeylessNotify, "", ""),
 		insertMany:          bind(qInsertMany, "", ""),
-		notifyMany:          qNotifyMany,
 		claim:               bind(qClaim, "8", async),
 		blockedKeys:         bind(qBlockedKeys, "", ""),
 		skipHead:            bind(qSkipHead, "", ""),
