@@ -61,9 +61,10 @@ func TestInsertOne(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
 		t.Fatalf("duplicate without an announcement: %+v, %v; want the existing event %v", got, err, first[0].ID)
 	}
-	// The bare INSERT's row count through database/sql and bun too, and
-	// the INSERT of an event without a dedupe key (no ON CONFLICT), which
-	// announces its topic.
+	// The INSERT's row count through database/sql and bun too (a new
+	// event announces its topic, a duplicate does not), and the INSERT of
+	// an event without a dedupe key (no ON CONFLICT), which announces its
+	// topic.
 	for name, r := range map[string]db.Runner{"database/sql": db.SQL(tdb.Provider.SQL), "bun": db.SQL(tdb.Provider.Bun)} {
 		keyless := rows(1, "test", "events")
 		got, err := s.Insert(ctx, r, keyless, []string{topic})
@@ -73,13 +74,13 @@ func TestInsertOne(t *testing.T) {
 		fresh := rows(1, "test", "events")
 		freshKey := "fresh via " + name
 		fresh[0].DedupeKey = &freshKey
-		got, err = s.Insert(ctx, r, fresh, nil)
+		got, err = s.Insert(ctx, r, fresh, []string{topic})
 		if err != nil || len(got) != 1 || got[0].ID != fresh[0].ID || got[0].Duplicate {
 			t.Fatalf("%s: insert: %+v, %v; want the new event %v", name, got, err, fresh[0].ID)
 		}
 		dup := rows(1, "test", "events")
 		dup[0].DedupeKey = &key
-		got, err = s.Insert(ctx, r, dup, nil)
+		got, err = s.Insert(ctx, r, dup, []string{topic})
 		if err != nil || len(got) != 1 || got[0].ID != first[0].ID || !got[0].Duplicate {
 			t.Fatalf("%s: duplicate: %+v, %v; want the existing event %v", name, got, err, first[0].ID)
 		}
@@ -112,8 +113,8 @@ func TestInsertOne(t *testing.T) {
 		}
 		heard = append(heard, n.Payload)
 	}
-	if want := []string{topic, topic, topic, "test:end"}; !slices.Equal(heard, want) {
-		t.Fatalf("notifications %q, want %q (the first insert and the two without a dedupe key; a duplicate, a rolled-back insert and an insert not asked to must not notify)", heard, want)
+	if want := []string{topic, topic, topic, topic, topic, "test:end"}; !slices.Equal(heard, want) {
+		t.Fatalf("notifications %q, want %q (the first insert, and the new events with and without a dedupe key through database/sql and bun; a duplicate, a rolled-back insert and an insert not asked to must not notify)", heard, want)
 	}
 	var events int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {

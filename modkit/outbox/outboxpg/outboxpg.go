@@ -132,14 +132,12 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 		return out, nil
 	}
 	if r.OrderingKey == nil { // sequences come from the function
-		var inserted int64
+		stmt := s.sql.insertPlain
 		if notify {
-			err = q.QueryRow(ctx, s.sql.insertDirect, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
-				string(r.Payload), headers).Scan(&inserted)
-		} else {
-			inserted, err = q.Exec(ctx, s.sql.insertPlain, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
-				string(r.Payload), headers)
+			stmt = s.sql.insertDirect
 		}
+		inserted, err := q.Exec(ctx, stmt, uuidArg(r.ID), r.Namespace, r.Topic, nullUUID(r.TenantID), r.DedupeKey,
+			string(r.Payload), headers)
 		if err != nil {
 			return nil, insertError(err)
 		}

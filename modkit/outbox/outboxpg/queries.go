@@ -29,29 +29,27 @@ const (
 	// qInsertDirect enqueues one event with a dedupe key and without an
 	// ordering key that announces its topic (qInsertPlain when it does
 	// not; an event without a dedupe key takes qInsertKeyless or
-	// qInsertKeylessNotify) by a plain INSERT of the message columns, which a producer may write (as the
-	// COPY path does; the table's checks hold for it): the enqueue
-	// function's call cost a tenth of the enqueue rate (BENCHMARKS.md,
-	// "Enqueue without the function call"). It returns how many rows it
-	// inserted, 0 on any unique conflict (ON CONFLICT without a target,
-	// which needs no SELECT privilege), and announces the topic in the
-	// same statement when it inserted. On 0 the driver asks the enqueue
+	// qInsertKeylessNotify) by a plain INSERT of the message columns,
+	// which a producer may write (as the COPY path does; the table's
+	// checks hold for it): the enqueue function's call cost a tenth of the
+	// enqueue rate (BENCHMARKS.md, "Enqueue without the function call").
+	// Its row count says how many rows it inserted, 0 on any unique
+	// conflict (ON CONFLICT without a target, which needs no SELECT
+	// privilege; nor does a RETURNING list that names no column). The
+	// RETURNING list runs only for an inserted row, so the topic is
+	// announced only then; in pgbench it cost 3-7% less than the
+	// data-modifying CTE, count and join it replaced (BENCHMARKS.md,
+	// "NOTIFY in the RETURNING list"). On 0 the driver asks the enqueue
 	// function, which finds the existing event.
-	qInsertDirect = `WITH ins AS (
-    INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
-    VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
-    ON CONFLICT DO NOTHING
-    RETURNING 1),
-n AS (SELECT count(*) AS inserted FROM ins)
-SELECT n.inserted FROM n
-LEFT JOIN LATERAL (SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3) WHERE n.inserted > 0) AS note ON true`
+	qInsertDirect = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
+ON CONFLICT DO NOTHING
+RETURNING pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
 
 	// qInsertPlain is qInsertDirect without the announcement, for the
 	// enqueues that need none (most: a client announces a topic at most
 	// once per Config.NotifyInterval): a bare INSERT whose row count says
-	// whether it inserted. The CTE, count and join cost qInsertDirect
-	// about 7% of the enqueue rate in pgbench (BENCHMARKS.md, "An enqueue
-	// without NOTIFY is a bare INSERT").
+	// whether it inserted.
 	qInsertPlain = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
 ON CONFLICT DO NOTHING`
@@ -61,16 +59,14 @@ ON CONFLICT DO NOTHING`
 	// conflict, so they leave out ON CONFLICT, whose check of the unique
 	// indexes and speculative insertion cost a one-row INSERT about 4% of
 	// its server time (BENCHMARKS.md, "Keyless enqueues without ON
-	// CONFLICT"). The second announces the topic in the same statement. (An
+	// CONFLICT"). The second announces the topic in its RETURNING list. (An
 	// id that repeats one already stored, as likely as two of 62 random bits
 	// drawn in the same millisecond being equal, fails the statement.)
 	qInsertKeyless = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, payload, headers)
 VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
 
-	qInsertKeylessNotify = `WITH ins AS (
-    INSERT INTO {{table}} (id, namespace, topic, tenant_id, payload, headers)
-    VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb))
-SELECT pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
+	qInsertKeylessNotify = qInsertKeyless + `
+RETURNING pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
 
 	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 

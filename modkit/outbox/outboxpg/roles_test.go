@@ -80,8 +80,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	tdb := pgtest.NewDB(t)
 	owner := open(t, tdb.Provider.Pool, driver.Options{})
 
-	// Producer: enqueues one (a plain INSERT; its duplicate through the
-	// function), a few (the function) and many (COPY), but reads nothing
+	// Producer: enqueues one (a plain INSERT announcing its topic, with and
+	// without a dedupe key; a duplicate through the function), a few (the
+	// function) and many (COPY, with its announcement), but reads nothing
 	// and writes nothing else.
 	prodPool := loginAs(t, tdb, outboxpg.RoleProducer)
 	prod := open(t, prodPool, driver.Options{})
@@ -99,7 +100,10 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if _, err := prod.Insert(ctx, prodPool, rows(5, "test", "events"), nil); err != nil {
 		t.Fatalf("producer batch: %v", err)
 	}
-	if _, err := prod.Insert(ctx, prodPool, rows(100, "test", "events"), nil); err != nil {
+	if _, err := prod.Insert(ctx, prodPool, rows(1, "test", "events"), []string{topic}); err != nil {
+		t.Fatalf("producer enqueue without a dedupe key: %v", err)
+	}
+	if _, err := prod.Insert(ctx, prodPool, rows(100, "test", "events"), []string{topic}); err != nil {
 		t.Fatalf("producer COPY batch: %v", err)
 	}
 	_, err := prodPool.Exec(ctx, "SELECT payload FROM modkit_outbox_events")
@@ -147,7 +151,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	readPool := loginAs(t, tdb, outboxpg.RoleReader)
 	read := open(t, readPool, driver.Options{})
 	listed, err := read.List(ctx, driver.ListFilter{Limit: 1000})
-	if err != nil || len(listed) != 106 {
+	if err != nil || len(listed) != 107 {
 		t.Fatalf("reader list: %d events, %v", len(listed), err)
 	}
 	for _, e := range listed {
