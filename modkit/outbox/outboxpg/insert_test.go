@@ -31,14 +31,7 @@ import (
 func TestInsertOne(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	conn, err := pgx.Connect(ctx, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := listen(t, tdb.DSN)
 
 	key := "k1"
 	first := rows(1, "test", "events")
@@ -103,16 +96,7 @@ func TestInsertOne(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var heard []string
-	for len(heard) == 0 || heard[len(heard)-1] != "test:end" {
-		n, err := conn.WaitForNotification(wctx)
-		if err != nil {
-			t.Fatalf("after %q: %v", heard, err)
-		}
-		heard = append(heard, n.Payload)
-	}
+	heard := heardUntil(t, conn, "test:end")
 	if want := []string{topic, topic, topic, topic, topic, "test:end"}; !slices.Equal(heard, want) {
 		t.Fatalf("notifications %q, want %q (the first insert, and the new events with and without a dedupe key through database/sql and bun; a duplicate, a rolled-back insert and an insert not asked to must not notify)", heard, want)
 	}
@@ -265,14 +249,7 @@ func TestLoweredPayloadLimitLeavesEnqueuedEventsDeliverable(t *testing.T) {
 func TestInsertManyByCopy(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	conn, err := pgx.Connect(ctx, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := listen(t, tdb.DSN)
 	tenant := uuid.Must(uuid.NewV7())
 	batch := func(name string, n int) []driver.InsertRow {
 		out := rows(n, "test", name)
@@ -390,16 +367,7 @@ func TestInsertManyByCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	var heard []string
-	for len(heard) == 0 || heard[len(heard)-1] != "test:end" {
-		n, err := conn.WaitForNotification(wctx)
-		if err != nil {
-			t.Fatalf("after %q: %v", heard, err)
-		}
-		heard = append(heard, n.Payload)
-	}
+	heard := heardUntil(t, conn, "test:end")
 	if want := []string{"test:in-tx", odd, "test:pool", "test:end"}; !slices.Equal(heard, want) {
 		t.Fatalf("notifications %q, want %q (refused batches must not announce)", heard, want)
 	}
@@ -410,4 +378,35 @@ func TestInsertManyByCopy(t *testing.T) {
 	if events != 100+64+1 {
 		t.Fatalf("%d events, want %d", events, 100+64+1)
 	}
+}
+
+// listen opens a connection that listens on outboxpg.NotifyChannel.
+func listen(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(ctx) })
+	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// heardUntil returns the payloads conn receives up to and including
+// marker, in order (notifications arrive in commit order).
+func heardUntil(t *testing.T, conn *pgx.Conn, marker string) []string {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var heard []string
+	for len(heard) == 0 || heard[len(heard)-1] != marker {
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("after %q: %v", heard, err)
+		}
+		heard = append(heard, n.Payload)
+	}
+	return heard
 }
