@@ -90,7 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&rates, "rates", "500,2000", "enqueue rates (events/s) of the latency workload")
 	fs.IntVar(&o.producers, "producers", 8, "concurrent producers of the enqueue workload")
 	fs.IntVar(&o.latencyProds, "latency-producers", 8, "producers sharing the fixed rate of the latency workload")
-	fs.IntVar(&o.bulkEvents, "bulk-events", 100000, "events per bulk phase")
+	fs.IntVar(&o.bulkEvents, "bulk-events", 300000, "events per bulk phase (phases of a few seconds, so that a round is not one burst of noise)")
 	fs.IntVar(&o.bulkBatch, "bulk-batch", 1000, "events per batch (one transaction each)")
 	fs.IntVar(&o.rawWorkers, "raw-workers", 2, "connections of the raw claim+ack loop")
 	fs.IntVar(&o.rawBatch, "raw-batch", 500, "claim size of the raw claim+ack loop")

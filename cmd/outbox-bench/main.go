@@ -146,7 +146,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.producers, "producers", 8, "concurrent producers of the enqueue workload")
 	fs.IntVar(&o.latencyProducers, "latency-producers", 8, "producer goroutines sharing the fixed enqueue rate of the latency workload")
 	fs.StringVar(&rates, "rates", "500,2000", "enqueue rates (events/s) of the latency workload")
-	fs.IntVar(&o.bulkEvents, "bulk-events", 100000, "events written per bulk enqueue phase (per round)")
+	fs.IntVar(&o.bulkEvents, "bulk-events", 300000, "events written per bulk enqueue phase (per round; phases of a few seconds, so that a round is not one burst of noise)")
 	fs.IntVar(&o.bulkBatch, "bulk-batch", 1000, "events per EnqueueBatch call (and per COPY)")
 	fs.IntVar(&o.retained, "retained", 1000000, "delivered rows kept in the table for the scale workload")
 	fs.IntVar(&o.backlog, "backlog", 200000, "pending events drained by each backlog round of the scale workload (1000000 for the issue's figure)")
