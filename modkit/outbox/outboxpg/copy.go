@@ -49,10 +49,10 @@ const copySavepoint = "modkit_outbox_copy"
 // query (see copyStatement), and the rows in PostgreSQL's binary COPY
 // format, encoded here (copyReader): a batch costs the caller's
 // transaction two round trips (SAVEPOINT, then the rest) where pgx's
-// CopyFrom and separate statements took four, which kept EnqueueBatch
-// 2-4% under a bare COPY (BENCHMARKS.md, "Bulk enqueue in one round
-// trip"). The COPY therefore bypasses pgx's tracers: a pgx.QueryTracer
-// sees the SAVEPOINT, not the COPY.
+// CopyFrom and separate statements took four, and EnqueueBatch runs at a
+// bare COPY's rate within the noise (BENCHMARKS.md, "Bulk enqueue in one
+// round trip"). The COPY therefore bypasses pgx's tracers: a
+// pgx.QueryTracer sees the SAVEPOINT, not the COPY.
 func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, notify []string) (bool, error) {
 	if len(rows) < copyMinBatch {
 		return false, nil
