@@ -205,10 +205,7 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (_ Enqu
 // message, in order. All messages are validated first; if any is invalid
 // nothing is written and the error's ValidationError.Index names it.
 // Messages with the same dedupe key in one batch yield one row, and both
-// results name it. The COPY, with the announcement of the batch's topics,
-// goes to the pgx connection as one query of its own: a pgx QueryTracer
-// or CopyFromTracer on the connection sees the SAVEPOINT before it, not
-// the COPY.
+// results name it.
 func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message) (_ []Enqueued, err error) {
 	if len(msgs) == 0 {
 		return nil, nil

@@ -25,6 +25,9 @@ const copyMinBatch = 64
 // and the lease take their defaults.
 const copyColumns = "id, namespace, topic, tenant_id, dedupe_key, payload, headers"
 
+// copyColumnNames are copyColumns, for tracers.
+var copyColumnNames = strings.Split(copyColumns, ", ")
+
 // copySavepoint is the savepoint that lets a failed COPY inside the
 // caller's transaction be undone.
 const copySavepoint = "modkit_outbox_copy"
@@ -51,8 +54,8 @@ const copySavepoint = "modkit_outbox_copy"
 // transaction two round trips (SAVEPOINT, then the rest) where pgx's
 // CopyFrom and separate statements took four, and EnqueueBatch runs at a
 // bare COPY's rate within the noise (BENCHMARKS.md, "Bulk enqueue in one
-// round trip"). The COPY therefore bypasses pgx's tracers: a
-// pgx.QueryTracer sees the SAVEPOINT, not the COPY.
+// round trip"). The connection's pgx.CopyFromTracer, if any, sees the
+// COPY as it would see pgx's CopyFrom (see copyIn).
 func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, notify []string) (bool, error) {
 	if len(rows) < copyMinBatch {
 		return false, nil
@@ -71,7 +74,7 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 		if _, err = r.Exec(ctx, "SAVEPOINT "+copySavepoint); err != nil {
 			return false, insertError(err)
 		}
-		if _, err = r.Conn().PgConn().CopyFrom(ctx, &copyReader{rows: rows}, s.copyStatement(true, notify)); err != nil {
+		if err = s.copyIn(ctx, r.Conn(), rows, s.copyStatement(true, notify)); err != nil {
 			// Undo the COPY (and the announcement) and leave the caller's
 			// transaction usable. Should the rollback fail too (the
 			// connection is gone), the COPY's error says more.
@@ -81,8 +84,7 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 		// A transaction of its own: the statements of one simple query
 		// commit together.
 		err = r.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
-			_, err := c.Conn().PgConn().CopyFrom(ctx, &copyReader{rows: rows}, s.copyStatement(false, notify))
-			return err
+			return s.copyIn(ctx, c.Conn(), rows, s.copyStatement(false, notify))
 		})
 	default:
 		return false, nil
@@ -92,6 +94,25 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 		return false, nil
 	}
 	return err == nil, insertError(err)
+}
+
+// copyIn sends rows to conn with the COPY query sql, and reports the COPY
+// to conn's pgx.CopyFromTracer, if its Tracer is one, as pgx's CopyFrom
+// would: the table, the columns, and on success the tag "COPY n".
+func (s *store) copyIn(ctx context.Context, conn *pgx.Conn, rows []driver.InsertRow, sql string) error {
+	tracer, _ := conn.Config().Tracer.(pgx.CopyFromTracer)
+	if tracer != nil {
+		ctx = tracer.TraceCopyFromStart(ctx, conn, pgx.TraceCopyFromStartData{TableName: s.table, ColumnNames: copyColumnNames})
+	}
+	_, err := conn.PgConn().CopyFrom(ctx, &copyReader{rows: rows}, sql)
+	if tracer != nil {
+		end := pgx.TraceCopyFromEndData{Err: err}
+		if err == nil {
+			end.CommandTag = pgconn.NewCommandTag(fmt.Sprintf("COPY %d", len(rows)))
+		}
+		tracer.TraceCopyFromEnd(ctx, conn, end)
+	}
+	return err
 }
 
 // copyStatement is the simple-protocol query of a COPY batch: the COPY

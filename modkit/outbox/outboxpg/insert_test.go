@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -244,8 +245,9 @@ func TestLoweredPayloadLimitLeavesEnqueuedEventsDeliverable(t *testing.T) {
 // payloads and headers with quotes, backslashes and non-ASCII text),
 // through a pgx.Tx and a pool; a topic is announced exactly as given even
 // when it needs quoting; a batch the table refuses changes nothing,
-// announces nothing and, in a transaction, leaves it usable; and a
-// transaction already committed is refused before any SQL runs.
+// announces nothing and, in a transaction, leaves it usable; a pgx
+// CopyFromTracer sees each COPY; and a transaction already committed is
+// refused before any SQL runs.
 func TestInsertManyByCopy(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
@@ -341,6 +343,34 @@ func TestInsertManyByCopy(t *testing.T) {
 	if _, err := s.Insert(ctx, pool, bad, []string{"test:bad"}); err == nil || !strings.Contains(err.Error(), "23514") {
 		t.Fatalf("batch breaking a check through the pool: %v, want a check violation (23514)", err)
 	}
+	// A pgx CopyFromTracer on the connection sees each COPY, in a
+	// transaction and through the pool, as it sees pgx's CopyFrom.
+	tracer := &copyTracer{}
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer traced.Close()
+	if err := pgx.BeginFunc(ctx, traced, func(tx pgx.Tx) error {
+		_, err := s.Insert(ctx, tx, batch("traced-tx", 64), nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Insert(ctx, traced, batch("traced-pool", 65), nil); err != nil {
+		t.Fatal(err)
+	}
+	columns := []string{"id", "namespace", "topic", "tenant_id", "dedupe_key", "payload", "headers"}
+	if want := []string{"start modkit_outbox_events " + strings.Join(columns, ","), "end COPY 64 <nil>",
+		"start modkit_outbox_events " + strings.Join(columns, ","), "end COPY 65 <nil>"}; !slices.Equal(tracer.seen, want) {
+		t.Fatalf("the tracer saw %q, want %q", tracer.seen, want)
+	}
+
 	// The savepoint is released: the caller's transaction is left as it
 	// was, plus the rows.
 	tx, err = pool.Begin(ctx)
@@ -375,8 +405,8 @@ func TestInsertManyByCopy(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {
 		t.Fatal(err)
 	}
-	if events != 100+64+1 {
-		t.Fatalf("%d events, want %d", events, 100+64+1)
+	if events != 100+64+64+65+1 {
+		t.Fatalf("%d events, want %d", events, 100+64+64+65+1)
 	}
 }
 
@@ -409,4 +439,22 @@ func heardUntil(t *testing.T, conn *pgx.Conn, marker string) []string {
 		heard = append(heard, n.Payload)
 	}
 	return heard
+}
+
+// copyTracer records the COPYs a connection reports to its tracer.
+type copyTracer struct{ seen []string }
+
+func (*copyTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (*copyTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *copyTracer) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceCopyFromStartData) context.Context {
+	c.seen = append(c.seen, "start "+data.TableName[len(data.TableName)-1]+" "+strings.Join(data.ColumnNames, ","))
+	return ctx
+}
+
+func (c *copyTracer) TraceCopyFromEnd(_ context.Context, _ *pgx.Conn, data pgx.TraceCopyFromEndData) {
+	c.seen = append(c.seen, fmt.Sprintf("end %s %v", data.CommandTag, data.Err))
 }
