@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/riverqueue/river"
 
+	"github.com/modkit-go/modkit/internal/benchsql"
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
@@ -195,7 +196,7 @@ func (b *bench) drainRiver(ctx context.Context, n int) (float64, error) {
 	return float64(n) / took.Seconds(), err
 }
 
-// rawClaim and rawAck are a hand-written claim+ack loop on the outbox
+// rawClaim and benchsql.RawAck are a hand-written claim+ack loop on the outbox
 // table: the predicate of the library's claim index (unsettled, unheld
 // events since migration 0014, of which it takes the pending ones; the
 // loop never needs the repair of expired leases) and its
@@ -214,27 +215,6 @@ UPDATE ` + table + ` AS e SET status = 'processing', attempts = e.attempts + 1, 
 	locked_until = now() + interval '30 seconds', lease_token = gen_random_uuid(), updated_at = now()
 FROM due WHERE e.id = due.id
 RETURNING e.id, e.payload, e.lease_token`
-}
-
-func rawAck(table string) string {
-	return `UPDATE ` + table + ` SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL, updated_at = now()
-WHERE id = ANY($1)`
-}
-
-// rawAckLedger is rawAck that also appends, in the same statement, the
-// attempts-ledger row the library's outcome write appends for a delivery
-// (the same columns and widths: $2 is the worker, $3 the claim's first
-// lease token) and counts the event's ledger entries as the library does.
-// The loop that uses it writes what the library's dispatcher writes per
-// event, so the two compare the machinery, not the ledger.
-func rawAckLedger(table, ledger string) string {
-	return `WITH upd AS (
-	UPDATE ` + table + ` AS e SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL,
-		ledger_seq = e.ledger_seq + 1, updated_at = now()
-	WHERE e.id = ANY($1)
-	RETURNING e.id, e.ledger_seq, e.namespace, e.topic, e.attempts)
-INSERT INTO ` + ledger + ` (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at)
-SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'delivered', u.attempts, $2::uuid, $3::uuid, now(), now() FROM upd u`
 }
 
 // rawLoop drains table with workers goroutines on their own connections,
@@ -305,9 +285,9 @@ func (b *bench) drainRaw(ctx context.Context, n int, withLedger bool) (float64, 
 		return 0, err
 	}
 	table := b.env.outboxTable.Sanitize()
-	ack := rawAck(table)
+	ack := benchsql.RawAck(table)
 	if withLedger {
-		ack = rawAckLedger(table, b.env.outboxAttempts.Sanitize())
+		ack = benchsql.RawAckLedger(table, b.env.outboxAttempts.Sanitize())
 	}
 	took, err := b.rawLoop(ctx, b.opts.rawWorkers, b.opts.rawBatch, rawClaim(table), ack, withLedger)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/modkit-go/modkit/internal/benchsql"
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
@@ -51,30 +52,6 @@ UPDATE ` + table + ` AS e SET
 FROM due WHERE e.id = due.id
 RETURNING e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, e.payload, e.attempts,
 	e.lease_token, e.locked_until, e.created_at`
-}
-
-// rawAckSQL marks claimed events delivered by id, clearing the lease as the
-// table's lease constraint requires; unlike the library's outcome
-// statement it checks no lease token.
-func rawAckSQL(table string) string {
-	return `UPDATE ` + table + ` SET status = 'delivered', locked_by = NULL, locked_until = NULL,
-	lease_token = NULL, updated_at = now()
-WHERE id = ANY($1)`
-}
-
-// rawAckLedgerSQL is rawAckSQL that also appends, in the same statement,
-// the attempts-ledger row the library's outcome write appends for a
-// delivery (the same columns; $2 is the worker, $3 the claim's first lease
-// token) and counts the event's ledger entries as the library does, so
-// that a loop using it writes what the dispatcher writes per event.
-func rawAckLedgerSQL(table, ledger string) string {
-	return `WITH upd AS (
-	UPDATE ` + table + ` AS e SET status = 'delivered', locked_by = NULL, locked_until = NULL, lease_token = NULL,
-		ledger_seq = e.ledger_seq + 1, updated_at = now()
-	WHERE e.id = ANY($1)
-	RETURNING e.id, e.ledger_seq, e.namespace, e.topic, e.attempts)
-INSERT INTO ` + ledger + ` (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at)
-SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'delivered', u.attempts, $2::uuid, $3::uuid, now(), now() FROM upd u`
 }
 
 // drainResult is one drain of a preloaded table.
@@ -176,10 +153,10 @@ type rawLoop struct {
 }
 
 // baselineLoop is the baseline of the dispatch workload: rawClaimSQL and
-// rawAckSQL on b.opts.rawWorkers connections.
+// benchsql.RawAck on b.opts.rawWorkers connections.
 func (b *bench) baselineLoop() rawLoop {
 	table := b.t.table.Sanitize()
-	return rawLoop{workers: b.opts.rawWorkers, batch: b.opts.batch, claim: rawClaimSQL(table), ack: rawAckSQL(table)}
+	return rawLoop{workers: b.opts.rawWorkers, batch: b.opts.batch, claim: rawClaimSQL(table), ack: benchsql.RawAck(table)}
 }
 
 // drainRaw delivers the n preloaded events with a raw loop: loop.workers
@@ -373,7 +350,7 @@ func (b *bench) runDispatch(ctx context.Context) error {
 			return drainResult{}, err
 		}
 		loop := b.baselineLoop()
-		loop.ack = rawAckLedgerSQL(b.t.table.Sanitize(), pgx.Identifier{b.t.schema, "modkit_outbox_attempts"}.Sanitize())
+		loop.ack = benchsql.RawAckLedger(b.t.table.Sanitize(), pgx.Identifier{b.t.schema, "modkit_outbox_attempts"}.Sanitize())
 		loop.ackArgs = func(worker pgtype.UUID, ids, tokens []pgtype.UUID) []any { return []any{ids, worker, tokens[0]} }
 		return b.drainRaw(ctx, n, loop)
 	}})

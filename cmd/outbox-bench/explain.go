@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/modkit-go/modkit/internal/benchsql"
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
@@ -169,7 +170,7 @@ func (b *bench) explain(ctx context.Context, label string) error {
 	if ids, _, err = claim(); err != nil {
 		return err
 	}
-	return show(fmt.Sprintf("ack of %d by id array (baseline)", len(ids)), rawAckSQL(b.t.table.Sanitize()), ids)
+	return show(fmt.Sprintf("ack of %d by id array (baseline)", len(ids)), benchsql.RawAck(b.t.table.Sanitize()), ids)
 }
 
 // printExplain prints EXPLAIN (ANALYZE, BUFFERS) of sql, run through q, to
