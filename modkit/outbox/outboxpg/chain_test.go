@@ -106,8 +106,16 @@ func TestClaimChains(t *testing.T) {
 	got = claimChains(t, s, 100, []int{10}, w)
 	wantClaimed(t, got, "a:1", "a:2", "a:3", "b:1", "b:2", "-")
 	set := claimedSet(got)
-	if set["a:2"].Attempts != 1 || set["a:2"].LeaseToken == set["a:1"].LeaseToken {
-		t.Fatalf("a chain link has its own lease and counts its attempt: %+v", set["a:2"])
+	if set["a:2"].Attempts != 1 {
+		t.Fatalf("a chain link counts its attempt: %+v", set["a:2"])
+	}
+	// Since migration 0021 a claim's events share its lease token, one
+	// that no earlier claim drew.
+	for k, c := range set {
+		if c.LeaseToken != set["a:1"].LeaseToken || c.LeaseToken == back[0].LeaseToken {
+			t.Fatalf("event %s leased under token %v, the claim's first %v, an earlier claim's %v; want the claim's own",
+				k, c.LeaseToken, set["a:1"].LeaseToken, back[0].LeaseToken)
+		}
 	}
 
 	// The head fails: the chain given back is held behind it again, so
@@ -158,6 +166,62 @@ func TestClaimChains(t *testing.T) {
 			t.Fatalf("an expired link was claimed without repair: %+v", c)
 		}
 	}
+}
+
+// A chain's deliveries, written in one call under the claim's shared lease
+// token (one UPDATE for the token since migrations 0019 and 0021), let the
+// key's next event into the claim and no other; presented under another
+// claim's token, or by another worker, they change nothing.
+func TestChainDeliveredUnderItsToken(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	insertKeyed(t, s, pool, "c", 14)
+	w := uuid.New()
+	first := claimChains(t, s, 100, []int{10}, w)
+	wantClaimed(t, first, "c:1", "c:2", "c:3", "c:4", "c:5", "c:6", "c:7", "c:8", "c:9", "c:10")
+
+	// Another worker, and this worker under an earlier claim's token.
+	var foreign, stale []driver.Outcome
+	for _, c := range first {
+		foreign = append(foreign, outcome(c, driver.Delivered))
+		o := outcome(c, driver.Delivered)
+		o.LeaseToken = uuid.New()
+		stale = append(stale, o)
+	}
+	for name, try := range map[string]func() []bool{
+		"another worker":   func() []bool { return complete(t, s, uuid.New(), foreign...) },
+		"an unknown token": func() []bool { return complete(t, s, w, stale...) },
+	} {
+		for i, ok := range try() {
+			if ok {
+				t.Fatalf("%s: delivery %d recorded", name, i)
+			}
+		}
+	}
+
+	var outcomes []driver.Outcome
+	for _, c := range first {
+		outcomes = append(outcomes, outcome(c, driver.Delivered))
+	}
+	for i, ok := range complete(t, s, w, outcomes...) {
+		if !ok {
+			t.Fatalf("delivery %d of the chain not recorded", i)
+		}
+	}
+	var delivered, ledger int
+	var held []bool
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'delivered'),
+		array_agg(held ORDER BY ordering_seq) FILTER (WHERE status = 'pending') FROM modkit_outbox_events`).Scan(&delivered, &held); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM modkit_outbox_attempts WHERE outcome = 'delivered'`).Scan(&ledger); err != nil {
+		t.Fatal(err)
+	}
+	if delivered != 10 || ledger != 10 || len(held) != 4 || held[0] || !held[1] || !held[2] || !held[3] {
+		t.Fatalf("after the chain's deliveries: %d delivered, %d ledger rows, pending held %v; want 10, 10, [false true true true]",
+			delivered, ledger, held)
+	}
+	wantClaimed(t, claimChains(t, s, 100, []int{10}, w), "c:11", "c:12", "c:13", "c:14")
 }
 
 // A claim whose chain lengths do not match its topics is refused.
