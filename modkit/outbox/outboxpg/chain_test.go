@@ -170,8 +170,8 @@ func TestClaimChains(t *testing.T) {
 
 // A chain's deliveries, written in one call under the claim's shared lease
 // token (one UPDATE for the token since migrations 0019 and 0021), let the
-// key's next event into the claim and no other; presented under another
-// claim's token, or by another worker, they change nothing.
+// key's next event into the claim and no other; presented by another
+// worker, or under a token the claim did not draw, they change nothing.
 func TestChainDeliveredUnderItsToken(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
@@ -180,7 +180,7 @@ func TestChainDeliveredUnderItsToken(t *testing.T) {
 	first := claimChains(t, s, 100, []int{10}, w)
 	wantClaimed(t, first, "c:1", "c:2", "c:3", "c:4", "c:5", "c:6", "c:7", "c:8", "c:9", "c:10")
 
-	// Another worker, and this worker under an earlier claim's token.
+	// Another worker, and this worker under a token no claim drew.
 	var foreign, stale []driver.Outcome
 	for _, c := range first {
 		foreign = append(foreign, outcome(c, driver.Delivered))
