@@ -224,6 +224,83 @@ func TestChainDeliveredUnderItsToken(t *testing.T) {
 	wantClaimed(t, claimChains(t, s, 100, []int{10}, w), "c:11", "c:12", "c:13", "c:14")
 }
 
+// heldOf returns each event's held flag and status by sequence ("k:n").
+func heldOf(t *testing.T, pool *pgxpool.Pool, key string) map[int64]string {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT ordering_seq, CASE WHEN held THEN 'held ' ELSE '' END || status
+		FROM modkit_outbox_events WHERE ordering_key = $1`, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]string{}
+	for rows.Next() {
+		var seq int64
+		var state string
+		if err := rows.Scan(&seq, &state); err != nil {
+			t.Fatal(err)
+		}
+		out[seq] = state
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func wantStates(t *testing.T, got map[int64]string, want ...string) {
+	t.Helper()
+	for i, w := range want {
+		if got[int64(i+1)] != w {
+			t.Fatalf("states by sequence %v, want %q", got, want)
+		}
+	}
+}
+
+// The links of a chain stay held while leased (migration 0022: their claim
+// then writes no index entry); the depth gauge counts them as in flight. A
+// delivery clears held; any other outcome leaves an event held exactly
+// while its predecessor is undelivered, counting the deliveries of the same
+// call, so that a link retried or dead behind a delivered event is not held
+// (a held retry would never be claimed again).
+func TestChainLinksStayHeldWhileLeased(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	insertKeyed(t, s, pool, "h", 6)
+	w := uuid.New()
+	first := claimSet(t, claimChains(t, s, 100, []int{4}, w), "h:1", "h:2", "h:3", "h:4")
+	wantStates(t, heldOf(t, pool, "h"), "processing", "held processing", "held processing", "held processing",
+		"held pending", "held pending")
+	rows, err := s.Depth(ctx, []string{topic})
+	if err != nil || len(rows) != 1 || rows[0].Processing != 4 || rows[0].Pending != 2 {
+		t.Fatalf("depth %+v %v, want 4 processing and 2 pending", rows, err)
+	}
+
+	retry := outcome(first["h:3"], driver.Retry)
+	retry.Delay = 0
+	complete(t, s, w, outcome(first["h:1"], driver.Delivered), outcome(first["h:2"], driver.Delivered), retry,
+		outcome(first["h:4"], driver.Release))
+	wantStates(t, heldOf(t, pool, "h"), "delivered", "delivered", "pending", "held pending", "held pending", "held pending")
+
+	second := claimSet(t, claimChains(t, s, 100, []int{4}, w), "h:3", "h:4", "h:5", "h:6")
+	if second["h:3"].Attempts != 2 || second["h:4"].Attempts != 1 {
+		t.Fatalf("attempts: h:3 %d, h:4 %d; want 2 and 1", second["h:3"].Attempts, second["h:4"].Attempts)
+	}
+	complete(t, s, w, outcome(second["h:3"], driver.Delivered), outcome(second["h:4"], driver.Dead),
+		outcome(second["h:5"], driver.Release), outcome(second["h:6"], driver.Release))
+	wantStates(t, heldOf(t, pool, "h"), "delivered", "delivered", "delivered", "dead", "held pending", "held pending")
+	blocked, err := s.BlockedKeys(ctx, 10)
+	if err != nil || len(blocked) != 1 || blocked[0].Waiting != 2 {
+		t.Fatalf("blocked keys %+v %v, want h, two events waiting", blocked, err)
+	}
+}
+
+// claimSet checks a claim's events by "key:seq" and indexes them.
+func claimSet(t *testing.T, got []driver.Claimed, want ...string) map[string]driver.Claimed {
+	t.Helper()
+	wantClaimed(t, got, want...)
+	return claimedSet(got)
+}
+
 // A claim whose chain lengths do not match its topics is refused.
 func TestClaimChainsMismatch(t *testing.T) {
 	s, _ := newStore(t)
