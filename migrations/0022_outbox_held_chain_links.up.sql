@@ -10,11 +10,11 @@
 --   - modkit_outbox_claim_chains leaves held as it is (a head is not held,
 --     a link is held behind the events before it in its chain);
 --   - modkit_outbox_complete clears held on a delivery (a non-HOT update in
---     any case), and holds an event of an ordering key after a retry, a
---     dead outcome or a release while its predecessor is undelivered, as it
---     held a released one before (a link retried or dead behind a delivered
---     predecessor is therefore not held); the release of the next event of
---     a delivered one is unchanged, and also frees a link still leased;
+--     any case), and sets it from the predecessor for a retry or a dead
+--     outcome of a held event, as it did for a release (a link retried or
+--     dead behind a delivered predecessor is therefore not held, and would
+--     otherwise never be claimed again); the release of the next event of a
+--     delivered one is unchanged, and also frees a link still leased;
 --   - modkit_outbox_sweep repairs the expired leases of held links, found
 --     in the held index with the held events out of attempts it already
 --     read there;
@@ -246,9 +246,9 @@ END $function$;
 -- finds them by primary key and fences them in its WHERE clause; the other
 -- outcomes are locked first and written by row address, as before. Since
 -- 0022 a leased link of a chain may be held (behind the events before it):
--- a delivery clears held, and a retry, a dead event or a release of an
--- event of an ordering key is held while its predecessor is undelivered
--- (unless this call delivers it).
+-- a delivery clears held, and a release of an event of an ordering key,
+-- or a retry or dead outcome of a held one, leaves it held while its
+-- predecessor is undelivered (unless this call delivers it).
 CREATE FUNCTION @s.modkit_outbox_complete(
     p_worker uuid, p_ids uuid[], p_tokens uuid[], p_outcomes text[], p_errors text[], p_delays_ms bigint[],
     p_now timestamptz DEFAULT NULL)
@@ -387,13 +387,14 @@ BEGIN
             locked_by = NULL, locked_until = NULL, lease_token = NULL,
             ledger_seq = e.ledger_seq + 1,
             updated_at = v_now,
-            -- A delivered event is not held. Any other outcome of an event of
-            -- an ordering key (a chain given back after an event before it
-            -- failed, or a link of a chain, which stays held while leased
-            -- since migration 0022, retried or dead) leaves it held while its
-            -- predecessor is undelivered, unless this call delivers it.
+            -- A delivered event is not held. A released event of an ordering
+            -- key (a chain given back after an event before it failed), and
+            -- a held one retried or dead (a link of a chain, which stays
+            -- held while leased since migration 0022), is held while its
+            -- predecessor is undelivered, unless this call delivers it. The
+            -- rest keep their flag, as before.
             held = CASE WHEN u.outcome = 'delivered' THEN false
-                WHEN e.ordering_key IS NOT NULL THEN EXISTS (
+                WHEN e.ordering_key IS NOT NULL AND (u.outcome = 'released' OR e.held) THEN EXISTS (
                 SELECT 1 FROM @s.modkit_outbox_events p
                 WHERE p.ordering_stream = e.ordering_stream
                   AND p.ordering_seq = e.ordering_seq - 1
