@@ -3,10 +3,10 @@
 -- its held flag; held is in the claim index's predicate, so every link's
 -- update was not heap-only and gave the link new entries in four indexes,
 -- three of them unique and checked: 40 of a 59 ms claim of 1,000 events
--- (BENCHMARKS.md, "The links of a chain stay held"). Now held means what
--- its name says, "behind an undelivered event of its key", without the
--- exception "a leased event is never held" that 0014 wrote into the claim,
--- the sweep and the depth gauge:
+-- (BENCHMARKS.md, "The links of a chain stay held while leased"). Now held
+-- means what its name says, "behind an undelivered event of its key",
+-- without the exception "a leased event is never held" that 0014 wrote into
+-- the claim, the sweep and the depth gauge:
 --   - modkit_outbox_claim_chains leaves held as it is (a head is not held,
 --     a link is held behind the events before it in its chain);
 --   - modkit_outbox_complete clears held on a delivery (a non-HOT update in
@@ -20,7 +20,7 @@
 --     read there;
 --   - modkit_outbox_depth counts a leased held link as processing.
 -- modkit_outbox_release_held, which frees the first held event of a key
--- once its predecessor is delivered, may now free a leased link: it then
+-- once its predecessor has settled, may now free a leased link: it then
 -- enters the claim index as a lease, as every leased event did before.
 -- Claims find expired leases of links as before: a chained claim walks a
 -- head's links whatever their held flag, and a link whose head was

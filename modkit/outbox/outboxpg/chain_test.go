@@ -224,7 +224,8 @@ func TestChainDeliveredUnderItsToken(t *testing.T) {
 	wantClaimed(t, claimChains(t, s, 100, []int{10}, w), "c:11", "c:12", "c:13", "c:14")
 }
 
-// heldOf returns each event's held flag and status by sequence ("k:n").
+// heldOf returns the state of each event of key by its sequence: its status,
+// after "held " when it is held.
 func heldOf(t *testing.T, pool *pgxpool.Pool, key string) map[int64]string {
 	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT ordering_seq, CASE WHEN held THEN 'held ' ELSE '' END || status
@@ -247,6 +248,8 @@ func heldOf(t *testing.T, pool *pgxpool.Pool, key string) map[int64]string {
 	return out
 }
 
+// wantStates fails the test unless the states of heldOf are want, in
+// sequence order from 1.
 func wantStates(t *testing.T, got map[int64]string, want ...string) {
 	t.Helper()
 	for i, w := range want {
@@ -258,10 +261,11 @@ func wantStates(t *testing.T, got map[int64]string, want ...string) {
 
 // The links of a chain stay held while leased (migration 0022: their claim
 // then writes no index entry); the depth gauge counts them as in flight. A
-// delivery clears held; any other outcome leaves an event held exactly
-// while its predecessor is undelivered, counting the deliveries of the same
-// call, so that a link retried or dead behind a delivered event is not held
-// (a held retry would never be claimed again).
+// delivery clears held; a release, or a retry or dead outcome of a held
+// link, leaves an event held exactly while its predecessor is undelivered,
+// counting the deliveries of the same call, so that a link retried or dead
+// behind a delivered event is not held (a held retry would never be claimed
+// again).
 func TestChainLinksStayHeldWhileLeased(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
