@@ -298,6 +298,34 @@ func TestChainLinksStayHeldWhileLeased(t *testing.T) {
 	}
 }
 
+// A chain whose dispatcher died, taken over by claims without chains and no
+// sweep: each delivery frees the next link, still leased under the dead
+// claim and held, and the next claim takes it as an expired lease, so the
+// key goes on in order, one event a claim, and every link's ledger records
+// the lease that expired.
+func TestDeadChainTakenOverWithoutChains(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	insertKeyed(t, s, pool, "p", 3)
+	for _, c := range claimSet(t, claimChains(t, s, 100, []int{3}, uuid.New()), "p:1", "p:2", "p:3") {
+		expireLease(t, pool, c.ID)
+	}
+	w := uuid.New()
+	for seq := 1; seq <= 3; seq++ {
+		key := fmt.Sprintf("p:%d", seq)
+		got := claimSet(t, claim(t, s, 100, 5, w), key)
+		if !got[key].Repaired {
+			t.Fatalf("%s claimed without repairing the expired lease: %+v", key, got[key])
+		}
+		complete(t, s, w, outcome(got[key], driver.Delivered))
+	}
+	wantStates(t, heldOf(t, pool, "p"), "delivered", "delivered", "delivered")
+	var expired int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM modkit_outbox_attempts WHERE outcome = 'lease_expired'`).Scan(&expired); err != nil || expired != 3 {
+		t.Fatalf("lease_expired ledger rows: %d %v, want 3", expired, err)
+	}
+}
+
 // claimSet checks a claim's events by "key:seq" and indexes them.
 func claimSet(t *testing.T, got []driver.Claimed, want ...string) map[string]driver.Claimed {
 	t.Helper()
