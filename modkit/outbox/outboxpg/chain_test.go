@@ -259,7 +259,7 @@ func wantStates(t *testing.T, got map[int64]string, want ...string) {
 	}
 }
 
-// The links of a chain stay held while leased (migration 0022: their claim
+// The links of a chain stay held while leased (migration 0021: their claim
 // then writes no index entry); the depth gauge counts them as in flight. A
 // delivery clears held; a release, or a retry or dead outcome of a held
 // link, leaves an event held exactly while its predecessor is undelivered,

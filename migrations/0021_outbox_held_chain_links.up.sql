@@ -1,8 +1,25 @@
--- The links of a chain stay held while leased. A chained claim (publishers
--- whose events carry ordering keys) leased each link of a chain and cleared
--- its held flag; held is in the claim index's predicate, so every link's
--- update was not heap-only and gave the link new entries in four indexes,
--- three of them unique and checked: 40 of a 59 ms claim of 1,000 events
+-- Claims of ordering chains (publishers whose events carry ordering keys),
+-- made as cheap as claims without chains, in two parts.
+--
+-- One lease token a chained claim, as migration 0016 gave the claim without
+-- chains. modkit_outbox_claim_chains drew a token for each event it leased:
+-- gen_random_uuid() costs about 2.3 us a call on this kind of machine, and
+-- an outcome write finds its deliveries with one UPDATE per lease token only
+-- when at least eight of them share one (migration 0019); with a token an
+-- event, every delivery of an ordered event took the lock and the update by
+-- row address instead (BENCHMARKS.md, "A slow machine, and one lease token
+-- a chained claim": about 5% off the outcome writes of an ordered drain).
+-- Fencing is unchanged: a token still names one claim, every claim draws
+-- its own, and an outcome is recorded only for an event leased to the
+-- caller under the token presented (with the worker and an unexpired
+-- lease). The events of one claim share its token, as they share its
+-- worker and lease end.
+--
+-- The links of a chain stay held while leased. A chained claim leased each
+-- link of a chain and cleared its held flag; held is in the claim index's
+-- predicate, so every link's update was not heap-only and gave the link
+-- new entries in four indexes, three of them unique and checked: 40 of a
+-- 59 ms claim of 1,000 events
 -- (BENCHMARKS.md, "The links of a chain stay held while leased"). Now held
 -- means what its name says, "behind an undelivered event of its key",
 -- without the exception "a leased event is never held" that 0014 wrote into
@@ -26,15 +43,15 @@
 -- head's links whatever their held flag, and a link whose head was
 -- delivered is freed by that delivery.
 --
--- The functions replaced stay under _0021, _0019 and _0014 names, callable
--- by their owner only, so that the down migration can put them back. The
+-- The functions replaced stay under _0019 and _0014 names, callable by
+-- their owner only, so that the down migration can put them back. The
 -- down migration leaves held as it finds it: a link leased under this
 -- migration and still leased then stays held until the delivery of its
 -- predecessor (or release_held) frees it, when the old functions see an
 -- ordinary lease, and a chained claim of its head takes it again if its
 -- lease expires.
 ALTER FUNCTION modkit_outbox_claim_chains(uuid, text[], int, int, interval, text[], int[], timestamptz)
-    RENAME TO modkit_outbox_claim_chains_0021;
+    RENAME TO modkit_outbox_claim_chains_0014;
 ALTER FUNCTION modkit_outbox_complete(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz)
     RENAME TO modkit_outbox_complete_0019;
 ALTER FUNCTION modkit_outbox_sweep(text[], int, int, timestamptz) RENAME TO modkit_outbox_sweep_0014;
@@ -47,7 +64,7 @@ BEGIN
         WHERE rolname IN ('modkit_outbox_producer', 'modkit_outbox_dispatcher', 'modkit_outbox_reader', 'modkit_outbox_operator')
     LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION '
-            'modkit_outbox_claim_chains_0021(uuid, text[], int, int, interval, text[], int[], timestamptz), '
+            'modkit_outbox_claim_chains_0014(uuid, text[], int, int, interval, text[], int[], timestamptz), '
             'modkit_outbox_complete_0019(uuid, uuid[], uuid[], text[], text[], bigint[], timestamptz), '
             'modkit_outbox_sweep_0014(text[], int, int, timestamptz), '
             'modkit_outbox_depth_0014(text[], timestamptz) FROM %I', r);
@@ -66,8 +83,8 @@ body := $functions$
 -- topic's chain is longer than one (modkit_outbox_claim_plain takes the
 -- rest), so the shortcut without chains that 0008 kept here is gone; called
 -- without chains, it still claims correctly, each head with no successors.
--- Since migration 0021 the events of a claim share one lease token; since
--- 0022 the links of a chain stay held while leased (their update is then
+-- Since migration 0021 the events of a claim share one lease token, and the
+-- links of a chain stay held while leased (their update is then
 -- heap-only): held means "behind an undelivered event of its key". Callable
 -- by the owner only.
 CREATE FUNCTION @s.modkit_outbox_claim_chains(p_worker uuid, p_topics text[], p_limit integer, p_max_attempts integer, p_lease interval, p_skip_dead text[], p_chain integer[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
@@ -212,7 +229,7 @@ BEGIN
             claimed_at = v_now,
             updated_at = v_now
             -- held is left as it is: a head is not held, and a link stays
-            -- held behind the events before it in the chain (migration 0022).
+            -- held behind the events before it in the chain (migration 0021).
         FROM picked d WHERE e.id = d.id
         -- The old lease's columns travel in RETURNING: joining two CTEs
         -- would be planned from the stale estimate of one processing row,
@@ -245,7 +262,7 @@ END $function$;
 -- deliveries of kept events are written by one UPDATE per lease token that
 -- finds them by primary key and fences them in its WHERE clause; the other
 -- outcomes are locked first and written by row address, as before. Since
--- 0022 a leased link of a chain may be held (behind the events before it):
+-- 0021 a leased link of a chain may be held (behind the events before it):
 -- a delivery clears held, and a release of an event of an ordering key,
 -- or a retry or dead outcome of a held one, leaves it held while its
 -- predecessor is undelivered (unless this call delivers it).
@@ -390,7 +407,7 @@ BEGIN
             -- A delivered event is not held. A released event of an ordering
             -- key (a chain given back after an event before it failed), and
             -- a held one retried or dead (a link of a chain, which stays
-            -- held while leased since migration 0022), is held while its
+            -- held while leased since migration 0021), is held while its
             -- predecessor is undelivered, unless this call delivers it. The
             -- rest keep their flag, as before.
             held = CASE WHEN u.outcome = 'delivered' THEN false
@@ -464,7 +481,7 @@ END $$;
 
 -- Repair expired leases of p_topics (back to pending, or dead on the last
 -- attempt) and bury pending events out of attempts; since 0014 both from
--- one walk of the claim index; since 0022 also the expired leases of held
+-- one walk of the claim index; since 0021 also the expired leases of held
 -- chain links, from the held index.
 CREATE FUNCTION @s.modkit_outbox_sweep(p_topics text[], p_max_attempts integer, p_limit integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS TABLE(id uuid, topic text, repaired boolean)
@@ -483,7 +500,7 @@ BEGIN
     -- events out of attempts from one walk of the claim index (since
     -- migration 0014 it holds every pending and leased event that is not
     -- held), held events out of attempts and the expired leases of held
-    -- events (since 0022 the links of a chain stay held while leased) from
+    -- events (since 0021 the links of a chain stay held while leased) from
     -- the held index.
     WITH due_claimable AS (
         SELECT e.id, e.created_at, e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
@@ -553,7 +570,7 @@ END $function$;
 
 -- Per topic: pending, leased and dead events, how long the oldest due one
 -- has waited, and the expired leases; since 0014 from the claim, held and
--- settled indexes. Since 0022 a held event may be leased (a chain link):
+-- settled indexes. Since 0021 a held event may be leased (a chain link):
 -- it counts as processing.
 CREATE FUNCTION @s.modkit_outbox_depth(p_topics text[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
  RETURNS TABLE(topic text, pending bigint, processing bigint, dead bigint, oldest_due_seconds double precision, stuck bigint)
