@@ -36,18 +36,9 @@ func TestCompleteNeverWalksTheClaimIndex(t *testing.T) {
 	}
 	mustExec(t, tdb.Provider.Pool, "ANALYZE modkit_outbox_events")
 
-	// A connection of its own: the transaction statistics read below must
-	// hold this call's scans only.
-	conn, err := pgx.Connect(ctx, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // the outcomes are not kept
+	// The transaction statistics read below must hold this call's scans
+	// only.
+	tx := ownTx(t, tdb)
 	if _, err := tx.Exec(ctx, "SET LOCAL enable_nestloop = off"); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +48,7 @@ func TestCompleteNeverWalksTheClaimIndex(t *testing.T) {
 		ids[i], tokens[i], outcomes[i] = c.ID, c.LeaseToken, "delivered"
 	}
 	var settled, scans int
-	err = tx.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_complete($1, $2, $3, $4, $5, $6)",
+	err := tx.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_complete($1, $2, $3, $4, $5, $6)",
 		w, ids, tokens, outcomes, errs, delays).Scan(&settled)
 	if err != nil || settled != leased {
 		t.Fatalf("settled %d of %d: %v", settled, leased, err)
@@ -71,6 +62,25 @@ func TestCompleteNeverWalksTheClaimIndex(t *testing.T) {
 	}
 }
 
+// ownTx begins a transaction on a connection of its own, so that the
+// transaction statistics (pg_stat_get_xact_*) it reads count its own
+// statements only; it is rolled back and the connection closed when the
+// test ends.
+func ownTx(t *testing.T, tdb *pgtest.DB) pgx.Tx {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck // nothing the tests do is kept
+	return tx
+}
+
 // A claim's update of an event, and an outcome that puts it back to pending
 // (a retry), are heap-only (HOT): no index reads a column they change, and
 // pages keep room for the new versions (migration 0014). A delivery is not:
@@ -80,18 +90,9 @@ func TestClaimAndRetryAreHeapOnlyUpdates(t *testing.T) {
 	if _, err := s.Insert(ctx, tdb.Provider.Pool, rows(100, "test", "events"), nil); err != nil {
 		t.Fatal(err)
 	}
-	// A connection of its own: the transaction statistics read below must
-	// hold this transaction's updates only.
-	conn, err := pgx.Connect(ctx, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // nothing is kept
+	// The transaction statistics read below must hold this transaction's
+	// updates only.
+	tx := ownTx(t, tdb)
 	updates := func() (all, hot int64) {
 		t.Helper()
 		err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_updated('modkit_outbox_events'::regclass),
@@ -156,21 +157,12 @@ func TestClaimLeasesByRowAddress(t *testing.T) {
 	if _, err := s.Insert(ctx, tdb.Provider.Pool, rows(n, "test", "events"), nil); err != nil {
 		t.Fatal(err)
 	}
-	// A connection of its own: the transaction statistics read below must
-	// hold this claim's scans only.
-	conn, err := pgx.Connect(ctx, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // nothing is kept
+	// The transaction statistics read below must hold this claim's scans
+	// only.
+	tx := ownTx(t, tdb)
 	w := uuid.New()
 	var leased, tokens int
-	err = tx.QueryRow(ctx, `SELECT count(*), count(DISTINCT c.lease_token)
+	err := tx.QueryRow(ctx, `SELECT count(*), count(DISTINCT c.lease_token)
 	FROM modkit_outbox_claim($1, $2, $3, 3, interval '30 seconds', NULL) AS c`,
 		w, []string{"test:events"}, claimed).Scan(&leased, &tokens)
 	if err != nil || leased != claimed || tokens != 1 {
