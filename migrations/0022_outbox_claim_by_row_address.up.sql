@@ -14,7 +14,11 @@
 --
 -- What the claim leases, in which order, and under which token is
 -- unchanged. The claim of ordering chains (modkit_outbox_claim_chains) is
--- not changed.
+-- not changed: it locks and leases in one statement, whose snapshot does
+-- not see a version that a lock took after a concurrent update; by id, the
+-- update follows that version, by row address it would skip the event, and
+-- a chain's head skipped while its links are leased would let the links be
+-- published first.
 --
 -- The function it replaces stays as modkit_outbox_claim_plain_0016,
 -- callable by its owner only (as claim_plain itself is), so that the down
