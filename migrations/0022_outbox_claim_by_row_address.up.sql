@@ -6,11 +6,11 @@
 -- The rows stay locked by the claim's transaction between the two
 -- statements, so each is still where the first statement found it, and a
 -- TID scan reaches it without an index: the outcome write has relied on
--- the same since migration 0011. In a psql drain of 100,000 events (claims
--- of 500, alternated with the old function, four rounds each) the claims
--- took 1,003-1,051 ms against 1,108-1,202 ms, the leasing UPDATE's scan
--- 0.18 against 0.61 ms a claim of 500 (BENCHMARKS.md, "The claim leases by
--- row address").
+-- the same since migration 0011. In psql drains of 100,000 events (claims
+-- of 500, alternated with the old function, six rounds each) the claims
+-- took 1,003-1,051 ms against 1,098-1,152 ms, the leasing UPDATE's scan
+-- 0.18 against 0.61 ms a claim of 500 (BENCHMARKS.md, "A quiet machine
+-- after a restart, and the claim leases by row address").
 --
 -- What the claim leases, in which order, and under which token is
 -- unchanged. The claim of ordering chains (modkit_outbox_claim_chains) is

@@ -150,7 +150,7 @@ func TestClaimAndRetryAreHeapOnlyUpdates(t *testing.T) {
 // A claim leases the events it locked by row address (migration 0022): the
 // statement that locks them walks the claim index, and the one that leases
 // them reaches each by its ctid, so the claim never descends the primary
-// key, whose descents were about a tenth of a claim's time.
+// key (one descent an event took 5-11% of a claim's time).
 func TestClaimLeasesByRowAddress(t *testing.T) {
 	s, tdb := newStore(t)
 	const n, claimed = 60, 40
