@@ -233,6 +233,7 @@ func heldOf(t *testing.T, pool *pgxpool.Pool, key string) map[int64]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
 	out := map[int64]string{}
 	for rows.Next() {
 		var seq int64
@@ -249,9 +250,12 @@ func heldOf(t *testing.T, pool *pgxpool.Pool, key string) map[int64]string {
 }
 
 // wantStates fails the test unless the states of heldOf are want, in
-// sequence order from 1.
+// sequence order from 1, and no more.
 func wantStates(t *testing.T, got map[int64]string, want ...string) {
 	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("states by sequence %v, want %q", got, want)
+	}
 	for i, w := range want {
 		if got[int64(i+1)] != w {
 			t.Fatalf("states by sequence %v, want %q", got, want)
