@@ -48,14 +48,14 @@ const copySavepoint = "modkit_outbox_copy"
 // INSERT path.
 //
 // The COPY, the announcement of the batch's topics and, in a transaction,
-// the release of the savepoint go to the server as one simple-protocol
+// the savepoint and its release go to the server as one simple-protocol
 // query (see copyStatement), and the rows in PostgreSQL's binary COPY
 // format, encoded here (copyReader): a batch costs the caller's
-// transaction two round trips (SAVEPOINT, then the rest) where pgx's
-// CopyFrom and separate statements took four, and EnqueueBatch runs at a
-// bare COPY's rate within the noise (BENCHMARKS.md, "Bulk enqueue in one
-// round trip"). The connection's pgx.CopyFromTracer, if any, sees the
-// COPY as it would see pgx's CopyFrom (see copyIn).
+// transaction one round trip, as a bare COPY does, where pgx's CopyFrom
+// and separate statements took four (BENCHMARKS.md, "Bulk enqueue in one
+// round trip" and "The savepoint in the COPY's query"). The connection's
+// pgx.CopyFromTracer, if any, sees the COPY as it would see pgx's
+// CopyFrom (see copyIn).
 func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, notify []string) (bool, error) {
 	if len(rows) < copyMinBatch {
 		return false, nil
@@ -68,10 +68,11 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 	var err error
 	switch r := tx.(type) {
 	case pgx.Tx:
-		// The savepoint goes through pgx, which refuses a transaction
-		// already committed or rolled back (whose connection may belong to
-		// someone else by now); the rest through its connection.
-		if _, err = r.Exec(ctx, "SAVEPOINT "+copySavepoint); err != nil {
+		// pgx refuses a transaction already committed or rolled back
+		// (whose connection may belong to someone else by now); an empty
+		// batch asks it without a round trip. The savepoint, the COPY and
+		// the rest then go through its connection as one query.
+		if err = r.SendBatch(ctx, &pgx.Batch{}).Close(); err != nil {
 			return false, insertError(err)
 		}
 		if err = s.copyIn(ctx, r.Conn(), rows, s.copyStatement(true, notify)); err != nil {
@@ -115,12 +116,18 @@ func (s *store) copyIn(ctx context.Context, conn *pgx.Conn, rows []driver.Insert
 	return err
 }
 
-// copyStatement is the simple-protocol query of a COPY batch: the COPY
-// from the client's binary data, then the announcement of the topics (nil:
-// none) and, inSavepoint, the release of copySavepoint. Statements after a
-// failed one do not run, so a batch that fails announces nothing.
+// copyStatement is the simple-protocol query of a COPY batch: inSavepoint,
+// the start of copySavepoint; the COPY from the client's binary data; the
+// announcement of the topics (nil: none); and, inSavepoint, the release of
+// copySavepoint. Statements after a failed one do not run, so a batch that
+// fails announces nothing. (Should the savepoint fail, in a transaction
+// already aborted, the server ignores the COPY data that follows the
+// query, as the protocol has it.)
 func (s *store) copyStatement(inSavepoint bool, notify []string) string {
 	var b strings.Builder
+	if inSavepoint {
+		b.WriteString("SAVEPOINT " + copySavepoint + "; ")
+	}
 	b.WriteString("COPY ")
 	b.WriteString(s.table.Sanitize())
 	b.WriteString(" (" + copyColumns + ") FROM STDIN (FORMAT binary)")

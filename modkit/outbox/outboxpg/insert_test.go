@@ -393,6 +393,31 @@ func TestInsertManyByCopy(t *testing.T) {
 	if _, err := s.Insert(ctx, tx, batch("closed", 64), []string{"test:closed"}); !errors.Is(err, pgx.ErrTxClosed) {
 		t.Fatalf("batch through a committed transaction: %v, want pgx.ErrTxClosed", err)
 	}
+	// In a transaction that a failed statement has aborted, the batch
+	// fails as any statement would (25P02), its COPY data is ignored, and
+	// the connection serves the next statement.
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Release()
+	tx, err = pc.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("dividing by zero succeeded")
+	}
+	if _, err := s.Insert(ctx, tx, batch("aborted", 64), []string{"test:aborted"}); !errors.As(err, &pgErr) || pgErr.Code != "25P02" {
+		t.Fatalf("batch in an aborted transaction: %v, want in_failed_sql_transaction (25P02)", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pc.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatalf("the connection after a batch in an aborted transaction: %v", err)
+	}
 	if _, err := s.Insert(ctx, pool, rows(1, "test", "end"), []string{"test:end"}); err != nil {
 		t.Fatal(err)
 	}
