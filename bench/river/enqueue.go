@@ -111,6 +111,10 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 			}
 			return err
 		})},
+		{"River InsertTx with unique options", loop(func(ctx context.Context, tx pgx.Tx, seq int64) error {
+			_, err := riv.InsertTx(ctx, tx, b.src.job(seq), &uniqueByArgs)
+			return err
+		})},
 	}
 	runs, err := alternate(ctx, b, "enqueue", sides)
 	if err != nil {
@@ -123,8 +127,17 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 	b.add(rateRow("enqueue", "same, outbox messages without a dedupe key", runs[3], runs[1], runs[4], "",
 		"Like for like with River's InsertTx without unique options: the outbox message has no dedupe key (the library inserts it without ON CONFLICT), "+
 			"and raw is a plain INSERT of the outbox row without one."))
+	b.add(rateRow("enqueue", "same, both deduplicating", runs[0], runs[5], runs[2], "",
+		"Like for like with a dedupe key: the outbox message has its tenant and dedupe key (as in the first row), "+
+			"River's InsertTx has UniqueOpts{ByArgs: true} (a unique key from the job's kind and args, ON CONFLICT on River's unique index); "+
+			"raw is the plain INSERT of the first row."))
 	return nil
 }
+
+// uniqueByArgs makes River refuse a second job of the same kind and args
+// (in any state but cancelled and discarded, River's default), as a dedupe
+// key makes the outbox refuse a second event.
+var uniqueByArgs = river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
 
 // bulkLoad writes total events in batches of batch, one transaction per
 // batch, from one producer, and returns events per second; the batches are

@@ -25,8 +25,9 @@ var benchTopic = outbox.Topic{Namespace: "bench", Topic: "events"}
 // source makes the one event shape both systems carry: a JSON payload of
 // about the configured size with a sequence number; outbox events also get
 // a tenant and a dedupe key "<tenant>/<run>/<seq>" (River jobs get no
-// uniqueness: River's unique jobs cost extra and are not what its users
-// reach for by default).
+// uniqueness, except in the enqueue workload's "both deduplicating" side:
+// River's unique jobs cost extra and are not what its users reach for by
+// default).
 type source struct {
 	tenant uuid.UUID
 	pad    string
