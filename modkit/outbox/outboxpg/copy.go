@@ -43,9 +43,10 @@ const copySavepoint = "modkit_outbox_copy"
 // third of the driver's own CPU in a bulk load, pgx's encoding aside, to
 // spare the rare batch that repeats one a failed COPY.) It is used for
 // batches of at least copyMinBatch rows without ordering keys, through a
-// pgx.Tx or a *pgxpool.Pool; other runners (database/sql, bun, *pgx.Conn,
-// which may be inside a transaction the driver cannot see) always take the
-// INSERT path.
+// pgx.Tx whose Conn is not nil or a *pgxpool.Pool; other runners
+// (database/sql, bun, *pgx.Conn, which may be inside a transaction the
+// driver cannot see, a pgx.Tx wrapper without a connection) always take
+// the INSERT path.
 //
 // The COPY, the announcement of the batch's topics and, in a transaction,
 // the savepoint and its release go to the server as one simple-protocol
@@ -68,6 +69,10 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 	var err error
 	switch r := tx.(type) {
 	case pgx.Tx:
+		conn := r.Conn()
+		if conn == nil { // a wrapper without one: the INSERT path uses its methods
+			return false, nil
+		}
 		// pgx refuses a transaction already committed or rolled back
 		// (whose connection may belong to someone else by now); an empty
 		// batch asks it without a round trip. The savepoint, the COPY and
@@ -75,7 +80,7 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 		if err = r.SendBatch(ctx, &pgx.Batch{}).Close(); err != nil {
 			return false, insertError(err)
 		}
-		if err = s.copyIn(ctx, r.Conn(), rows, s.copyStatement(true, notify)); err != nil {
+		if err = s.copyIn(ctx, conn, rows, s.copyStatement(true, notify)); err != nil {
 			// Undo the COPY (and the announcement) and leave the caller's
 			// transaction usable. Should the rollback fail too (the
 			// connection is gone), the COPY's error says more.

@@ -371,6 +371,18 @@ func TestInsertManyByCopy(t *testing.T) {
 		t.Fatalf("the tracer saw %q, want %q", tracer.seen, want)
 	}
 
+	// A pgx.Tx wrapper without a connection gets the INSERT path, through
+	// its own methods, instead of a COPY on a nil connection.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		got, err := s.Insert(ctx, connlessTx{tx}, batch("connless", 64), nil)
+		if err == nil && len(got) != 64 {
+			err = fmt.Errorf("%d results for 64 rows", len(got))
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("batch through a pgx.Tx without a connection: %v", err)
+	}
+
 	// The savepoint is released: the caller's transaction is left as it
 	// was, plus the rows.
 	tx, err = pool.Begin(ctx)
@@ -430,10 +442,15 @@ func TestInsertManyByCopy(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events").Scan(&events); err != nil {
 		t.Fatal(err)
 	}
-	if events != 100+64+64+65+1 {
-		t.Fatalf("%d events, want %d", events, 100+64+64+65+1)
+	if events != 100+64+64+65+64+1 {
+		t.Fatalf("%d events, want %d", events, 100+64+64+65+64+1)
 	}
 }
+
+// connlessTx is a pgx.Tx wrapper that has no connection to give.
+type connlessTx struct{ pgx.Tx }
+
+func (connlessTx) Conn() *pgx.Conn { return nil }
 
 // listen opens a connection that listens on outboxpg.NotifyChannel.
 func listen(t *testing.T, dsn string) *pgx.Conn {
