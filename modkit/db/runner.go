@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
 )
 
@@ -25,8 +26,9 @@ import (
 // Passing anything else (a *sql.Tx without SQL, a string) does not compile.
 // Go offers no single interface that both pgx and database/sql types
 // satisfy, and a type union cannot name interfaces such as pgx.Tx, hence
-// the adapter for the second family. A nil Runner, or SQL of a nil pointer,
-// makes the call fail with ErrUnsupportedRunner before any SQL runs.
+// the adapter for the second family. A nil Runner, a nil *pgxpool.Pool,
+// *pgxpool.Conn or *pgx.Conn, or SQL of a nil pointer, makes the call fail
+// with ErrUnsupportedRunner before any SQL runs.
 type Runner interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -99,6 +101,9 @@ func AsQuerier(r any) (Querier, error) {
 		}
 		return sqlQuerier{v.q}, nil
 	case Runner:
+		if nilPgxHandle(v) {
+			return nil, fmt.Errorf("%w (got nil %T)", ErrUnsupportedRunner, v)
+		}
 		return pgxQuerier{v}, nil
 	case SQLQuerier:
 		q, err := unwrapSQL(v)
@@ -109,6 +114,20 @@ func AsQuerier(r any) (Querier, error) {
 	default:
 		return nil, fmt.Errorf("%w (got %T)", ErrUnsupportedRunner, r)
 	}
+}
+
+// nilPgxHandle reports whether r is a nil pointer of one of pgx's handle
+// types, which would panic on its first statement.
+func nilPgxHandle(r Runner) bool {
+	switch v := r.(type) {
+	case *pgxpool.Pool:
+		return v == nil
+	case *pgxpool.Conn:
+		return v == nil
+	case *pgx.Conn:
+		return v == nil
+	}
+	return false
 }
 
 // unwrapSQL returns the database/sql handle under a bun value, and q itself

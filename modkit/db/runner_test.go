@@ -155,7 +155,8 @@ func TestRunnerKinds(t *testing.T) {
 }
 
 func TestAsQuerierRejectsUnsupported(t *testing.T) {
-	for _, r := range []any{nil, 42, "postgres://", (*bun.Tx)(nil), (*bun.DB)(nil)} {
+	for _, r := range []any{nil, 42, "postgres://", (*bun.Tx)(nil), (*bun.DB)(nil),
+		(*pgxpool.Pool)(nil), (*pgxpool.Conn)(nil), (*pgx.Conn)(nil)} {
 		if _, err := db.AsQuerier(r); !errors.Is(err, db.ErrUnsupportedRunner) {
 			t.Errorf("AsQuerier(%#v): want ErrUnsupportedRunner, got %v", r, err)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/uptrace/bun"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -109,7 +110,7 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 	}
 	// A wrong type does not compile; a nil runner (or a wrapped nil handle)
 	// is refused before any SQL runs.
-	for _, r := range []db.Runner{nil, db.SQL((*sql.Tx)(nil)), db.SQL((*bun.DB)(nil))} {
+	for _, r := range []db.Runner{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil), db.SQL((*sql.Tx)(nil)), db.SQL((*bun.DB)(nil))} {
 		if _, err := c.Enqueue(ctx, r, msg(3)); !errors.Is(err, db.ErrUnsupportedRunner) {
 			t.Fatalf("runner %#v: %v, want ErrUnsupportedRunner", r, err)
 		}
