@@ -343,11 +343,13 @@ func (b *bench) runBulk(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		r := roundsRow("bulk enqueue", fmt.Sprintf("batches of %d with dedupe keys, %d producer(s), %s events", batch, producers, itoa(int64(total))),
-			rates[0], rates[1], 0)
+		minRatio := 0.0
 		if producers == 1 {
-			r.Target = "≥ 60,000/s"
-			r.Met = ptr(rates[0].median() >= 60000)
+			minRatio = 1 // the performance issue's target: at least COPY's rate
+		}
+		r := roundsRow("bulk enqueue", fmt.Sprintf("batches of %d with dedupe keys, %d producer(s), %s events", batch, producers, itoa(int64(total))),
+			rates[0], rates[1], minRatio)
+		if producers == 1 {
 			r.Note = "Baseline: pgx CopyFrom of the same rows (same columns, ids generated the same way) into the same table, one transaction per batch." +
 				roundsNote(rates[0], rates[1])
 		}
