@@ -164,3 +164,53 @@ func TestClaimsBoundedByLaneRoom(t *testing.T) {
 		}
 	}
 }
+
+// A consumer that is down makes every publish run to its deadline, and the
+// events queued behind those publishes cannot start before it. They go back
+// unpublished, their attempt not counted; none is handed to the publisher
+// on a context that has already ended, where it would fail at once and use
+// up an attempt.
+func TestQueuedEventsPastTheirDeadlineAreNotPublished(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	topic := outbox.Topic{Namespace: "late", Topic: "start"}
+	enqueueTopic(t, c, tdb.Provider.Pool, topic, 300)
+
+	var calls, late atomic.Int64
+	down := func(ctx context.Context, _ outbox.Delivery) error {
+		calls.Add(1)
+		if ctx.Err() != nil {
+			late.Add(1) // started after its publish deadline
+		}
+		<-ctx.Done() // the consumer never answers
+		return ctx.Err()
+	}
+	const wantFailed = 6 // three deadlines' worth of the two slots' publishes
+	var failed, released atomic.Int64
+	enough := make(chan struct{})
+	cfg := outbox.DispatcherConfig{
+		Concurrency: 2, LeaseDuration: time.Second, PollInterval: 50 * time.Millisecond, MaxAttempts: 1000,
+		Retry:       outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+		StopTimeout: 5 * time.Second, Logger: quietLog,
+		OnOutcome: func(_ outbox.Delivery, o outbox.Outcome) {
+			switch {
+			case o.Released:
+				released.Add(1)
+			case o.Status == outbox.StatusPending && !o.LeaseLost:
+				if failed.Add(1) == wantFailed {
+					close(enough)
+				}
+			}
+		},
+	}
+	d := startDispatcher(t, c, cfg, outbox.Publisher{Topic: topic, Publish: down})
+	recv(t, "publishes to fail at their deadline", enough)
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if n := late.Load(); n > 0 {
+		t.Fatalf("%d of %d publishes started after their deadline, each charged an attempt; they should have gone back unpublished", n, calls.Load())
+	}
+	if released.Load() == 0 {
+		t.Fatal("no event went back unpublished: nothing was queued behind the hung publishes, so the test proved nothing")
+	}
+}

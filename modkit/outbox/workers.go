@@ -391,7 +391,17 @@ func (p *workerPool) run(k *call) {
 // runs next: the same one for the next event of its chain, a queued one
 // it started, or nil.
 func (p *workerPool) runOne(k *call) (next *call) {
-	res := p.d.publish(k.c.ctx, k.c)
+	var res result
+	if time.Now().Before(k.c.deadline) {
+		res = p.d.publish(k.c.ctx, k.c)
+	} else {
+		// Its deadline passed while it was queued (the slot it waited for
+		// freed only as the claim's other publishes timed out): published
+		// now, it would fail at once on its ended context and be charged
+		// an attempt. It goes back unpublished instead, as expire gives
+		// back those still queued.
+		res = result{c: k.c, kind: released, why: whyDeadline}
+	}
 	p.mu.Lock()
 	switch k.state {
 	case callRunning:
@@ -399,7 +409,9 @@ func (p *workerPool) runOne(k *call) (next *call) {
 		// recording outcomes falls behind, publishing (and so claiming)
 		// waits for it instead of piling up leases it cannot settle.
 		k.state = callDone
-		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
+		if res.kind != released {
+			k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
+		}
 		booked := p.reserveLocked()
 		p.mu.Unlock()
 		p.send(booked, res)
@@ -417,7 +429,7 @@ func (p *workerPool) runOne(k *call) (next *call) {
 		switch {
 		case p.stopping:
 			why = whyStopped
-		case delivered(res):
+		case delivered(res), res.kind == released:
 			why = whyDeadline
 		}
 		back := appendReleased(nil, k.lane, k.rest, why)
@@ -430,10 +442,14 @@ func (p *workerPool) runOne(k *call) (next *call) {
 	case callAbandoned:
 		k.lane.abandoned--
 		p.abandoned--
-		k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
+		if res.kind != released {
+			k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
+		}
 		p.pumpLocked()
 		p.mu.Unlock()
-		p.d.abandonedReturned(k.c, res)
+		if res.kind != released {
+			p.d.abandonedReturned(k.c, res)
+		}
 	default:
 		p.mu.Unlock()
 	}
