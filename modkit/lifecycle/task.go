@@ -137,7 +137,7 @@ type Task struct {
 
 // run is one execution of the task's RunFunc.
 type run struct {
-	cancel    context.CancelFunc
+	cancel    context.CancelCauseFunc
 	ready     chan struct{}
 	readyOnce sync.Once
 	done      chan struct{}
@@ -218,7 +218,7 @@ func (t *Task) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w (task %q is %s)", ErrAlreadyStarted, t.cfg.Name, st)
 	}
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	r := &run{cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
 	t.cur, t.status, t.lastErr = r, Starting, nil
 	if !t.cfg.AwaitReady {
@@ -270,7 +270,7 @@ func (t *Task) execute(ctx context.Context, r *run) {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("lifecycle: task %q panicked: %v", t.cfg.Name, p)
 		}
-		r.cancel()
+		r.cancel(nil)
 		t.finish(r, err)
 	}()
 	err = t.fn(ctx, func() { r.readyOnce.Do(func() { close(r.ready) }) })
@@ -336,7 +336,11 @@ func (t *Task) Stop(ctx context.Context) (StopReason, error) {
 	if !already {
 		t.log.Debug("task stopping")
 	}
-	r.cancel()
+	deadline := time.Now().Add(t.cfg.StopTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	r.cancel(&stopCause{deadline: deadline})
 
 	timer := time.NewTimer(t.cfg.StopTimeout)
 	defer timer.Stop()
@@ -351,6 +355,29 @@ func (t *Task) Stop(ctx context.Context) (StopReason, error) {
 		return Cancelled, nil
 	}
 	return Failed, r.err
+}
+
+// stopCause is the cause with which Stop cancels a run's context. It
+// carries the time at which that Stop stops waiting, and matches
+// context.Canceled, the error of the context it cancels.
+type stopCause struct{ deadline time.Time }
+
+func (c *stopCause) Error() string        { return "lifecycle: the task was stopped" }
+func (c *stopCause) Is(target error) bool { return target == context.Canceled }
+
+// StopDeadline reports, for a task's run context or a context derived from
+// it, when the Stop that cancelled it stops waiting for the run to return:
+// Config.StopTimeout after the Stop began, or the Stop context's deadline
+// if that comes first (fx's stop timeout, for a task hooked into fx). A
+// RunFunc that winds down in stages fits them in before it. ok is false
+// while ctx is not cancelled, and when something other than Stop cancelled
+// it (a context the RunFunc derived and cancelled itself, say).
+func StopDeadline(ctx context.Context) (deadline time.Time, ok bool) {
+	var c *stopCause
+	if errors.As(context.Cause(ctx), &c) {
+		return c.deadline, true
+	}
+	return time.Time{}, false
 }
 
 func endedOnItsOwn(err error) (StopReason, error) {

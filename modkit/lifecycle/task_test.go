@@ -239,6 +239,63 @@ func TestStopHonoursContext(t *testing.T) {
 	}
 }
 
+// StopDeadline tells the run when the Stop that cancelled it gives up:
+// StopTimeout after it began, or the Stop context's deadline if sooner; and
+// nothing before a Stop. The run's error still matches context.Canceled.
+func TestStopDeadline(t *testing.T) {
+	const timeout = time.Hour
+	for _, tc := range []struct {
+		name    string
+		stopCtx func() (context.Context, context.CancelFunc)
+	}{
+		{"stop timeout", func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }},
+		{"earlier context deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), time.Minute)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := make(chan bool, 1)
+			got := make(chan time.Time, 1)
+			task := newTask(t, lifecycle.Config{StopTimeout: timeout}, func(ctx context.Context, ready func()) error {
+				_, ok := lifecycle.StopDeadline(ctx)
+				before <- ok
+				ready()
+				<-ctx.Done()
+				d, ok := lifecycle.StopDeadline(ctx)
+				if !ok {
+					d = time.Time{}
+				}
+				got <- d
+				return ctx.Err()
+			})
+			if err := task.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if <-before {
+				t.Error("StopDeadline reported a deadline before any Stop")
+			}
+			stopCtx, cancel := tc.stopCtx()
+			defer cancel()
+			from := time.Now()
+			reason, err := task.Stop(stopCtx)
+			to := time.Now()
+			if reason != lifecycle.Cancelled || err != nil {
+				t.Fatalf("stop = %s, %v; want cancelled, nil (the run's ctx.Err() must still be context.Canceled)", reason, err)
+			}
+			d := <-got
+			if want, ok := stopCtx.Deadline(); ok {
+				if !d.Equal(want) {
+					t.Fatalf("StopDeadline = %v, want the Stop context's deadline %v", d, want)
+				}
+				return
+			}
+			if d.Before(from.Add(timeout)) || d.After(to.Add(timeout)) {
+				t.Fatalf("StopDeadline = %v, want StopTimeout after the Stop began (between %v and %v)", d, from.Add(timeout), to.Add(timeout))
+			}
+		})
+	}
+}
+
 func TestFailureOnItsOwn(t *testing.T) {
 	boom := errors.New("boom")
 	fail := make(chan struct{})

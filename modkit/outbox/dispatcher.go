@@ -89,7 +89,11 @@ type DispatcherConfig struct {
 	Retention time.Duration
 	// StopTimeout bounds a graceful stop: in-flight publishes get until
 	// 80% of it, then their contexts are cancelled; at 85% those still
-	// running are abandoned and their events given back. Default 30s.
+	// running are abandoned and their events given back; outcomes are
+	// recorded until 95%. When the context given to Stop ends sooner (in
+	// an fx app, fx's stop timeout: 15s unless fx.StopTimeout says
+	// otherwise), the same stages are fitted into the time it leaves.
+	// Default 30s.
 	StopTimeout time.Duration
 	// Logger for the dispatcher. Default: the Client's.
 	Logger *slog.Logger
@@ -252,8 +256,9 @@ func (d *Dispatcher) Task() *lifecycle.Task { return d.task }
 func (d *Dispatcher) Start(ctx context.Context) error { return d.task.Start(ctx) }
 
 // Stop stops claiming, gives queued events back, lets in-flight publishes
-// finish (see DispatcherConfig.StopTimeout) and records every outcome
-// before returning. Stopping a stopped dispatcher does nothing.
+// finish (see DispatcherConfig.StopTimeout, whose stages are fitted into
+// ctx's deadline when that comes sooner) and records every outcome before
+// returning. Stopping a stopped dispatcher does nothing.
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	_, err := d.task.Stop(ctx)
 	return err
@@ -315,9 +320,15 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 
 	// Shut down. What is still queued was never started: it goes back at
 	// once, so another replica can take it while the publishes in flight
-	// finish.
+	// finish. The stages fit in StopTimeout, or in the time the Stop's
+	// context leaves, if that is shorter (fx's stop timeout, 15s by
+	// default, for the fx Module).
+	budget := d.cfg.StopTimeout
+	if deadline, ok := lifecycle.StopDeadline(ctx); ok {
+		budget = max(min(budget, deadline.Sub(stopStarted)), 0)
+	}
 	at := func(fraction int) time.Time {
-		return stopStarted.Add(d.cfg.StopTimeout * time.Duration(fraction) / 100)
+		return stopStarted.Add(budget / 100 * time.Duration(fraction))
 	}
 	// Armed first: a completer stuck on an unreachable database gives up
 	// at 95%, so results waiting to reach it are not held up longer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -317,6 +318,87 @@ func TestStopRecordsInFlightOutcome(t *testing.T) {
 		if e := get(t, client, id); e.Status != outbox.StatusDelivered || len(outs) != 1 {
 			t.Fatalf("round %d: after Stop the in-flight publish's event is %s with outcomes %+v; want delivered and reported", round, e.Status, outs)
 		}
+	}
+}
+
+// A Stop whose context ends before StopTimeout (fx's stop timeout, 15s,
+// against the default 30s) fits its stages into the time the context
+// leaves: the publish in flight is cancelled in time, its event goes back
+// with its attempt not counted and the outcome is recorded, all before
+// Stop returns, instead of Stop timing out with the event still leased.
+func TestStopFitsItsContextDeadline(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	id := enqueueN(t, client, tdb.Provider.Pool, 1)[0]
+	log := newOutcomeLog()
+	entered := make(chan struct{})
+	cfg := testConfig(log) // StopTimeout 30s
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
+		close(entered)
+		<-ctx.Done() // a slow consumer: only the stop ends it
+		return ctx.Err()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, "the publish", entered)
+	stopCtx, cancel := context.WithTimeout(ctx, 4*time.Second)
+	defer cancel()
+	if err := d.Stop(stopCtx); err != nil {
+		t.Fatalf("stop with a 4s context and a 30s StopTimeout: %v", err)
+	}
+	log.mu.Lock()
+	outs := log.byID[id]
+	log.mu.Unlock()
+	e := get(t, client, id)
+	if e.Status != outbox.StatusPending || e.Attempts != 0 || len(outs) != 1 || !outs[0].Released {
+		t.Fatalf("after Stop the event is %s with %d attempts and outcomes %+v; want pending, its attempt not counted, one released outcome",
+			e.Status, e.Attempts, outs)
+	}
+}
+
+// A StopTimeout as long as a time.Duration holds ("wait as long as it
+// takes") gives in-flight publishes all that time; the stages' arithmetic
+// does not overflow into a stop that cancels them at once.
+func TestStopTimeoutLongestDuration(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	id := enqueueN(t, client, tdb.Provider.Pool, 1)[0]
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.StopTimeout = time.Duration(math.MaxInt64)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var cancelled atomic.Bool
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
+		close(entered)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			cancelled.Store(true)
+			return ctx.Err()
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, "the publish", entered)
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(ctx) }()
+	eventually(t, "the dispatcher stopping", func() bool { return !d.Health().Running })
+	close(release)
+	if err := recv(t, "the stop", stopped); err != nil {
+		t.Fatal(err)
+	}
+	if cancelled.Load() {
+		t.Fatal("the in-flight publish was cancelled at once by a stop with the longest StopTimeout")
+	}
+	if e := get(t, client, id); e.Status != outbox.StatusDelivered {
+		t.Fatalf("after Stop the event is %s; want delivered", e.Status)
 	}
 }
 
