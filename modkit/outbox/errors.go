@@ -25,10 +25,11 @@ var (
 	ErrInvalidPayload = errors.New("outbox: invalid payload")
 	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
-	// ErrInvalidDedupeKey: the key is empty, blank, too long or not UTF-8.
+	// ErrInvalidDedupeKey: the key is empty, blank, too long (as stored),
+	// not UTF-8 or holds a NUL byte.
 	ErrInvalidDedupeKey = errors.New("outbox: invalid dedupe key")
-	// ErrInvalidOrderingKey: the key is blank, longer than 256 bytes, or
-	// not UTF-8.
+	// ErrInvalidOrderingKey: the key is blank, longer than 256 bytes, not
+	// UTF-8 or holds a NUL byte.
 	ErrInvalidOrderingKey = errors.New("outbox: invalid ordering key")
 	// ErrInvalidHeaders: a header name is empty, too long or not a token
 	// of printable ASCII, a value is not UTF-8 or holds a NUL byte, or the
@@ -46,7 +47,7 @@ type ValidationError struct {
 	// Index of the message in an EnqueueBatch call; 0 for Enqueue.
 	Index int
 	// Field is the Message field at fault: "Namespace", "Topic", "Payload",
-	// "DedupeKey" or "TenantID".
+	// "DedupeKey", "TenantID", "OrderingKey" or "Headers".
 	Field string
 	// Kind is one of the specific sentinels above (ErrInvalidTopic, …).
 	Kind error

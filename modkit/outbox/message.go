@@ -23,7 +23,9 @@ type Message struct {
 	// DedupeKey makes Enqueue idempotent: while a row with the same
 	// (Namespace, Topic, DedupeKey) exists, enqueueing again inserts nothing
 	// and returns that row's id. nil for no deduplication; an empty key is an
-	// error; at most 512 bytes of UTF-8. When TenantID is also set, the key
+	// error; at most 512 bytes of UTF-8 without NUL bytes, as stored (a
+	// tenant prefix of 32 hex digits is stored hyphenated, 4 bytes longer).
+	// When TenantID is also set, the key
 	// must begin with the tenant id (hyphenated or 32 hex digits, any case)
 	// followed by "/", so that one tenant's keys never collide with
 	// another's; that prefix is stored in one spelling (lower-case,
@@ -132,8 +134,12 @@ func validate(i int, m *Message, maxPayload int) error {
 		case !utf8.ValidString(*k) || strings.ContainsRune(*k, 0):
 			return bad("DedupeKey", ErrInvalidDedupeKey, "must be valid UTF-8 without NUL bytes")
 		}
-		owner, _, prefixed := tenantPrefix(*k)
+		owner, n, prefixed := tenantPrefix(*k)
 		switch {
+		case m.TenantID != nil && prefixed && owner == *m.TenantID && len(*k)-n+36 > dedupeKeyMaxLen:
+			// The prefix is stored hyphenated: 32 hex digits take 4 bytes more.
+			return bad("DedupeKey", ErrInvalidDedupeKey, "%d bytes as stored, with its tenant prefix hyphenated (%d as given); the limit is %d",
+				len(*k)-n+36, len(*k), dedupeKeyMaxLen)
 		case m.TenantID != nil && (!prefixed || owner != *m.TenantID):
 			return bad("DedupeKey", ErrTenantMismatch, "%q must begin with the tenant id %s (or %s) followed by \"/\"",
 				truncateForMessage(*k), hex32(*m.TenantID), m.TenantID.String())

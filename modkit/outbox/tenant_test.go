@@ -57,6 +57,29 @@ func TestTenantKeys(t *testing.T) {
 	if _, err := client.Enqueue(ctx, pool, keyed(10, "order:"+hyph)); err != nil {
 		t.Fatal(err)
 	}
+
+	// The length limit holds for the key as stored: a 512-byte key with the
+	// 32-hex prefix would be stored 4 bytes longer. It is refused before any
+	// SQL runs, and the caller's transaction goes on; 508 bytes are fine.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, size := range []int{512, 508} {
+		m := keyed(11, hex+"/"+strings.Repeat("x", size-len(hex)-1))
+		m.TenantID = outbox.Tenant(tenant)
+		_, err := client.Enqueue(ctx, tx, m)
+		switch {
+		case size == 512 && !errors.Is(err, outbox.ErrInvalidDedupeKey):
+			t.Fatalf("a %d-byte key with the 32-hex prefix: %v, want ErrInvalidDedupeKey", size, err)
+		case size == 508 && err != nil:
+			t.Fatalf("a %d-byte key with the 32-hex prefix (512 as stored): %v", size, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("the transaction after a refused key: %v", err)
+	}
 }
 
 // The database holds writers that bypass the library to the same rules:
