@@ -131,44 +131,69 @@ func nilPgxHandle(r Runner) bool {
 }
 
 // unwrapSQL returns the database/sql handle under a bun value, and q itself
-// for a database/sql one.
+// for a database/sql one; a nil handle, or a bun value around one (a zero
+// bun.Tx, say), is refused.
 func unwrapSQL(q SQLQuerier) (SQLQuerier, error) {
+	var inner SQLQuerier // the database/sql handle under a bun value
 	switch v := q.(type) {
 	case nil:
 		return nil, fmt.Errorf("%w (got nil)", ErrUnsupportedRunner)
 	case bun.Tx:
-		return v.Tx, nil
+		inner = v.Tx
 	case *bun.Tx:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *bun.Tx)", ErrUnsupportedRunner)
+		if v != nil {
+			inner = v.Tx
 		}
-		return v.Tx, nil
 	case *bun.DB:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *bun.DB)", ErrUnsupportedRunner)
+		if v != nil {
+			inner = bunDBHandle(v)
 		}
-		return v.DB, nil
 	case bun.Conn:
-		return v.Conn, nil
+		inner = v.Conn
 	case *bun.Conn:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *bun.Conn)", ErrUnsupportedRunner)
+		if v != nil {
+			inner = v.Conn
 		}
-		return v.Conn, nil
-	case *sql.Tx:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *sql.Tx)", ErrUnsupportedRunner)
+	case *sql.Tx, *sql.DB, *sql.Conn:
+		if nilSQLHandle(v) {
+			return nil, fmt.Errorf("%w (got nil %T)", ErrUnsupportedRunner, q)
 		}
-	case *sql.DB:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *sql.DB)", ErrUnsupportedRunner)
-		}
-	case *sql.Conn:
-		if v == nil {
-			return nil, fmt.Errorf("%w (got nil *sql.Conn)", ErrUnsupportedRunner)
-		}
+		return q, nil
+	default:
+		return q, nil
 	}
-	return q, nil
+	if nilSQLHandle(inner) {
+		return nil, fmt.Errorf("%w (got %T without a database/sql handle in it)", ErrUnsupportedRunner, q)
+	}
+	return inner, nil
+}
+
+// bunDBHandle returns the *sql.DB under d, nil for a bun.DB that bun.NewDB
+// did not make: its handle sits behind a pointer to unexported state, which
+// a zero bun.DB lacks, so reading it panics.
+func bunDBHandle(d *bun.DB) (h *sql.DB) {
+	defer func() {
+		if recover() != nil {
+			h = nil
+		}
+	}()
+	return d.DB
+}
+
+// nilSQLHandle reports whether q is nil or a nil *sql.Tx, *sql.DB or
+// *sql.Conn, which would panic on its first statement.
+func nilSQLHandle(q SQLQuerier) bool {
+	switch v := q.(type) {
+	case nil:
+		return true
+	case *sql.Tx:
+		return v == nil
+	case *sql.DB:
+		return v == nil
+	case *sql.Conn:
+		return v == nil
+	}
+	return false
 }
 
 type pgxQuerier struct{ q Runner }

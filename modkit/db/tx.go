@@ -16,21 +16,24 @@ type TxBeginner interface {
 
 // InTx begins a transaction on b, runs fn in it and commits when fn returns
 // nil. It rolls back when fn returns an error (returned unchanged, joined
-// with any rollback error) or panics (the panic continues after the
-// rollback).
+// with any rollback error), panics (the panic continues after the rollback)
+// or ends its goroutine with runtime.Goexit (as t.Fatal does in a test), so
+// the transaction never stays open on its connection.
 func InTx(ctx context.Context, b TxBeginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	tx, err := b.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("modkit/db: begin: %w", err)
 	}
+	returned := false
 	defer func() {
-		if p := recover(); p != nil {
+		if !returned { // fn panicked or called runtime.Goexit
 			// The rollback must run even when ctx is already cancelled.
 			_ = tx.Rollback(context.WithoutCancel(ctx))
-			panic(p)
 		}
 	}()
-	if err := fn(ctx, tx); err != nil {
+	err = fn(ctx, tx)
+	returned = true
+	if err != nil {
 		if rbErr := tx.Rollback(context.WithoutCancel(ctx)); rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
 			return errors.Join(err, fmt.Errorf("modkit/db: rollback: %w", rbErr))
 		}

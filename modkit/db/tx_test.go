@@ -3,6 +3,7 @@ package db_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -64,5 +65,26 @@ func TestInTx(t *testing.T) {
 	// The pool is still healthy: the panicking transaction's connection went back clean.
 	if st := p.Pool.Stat(); st.AcquiredConns() != 0 {
 		t.Fatalf("%d connections still acquired after InTx", st.AcquiredConns())
+	}
+
+	// fn ends its goroutine (runtime.Goexit, as t.Fatal does): rolled back,
+	// and the connection goes back to the pool, which can then close.
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_ = db.InTx(ctx, p.Pool, func(ctx context.Context, tx pgx.Tx) error {
+			if err := insert("exited")(ctx, tx); err != nil {
+				return err
+			}
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	<-exited
+	if c := count(t, p, "exited"); c != 0 {
+		t.Fatalf("Goexit: %d rows, want 0 (rolled back)", c)
+	}
+	if st := p.Pool.Stat(); st.AcquiredConns() != 0 {
+		t.Fatalf("%d connections still acquired after InTx whose fn called runtime.Goexit", st.AcquiredConns())
 	}
 }
