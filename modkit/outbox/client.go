@@ -204,8 +204,9 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (_ Enqu
 // for large batches through a pgx.Tx or pool), and returns one result per
 // message, in order. All messages are validated first; if any is invalid
 // nothing is written and the error's ValidationError.Index names it.
-// Messages with the same dedupe key in one batch yield one row, and both
-// results name it.
+// Messages with the same dedupe key in one batch yield one row, the first
+// of them's, as one Enqueue after another would: every result names it,
+// and the later ones are AlreadyEnqueued.
 func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message) (_ []Enqueued, err error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -230,9 +231,11 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 	}
 	rows := make([]driver.InsertRow, len(msgs))
 	var notify []string
+	ordered := false
 	for i, m := range msgs {
 		rows[i] = driver.InsertRow{ID: ids[i], Namespace: m.Namespace, Topic: m.Topic, TenantID: m.TenantID, DedupeKey: storedKey(&m),
 			Payload: m.Payload, Headers: withTraceContext(ctx, m.Headers), OrderingKey: orderingKey(m.OrderingKey)}
+		ordered = ordered || m.OrderingKey != ""
 		if i > 0 && m.Namespace == msgs[i-1].Namespace && m.Topic == msgs[i-1].Topic {
 			continue // the message before decided for this topic
 		}
@@ -240,15 +243,71 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 			notify = append(notify, t)
 		}
 	}
+	// A batch with ordering keys is written in key order, not batch order
+	// (so that two batches take the keys' locks in one order), which would
+	// let a later message of a repeated dedupe key win: the later ones are
+	// left out here, and answered with the first one's row.
+	var firstOf []int
+	if ordered {
+		rows, firstOf = firstOfEachKey(rows)
+	}
 	res, err := c.store.Insert(ctx, tx, rows, notify)
 	if err != nil {
 		return nil, c.enqueueError("enqueue batch", err)
 	}
-	out := make([]Enqueued, len(res))
-	for i, r := range res {
-		out[i] = Enqueued{ID: r.ID, AlreadyEnqueued: r.Duplicate}
+	out := make([]Enqueued, len(msgs))
+	for i := range out {
+		switch {
+		case firstOf == nil:
+			out[i] = Enqueued{ID: res[i].ID, AlreadyEnqueued: res[i].Duplicate}
+		case firstOf[i] < 0: // written: the -1-firstOf[i]th row
+			r := res[-1-firstOf[i]]
+			out[i] = Enqueued{ID: r.ID, AlreadyEnqueued: r.Duplicate}
+		default: // a repeat of the message at firstOf[i]
+			out[i] = Enqueued{ID: out[firstOf[i]].ID, AlreadyEnqueued: true}
+		}
 	}
 	return out, nil
+}
+
+// firstOfEachKey leaves out of rows those that repeat an earlier row's
+// (namespace, topic, dedupe key). It returns rows unchanged and nil when
+// none does; otherwise the rows kept and, for each row given, -1-k when it
+// is the kth row kept, or the index of the earlier row it repeats.
+func firstOfEachKey(rows []driver.InsertRow) ([]driver.InsertRow, []int) {
+	type key struct{ namespace, topic, dedupe string }
+	var first map[key]int
+	var firstOf []int
+	kept := rows[:0:0]
+	for i, r := range rows {
+		if r.DedupeKey != nil {
+			k := key{r.Namespace, r.Topic, *r.DedupeKey}
+			if j, ok := first[k]; ok {
+				if firstOf == nil {
+					firstOf = make([]int, len(rows))
+					kept = make([]driver.InsertRow, i, len(rows))
+					copy(kept, rows[:i])
+					for m := range i {
+						firstOf[m] = -1 - m
+					}
+				}
+				firstOf[i] = j
+				continue
+			}
+			if first == nil {
+				first = make(map[key]int)
+			}
+			first[k] = i
+		}
+		if firstOf != nil {
+			firstOf[i] = -1 - len(kept)
+			kept = append(kept, r)
+		}
+	}
+	if firstOf == nil {
+		return rows, nil
+	}
+	return kept, firstOf
 }
 
 // ErrNotMigrated matches errors of calls that found the outbox's tables (or

@@ -317,6 +317,47 @@ func TestEnqueueBatch(t *testing.T) {
 	}
 }
 
+// Of the messages of one batch that share a dedupe key, the first is
+// written and the later ones answer with its row, as one Enqueue after
+// another would, also when ordering keys make the batch be written in key
+// order rather than batch order.
+func TestEnqueueBatchFirstOfAKeyWins(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	withOrdering := func(m outbox.Message, key string) outbox.Message { m.OrderingKey = key; return m }
+	for name, msgs := range map[string][]outbox.Message{
+		"plain":          {keyed(1, "plain-a"), keyed(2, "plain-a"), msg(3), keyed(4, "plain-a")},
+		"ordering keys":  {withOrdering(keyed(1, "ord-a"), "z"), keyed(2, "ord-a"), withOrdering(keyed(3, "ord-b"), "z"), withOrdering(keyed(4, "ord-a"), "a")},
+		"large, by COPY": append([]outbox.Message{keyed(1, "copy-a"), keyed(2, "copy-a")}, slices.Repeat([]outbox.Message{msg(3)}, 100)...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			res, err := c.EnqueueBatch(ctx, pool, msgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, m := range msgs {
+				j := slices.IndexFunc(msgs, func(o outbox.Message) bool {
+					return o.DedupeKey != nil && m.DedupeKey != nil && *o.DedupeKey == *m.DedupeKey
+				})
+				if j < 0 || j == i {
+					if res[i].AlreadyEnqueued {
+						t.Fatalf("message %d, the first of its key: %+v, want written", i, res[i])
+					}
+					continue
+				}
+				if !res[i].AlreadyEnqueued || res[i].ID != res[j].ID {
+					t.Fatalf("message %d repeats message %d's key: %+v, want a duplicate of %s", i, j, res[i], res[j].ID)
+				}
+			}
+			e := get(t, c, res[0].ID)
+			if string(e.Payload) != `{"n": 1}` || e.OrderingKey != msgs[0].OrderingKey {
+				t.Fatalf("the row of the repeated key holds payload %s and ordering key %q; want the first message's {\"n\": 1} and %q",
+					e.Payload, e.OrderingKey, msgs[0].OrderingKey)
+			}
+		})
+	}
+}
+
 // Enqueue announces new events on outboxpg.NotifyChannel; DisableNotify
 // stays quiet, and a client sends at most one NOTIFY per topic per
 // NotifyInterval. Notifications arrive in commit order, so an enqueue that
