@@ -42,6 +42,16 @@ func (s Status) valid() bool {
 // Get it from Client.Admin. Its calls run on the client's own connections.
 type Admin struct{ c *Client }
 
+// wrapErr prefixes err with what failed (format and args), and makes an
+// error that says the outbox's objects are missing match ErrNotMigrated,
+// as the client's and the dispatcher's do.
+func (a *Admin) wrapErr(err error, format string, args ...any) error {
+	if notMigrated(err) {
+		err = &notMigratedError{schema: a.c.cfg.Schema, err: err}
+	}
+	return fmt.Errorf("outbox: "+format+": %w", append(args, err)...)
+}
+
 // Event is a full outbox row, as Admin returns it.
 type Event struct {
 	ID            uuid.UUID
@@ -109,7 +119,7 @@ type Attempt struct {
 func (a *Admin) History(ctx context.Context, id uuid.UUID) ([]Attempt, error) {
 	rows, err := a.c.store.History(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: history of %s: %w", id, err)
+		return nil, a.wrapErr(err, "history of %s", id)
 	}
 	out := make([]Attempt, len(rows))
 	for i, r := range rows {
@@ -149,7 +159,7 @@ func (a *Admin) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error
 	}
 	rows, err := a.c.store.BlockedKeys(ctx, limit)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: blocked keys: %w", err)
+		return nil, a.wrapErr(err, "blocked keys")
 	}
 	out := make([]BlockedKey, len(rows))
 	for i, r := range rows {
@@ -171,7 +181,7 @@ func (a *Admin) SkipHead(ctx context.Context, by string, id uuid.UUID) error {
 	}
 	ok, err := a.c.store.SkipHead(ctx, id, sanitizeError(by, replayByMaxLen))
 	if err != nil {
-		return fmt.Errorf("outbox: skip head %s: %w", id, err)
+		return a.wrapErr(err, "skip head %s", id)
 	}
 	if !ok {
 		return fmt.Errorf("%w: %s is not a dead event with an ordering key that holds its key back", ErrNotFound, id)
@@ -186,7 +196,7 @@ func (a *Admin) Get(ctx context.Context, id uuid.UUID) (Event, error) {
 		return Event{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	if err != nil {
-		return Event{}, fmt.Errorf("outbox: get %s: %w", id, err)
+		return Event{}, a.wrapErr(err, "get %s", id)
 	}
 	return eventFrom(e), nil
 }
@@ -214,7 +224,7 @@ type Stats struct {
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	rows, err := a.c.store.Stats(ctx)
 	if err != nil {
-		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
+		return Stats{}, a.wrapErr(err, "stats")
 	}
 	var out Stats
 	index := map[Topic]int{}
@@ -304,7 +314,7 @@ func (a *Admin) List(ctx context.Context, f EventFilter) (EventPage, error) {
 	df.Limit++ // one more, to know whether there is a next page
 	rows, err := a.c.store.List(ctx, df)
 	if err != nil {
-		return EventPage{}, fmt.Errorf("outbox: list events: %w", err)
+		return EventPage{}, a.wrapErr(err, "list events")
 	}
 	var page EventPage
 	for _, e := range rows[:min(len(rows), limit)] {
@@ -338,7 +348,7 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 	}
 	replayed, err := a.c.store.Replay(ctx, driver.ReplayParams{IDs: ids, Filter: df, By: sanitizeError(by, replayByMaxLen)})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: replay dead: %w", err)
+		return nil, a.wrapErr(err, "replay dead")
 	}
 	return replayed, nil
 }
@@ -367,7 +377,7 @@ func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...To
 	}
 	n, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch, Recorded: true})
 	if err != nil {
-		return n, fmt.Errorf("outbox: purge delivered: %w", err)
+		return n, a.wrapErr(err, "purge delivered")
 	}
 	return n, nil
 }

@@ -3,7 +3,6 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -88,7 +87,7 @@ func (a *Admin) Series(ctx context.Context, q SeriesQuery) (Series, error) {
 	}
 	res, err := a.c.store.Series(ctx, driver.SeriesParams{Window: q.Window, Bucket: q.Bucket})
 	if err != nil {
-		return Series{}, fmt.Errorf("outbox: series: %w", err)
+		return Series{}, a.wrapErr(err, "series")
 	}
 	end := res.Now
 	start := alignDown(end.Add(-q.Window), q.Bucket)
@@ -150,7 +149,7 @@ func (a *Admin) Settled(ctx context.Context, since time.Time, limit int) ([]Even
 	}
 	rows, err := a.c.store.Settled(ctx, driver.SettledParams{Since: since, Limit: limit})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: settled events: %w", err)
+		return nil, a.wrapErr(err, "settled events")
 	}
 	out := make([]Event, len(rows))
 	for i, e := range rows {

@@ -19,6 +19,7 @@ const (
 	batchSizeMax         = 10000
 	leaseDurationDefault = 30 * time.Second
 	leaseDurationMin     = 100 * time.Millisecond
+	leaseHeadroomMin     = 20 * time.Millisecond // the default at leaseDurationMin
 	pollIntervalDefault  = time.Second
 	concurrencyDefault   = 32
 	sweepIntervalDefault = 30 * time.Second
@@ -49,8 +50,10 @@ type DispatcherConfig struct {
 	// least 100ms.
 	LeaseDuration time.Duration
 	// LeaseHeadroom is cut from the lease to get the publish deadline,
-	// leaving time to record the outcome before the lease ends. Default
-	// LeaseDuration/5, at most 5s. Must be below LeaseDuration.
+	// leaving time to record the outcome before the lease ends; it also
+	// bounds how long a claim, and each maintenance statement, may take.
+	// Default LeaseDuration/5, at most 5s. Must be at least 20ms and below
+	// LeaseDuration.
 	LeaseHeadroom time.Duration
 	// PollInterval is how often the dispatcher looks for due events when
 	// nothing wakes it (a notification, or a retry it scheduled itself
@@ -134,8 +137,9 @@ func (c DispatcherConfig) validate() error {
 		return configError("DispatcherConfig.LeaseDuration is %v; it must be at least %v", c.LeaseDuration, leaseDurationMin)
 	case c.MaxAttempts < 1:
 		return configError("DispatcherConfig.MaxAttempts is %d; it must be at least 1", c.MaxAttempts)
-	case c.LeaseHeadroom <= 0 || c.LeaseHeadroom >= c.LeaseDuration:
-		return configError("DispatcherConfig.LeaseHeadroom is %v; it must be positive and below LeaseDuration (%v)", c.LeaseHeadroom, c.LeaseDuration)
+	case c.LeaseHeadroom < leaseHeadroomMin || c.LeaseHeadroom >= c.LeaseDuration:
+		return configError("DispatcherConfig.LeaseHeadroom is %v; it must be at least %v (it also bounds how long each claim may take) "+
+			"and below LeaseDuration (%v)", c.LeaseHeadroom, leaseHeadroomMin, c.LeaseDuration)
 	case c.PollInterval <= 0 || c.PollInterval > c.LeaseDuration/3:
 		return configError("DispatcherConfig.PollInterval is %v; it must be positive and at most LeaseDuration/3 (%v), "+
 			"so that live leases are not mistaken for crashed ones", c.PollInterval, c.LeaseDuration/3)

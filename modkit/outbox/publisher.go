@@ -92,7 +92,9 @@ type Publisher struct {
 	// or hung topic cannot take every worker of its dispatcher. Default:
 	// the dispatcher's Concurrency when it serves one topic, half of it
 	// (at least 1) when it serves several. At most the dispatcher's
-	// Concurrency.
+	// Concurrency; a topic allowed all of it (as every topic is when the
+	// dispatcher's Concurrency is 1) can hold up the others while its
+	// publishes hang, until their deadline.
 	Concurrency int
 	// Retention keeps this topic's delivered events this long before the
 	// dispatcher's maintenance purges them (and with them their dedupe

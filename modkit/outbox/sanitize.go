@@ -447,7 +447,9 @@ func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // SanitizeError returns err's message as the outbox stores it in last_error
 // and logs it: credentials redacted, invalid bytes replaced, at most maxLen
-// bytes. Publishers that log errors themselves can use it too.
+// bytes (at most 64 when maxLen is smaller: a truncated message keeps room
+// for the note saying how much was cut). Publishers that log errors
+// themselves can use it too.
 func SanitizeError(err error, maxLen int) string {
 	if err == nil {
 		return ""

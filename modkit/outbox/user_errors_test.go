@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -40,6 +41,18 @@ func TestNotMigratedSaysWhatToDo(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("Dispatcher.Start", d.Start(ctx))
+	// The operator's tools say the same.
+	admin := c.Admin()
+	_, err = admin.Stats(ctx)
+	check("Admin.Stats", err)
+	_, err = admin.List(ctx, outbox.EventFilter{})
+	check("Admin.List", err)
+	_, err = admin.Get(ctx, uuid.New())
+	check("Admin.Get", err)
+	_, err = admin.History(ctx, uuid.New())
+	check("Admin.History", err)
+	_, err = admin.ReplayDead(ctx, "test", outbox.EventFilter{})
+	check("Admin.ReplayDead", err)
 	// A migrated database is not reported as unmigrated.
 	if _, err := clientOn(t, tdb.Provider.Pool, outbox.Config{}).Enqueue(ctx, tdb.Provider.Pool, msg(3)); err != nil {
 		t.Fatal(err)
