@@ -378,7 +378,9 @@ type Health struct {
 	// the failing operation.
 	Problems []string
 	// Abandoned counts publish calls abandoned past their deadline that
-	// have not returned yet (their goroutines are still running).
+	// have not returned yet (their goroutines are still running), while
+	// the dispatcher runs; once it has stopped it reads 0, though such
+	// calls may still be running.
 	Abandoned int
 }
 
