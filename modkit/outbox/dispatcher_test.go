@@ -305,11 +305,7 @@ func TestStopRecordsInFlightOutcome(t *testing.T) {
 			t.Fatal(err)
 		}
 		recv(t, "the publish", entered)
-		stopped := make(chan error, 1)
-		go func() { stopped <- d.Stop(ctx) }()
-		eventually(t, "the dispatcher stopping", func() bool { return !d.Health().Running })
-		close(release)
-		if err := recv(t, "the stop", stopped); err != nil {
+		if err := stopDuringPublish(t, d, release); err != nil {
 			t.Fatal(err)
 		}
 		log.mu.Lock()
@@ -332,17 +328,11 @@ func TestStopFitsItsContextDeadline(t *testing.T) {
 	log := newOutcomeLog()
 	entered := make(chan struct{})
 	cfg := testConfig(log) // StopTimeout 30s
-	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
+	d := startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
 		close(entered)
 		<-ctx.Done() // a slow consumer: only the stop ends it
 		return ctx.Err()
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	recv(t, "the publish", entered)
 	stopCtx, cancel := context.WithTimeout(ctx, 4*time.Second)
 	defer cancel()
@@ -370,7 +360,7 @@ func TestStopTimeoutLongestDuration(t *testing.T) {
 	cfg.StopTimeout = time.Duration(math.MaxInt64)
 	entered, release := make(chan struct{}), make(chan struct{})
 	var cancelled atomic.Bool
-	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
+	d := startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, _ outbox.Delivery) error {
 		close(entered)
 		select {
 		case <-release:
@@ -380,18 +370,8 @@ func TestStopTimeoutLongestDuration(t *testing.T) {
 			return ctx.Err()
 		}
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 	recv(t, "the publish", entered)
-	stopped := make(chan error, 1)
-	go func() { stopped <- d.Stop(ctx) }()
-	eventually(t, "the dispatcher stopping", func() bool { return !d.Health().Running })
-	close(release)
-	if err := recv(t, "the stop", stopped); err != nil {
+	if err := stopDuringPublish(t, d, release); err != nil {
 		t.Fatal(err)
 	}
 	if cancelled.Load() {
@@ -400,6 +380,18 @@ func TestStopTimeoutLongestDuration(t *testing.T) {
 	if e := get(t, client, id); e.Status != outbox.StatusDelivered {
 		t.Fatalf("after Stop the event is %s; want delivered", e.Status)
 	}
+}
+
+// stopDuringPublish stops d while one of its publishes is held up, lets
+// that publish return (closing release) once the stop has begun, and
+// returns Stop's error.
+func stopDuringPublish(t *testing.T, d *outbox.Dispatcher, release chan struct{}) error {
+	t.Helper()
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(ctx) }()
+	eventually(t, "the dispatcher stopping", func() bool { return !d.Health().Running })
+	close(release)
+	return recv(t, "the stop", stopped)
 }
 
 func TestTransactionalHandler(t *testing.T) {
