@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -24,7 +25,10 @@ import (
 
 // maintenanceTTL is how long an elected lease lasts: long enough to survive
 // a missed renewal, short enough for a quick takeover.
-func (d *Dispatcher) maintenanceTTL() time.Duration { return 3 * d.cfg.SweepInterval }
+// (Capped so that no SweepInterval overflows it, or its two thirds below.)
+func (d *Dispatcher) maintenanceTTL() time.Duration {
+	return 3 * min(d.cfg.SweepInterval, math.MaxInt64/3)
+}
 
 func (d *Dispatcher) maintenanceRoles() []string {
 	roles := make([]string, len(d.reg.keys))
@@ -76,7 +80,7 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string) {
 	if len(held) > 0 {
 		d.metrics.setLeading(topicsOf(held))
 		// Stay inside the lease, with a margin for clock drift.
-		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(d.maintenanceTTL()*2/3))
+		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(d.maintenanceTTL()/3*2))
 		d.maintain(pctx, held)
 		cancel()
 	} else {

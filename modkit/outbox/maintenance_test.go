@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -215,4 +216,30 @@ func TestStopDuringElectionResigns(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("the stopped dispatcher still holds %d maintenance lease(s): no other dispatcher can take over until they expire", n)
 	}
+}
+
+// A SweepInterval as long as a time.Duration holds still gets its passes
+// done: the maintenance lease (three intervals) and the two thirds of it a
+// pass may run are capped instead of overflowing into a lease already over,
+// which cut every pass short without a word.
+func TestLongestSweepIntervalStillMaintains(t *testing.T) {
+	clock := newTestClock()
+	c, tdb := newClient(t, outbox.Config{Now: clock.Now})
+	pool := tdb.Provider.Pool
+	enqueueN(t, c, pool, 5)
+	log := newOutcomeLog()
+	noop := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	d := startDispatcher(t, c, testConfig(log), noop)
+	log.waitFor(t, "all delivered", finalCount(outbox.StatusDelivered, 5))
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	clock.Advance(2 * time.Hour)
+	cfg := testConfig(newOutcomeLog())
+	cfg.SweepInterval, cfg.Retention = time.Duration(math.MaxInt64), time.Hour
+	startDispatcher(t, c, cfg, noop) // its first pass runs at start
+	eventually(t, "the first maintenance pass to purge the delivered events", func() bool {
+		return countRows(t, pool, "status = 'delivered'") == 0
+	})
 }
