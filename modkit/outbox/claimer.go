@@ -170,15 +170,27 @@ func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
 		OrderingKey: deref(c.OrderingKey), Sequence: c.OrderingSeq, leaseToken: c.LeaseToken}
 }
 
-// giveBack releases events claimed by a claim that finished after a stop.
+// giveBack releases events claimed by a claim that finished after a stop,
+// and reports each outcome (OnOutcome, metrics) as the completer does.
 func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed) {
+	results := make([]result, len(got))
 	outcomes := make([]driver.Outcome, len(got))
+	reports := make([]Outcome, len(got))
 	for i, c := range got {
-		outcomes[i] = driver.Outcome{ID: c.ID, LeaseToken: c.LeaseToken, Kind: driver.Release, Error: whyClaimAfter}
+		results[i] = result{c: claimed{d: d.delivery(c)}, kind: released, why: whyClaimAfter}
+		outcomes[i], reports[i] = d.decide(results[i])
 	}
-	if _, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes); err != nil {
+	settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
+	if err != nil {
 		d.log.Warn("could not give back events claimed while stopping; they are delivered again when their lease ends",
 			"count", len(got), "error", err)
+		return
+	}
+	for i, ok := range settled {
+		if !ok {
+			reports[i] = Outcome{LeaseLost: true}
+		}
+		d.record(results[i], reports[i])
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
@@ -379,6 +380,71 @@ func TestStopTimeoutLongestDuration(t *testing.T) {
 	}
 	if e := get(t, client, id); e.Status != outbox.StatusDelivered {
 		t.Fatalf("after Stop the event is %s; want delivered", e.Status)
+	}
+}
+
+// heldClaimStore holds up the first claim that returns events, after it
+// committed, until release is closed: a claim that finishes after a stop.
+type heldClaimStore struct {
+	driver.Store
+	once          atomic.Bool
+	held, release chan struct{}
+}
+
+func (s *heldClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claimed, error) {
+	got, err := s.Store.Claim(ctx, p)
+	if len(got) > 0 && s.once.CompareAndSwap(false, true) {
+		close(s.held)
+		<-s.release
+	}
+	return got, err
+}
+
+type heldClaimDriver struct {
+	driver.Driver
+	store *heldClaimStore
+}
+
+func (d heldClaimDriver) Open(opts driver.Options) (driver.Store, error) {
+	st, err := d.Driver.Open(opts)
+	d.store.Store = st
+	return d.store, err
+}
+
+// Events of a claim that commits after Stop began go straight back,
+// unpublished and uncharged, and each outcome is reported to OnOutcome as
+// any other is.
+func TestClaimFinishedAfterStopIsGivenBackAndReported(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{}) // migrated
+	pool := tdb.Provider.Pool
+	store := &heldClaimStore{held: make(chan struct{}), release: make(chan struct{})}
+	c, err := outbox.New(heldClaimDriver{Driver: outboxpg.New(pool), store: store}, outbox.Config{Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := newOutcomeLog()
+	var published atomic.Int64
+	d := startDispatcher(t, c, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
+		published.Add(1)
+		return nil
+	}})
+	ids := enqueueN(t, c, pool, 3)
+	recv(t, "a claim of the events", store.held)
+	if err := stopDuringPublish(t, d, store.release); err != nil {
+		t.Fatal(err)
+	}
+	if n := published.Load(); n != 0 {
+		t.Fatalf("%d events published by a claim that finished after the stop", n)
+	}
+	if n := countRows(t, pool, "status = 'pending' AND attempts = 0"); n != len(ids) {
+		t.Fatalf("%d of %d events back to pending with no attempt counted", n, len(ids))
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	for _, id := range ids {
+		if outs := log.byID[id]; len(outs) != 1 || !outs[0].Released {
+			t.Fatalf("event %s: outcomes %+v, want one released outcome reported", id, outs)
+		}
 	}
 }
 
