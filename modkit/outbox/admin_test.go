@@ -608,3 +608,31 @@ func TestGetUnknown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Admin.SkipHead stamps its ledger entry with the client's clock
+// (Config.Now), as the other Admin writes do.
+func TestSkipHeadUsesTheClientClock(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	clock := newTestClock()
+	c := clientOn(t, pool, outbox.Config{Now: clock.Now})
+	m := msg(1)
+	m.OrderingKey = "k"
+	res, err := c.Enqueue(ctx, pool, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admCatchUp(t, clock, c, res.ID)
+	admKillAll(t, admStore(t, pool, "public", clock.Now))
+	clock.Advance(100 * time.Hour)
+	if err := c.Admin().SkipHead(ctx, "alice", res.ID); err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Admin().History(ctx, res.ID)
+	if err != nil || len(h) == 0 {
+		t.Fatalf("history: %+v %v", h, err)
+	}
+	if last := h[len(h)-1]; last.Outcome != "skipped" || !last.FinishedAt.Equal(clock.Now().Truncate(time.Microsecond)) {
+		t.Fatalf("the skip's entry: %s at %v, want skipped at the client's clock %v", last.Outcome, last.FinishedAt, clock.Now())
+	}
+}

@@ -625,7 +625,7 @@ func (s *store) ReleaseHeld(ctx context.Context, topics, skipDead []string, limi
 // SkipHead implements driver.Store.
 func (s *store) SkipHead(ctx context.Context, id uuid.UUID, by string) (bool, error) {
 	var ok bool
-	err := s.pool.QueryRow(ctx, s.sql.skipHead, uuidArg(id), by).Scan(&ok)
+	err := s.pool.QueryRow(ctx, s.sql.skipHead, s.args(uuidArg(id), by)...).Scan(&ok)
 	return ok, err
 }
 

@@ -109,7 +109,7 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 
 	qBlockedKeys = `SELECT namespace, topic, ordering_key, head_id, head_seq, waiting, last_error, dead_since
 FROM {{fn}}modkit_outbox_blocked_keys($1)`
-	qSkipHead    = `SELECT {{fn}}modkit_outbox_skip_head($1, $2)`
+	qSkipHead    = `SELECT {{fn}}modkit_outbox_skip_head($1, $2, {{now}})`
 	qReleaseHeld = `SELECT {{fn}}modkit_outbox_release_held($1::text[], $2::text[], $3)`
 
 	qRolesPresent = `SELECT array_agg(r ORDER BY r) FROM unnest($1::text[]) AS r WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r)`
@@ -176,7 +176,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		insertMany:          bind(qInsertMany, "", ""),
 		claim:               bind(qClaim, "8", async),
 		blockedKeys:         bind(qBlockedKeys, "", ""),
-		skipHead:            bind(qSkipHead, "", ""),
+		skipHead:            bind(qSkipHead, "3", ""),
 		releaseHeld:         bind(qReleaseHeld, "", ""),
 		complete:            bind(qComplete, "7", ""),
 		completeAsync:       bind(qComplete, "7", async),
