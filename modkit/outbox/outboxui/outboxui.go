@@ -342,6 +342,10 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, err := h.admin.Purge(r.Context(), older, outbox.Topic{Namespace: ns, Topic: topic})
+	if errors.Is(err, outbox.ErrInvalidConfig) { // a malformed name: nothing was purged
+		h.fail(w, r, http.StatusBadRequest, "Purge needs a topic (namespace/topic) and an age such as 24h: "+err.Error())
+		return
+	}
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, "Purge failed: "+err.Error())
 		return

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/browser"
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -43,6 +44,7 @@ var (
 // dead and one pending event, and for crm/welcome_mail one dead event.
 type world struct {
 	client                  *outbox.Client
+	pool                    *pgxpool.Pool
 	deadOrder, deadMail     uuid.UUID
 	pendingOrder, delivered uuid.UUID
 }
@@ -79,7 +81,7 @@ func newWorld(t *testing.T) *world {
 		}
 		return got[0].ID
 	}
-	w := &world{client: c}
+	w := &world{client: c, pool: pool}
 	enqueue(orders, 3)
 	w.delivered = settle(orders, driver.Delivered)
 	w.deadOrder = settle(orders, driver.Dead)
@@ -424,8 +426,10 @@ func TestDashboardGuards(t *testing.T) {
 		t.Fatalf("cross-origin replay: %d", code)
 	}
 	// Purge needs a valid topic and age; then deletes the delivered event.
-	if code, _ := post(t, jar, base+"purge", url.Values{"csrf": {csrf}, "topic": {"nonsense"}, "older_than": {"0s"}}, ""); code != http.StatusBadRequest {
-		t.Fatalf("purge of a bad topic: %d", code)
+	for _, bad := range []string{"nonsense", "shop/", "/order_paid", "shop/order paid", "Shop/x"} {
+		if code, _ := post(t, jar, base+"purge", url.Values{"csrf": {csrf}, "topic": {bad}, "older_than": {"0s"}}, ""); code != http.StatusBadRequest {
+			t.Fatalf("purge of the malformed topic %q: %d, want 400", bad, code)
+		}
 	}
 	if code, _ := post(t, jar, base+"purge", url.Values{"csrf": {csrf}, "topic": {"shop/order_paid"}, "older_than": {"0s"}}, ""); code != http.StatusSeeOther {
 		t.Fatalf("purge: %d", code)

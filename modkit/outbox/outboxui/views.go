@@ -21,7 +21,9 @@ type topicRow struct {
 	// DeliveredLastHour and PerMinute come from the series.
 	DeliveredLastHour int64
 	PerMinute         float64
-	Query             string // the events filter of this topic, URL-encoded
+	// Query is the events filter of this topic, URL-encoded; a
+	// template.URL, so that the template does not escape its = and & again.
+	Query template.URL
 }
 
 type overviewData struct {
@@ -67,7 +69,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	d.Series, d.Chart = series, chartSVG(series)
 	for _, t := range st.Topics {
 		q := url.Values{"namespace": {t.Namespace}, "topic": {t.Topic.Topic}}
-		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: q.Encode()}
+		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: template.URL(q.Encode())}
 		row.PerMinute = float64(row.DeliveredLastHour) / minutes
 		d.Topics = append(d.Topics, row)
 	}
@@ -95,7 +97,7 @@ type eventsData struct {
 	Since    string // "", or a duration: events created in the last Since
 	Ranges   []string
 	Events   []outbox.Event
-	Next     string // query string of the next page, "" on the last
+	Next     template.URL // query string of the next page, "" on the last (see topicRow.Query)
 }
 
 func (h *handler) events(w http.ResponseWriter, r *http.Request) {
@@ -137,8 +139,9 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		for k, v := range q {
 			next[k] = v
 		}
+		next.Del("flash") // a message of this request, not of the next page
 		next.Set("after", page.NextPage)
-		d.Next = next.Encode()
+		d.Next = template.URL(next.Encode()) //nolint:gosec // url.Values.Encode escapes every value
 	}
 	h.render(w, http.StatusOK, "events.html", h.newPage(w, r, "Events", d))
 }
