@@ -256,8 +256,11 @@ func TestDeadReplay(t *testing.T) {
 	if s := f.status(t, deadMail); s != outbox.StatusDead {
 		t.Fatalf("the filter replayed another topic's event: %s", s)
 	}
-	// One id needs no confirmation.
-	cli(t, f.dsn, "dead", "replay", deadMail.String()).must(t, exitOK)
+	// One id needs no confirmation, also when it is given twice.
+	r = cli(t, f.dsn, "dead", "replay", deadMail.String(), deadMail.String()).must(t, exitOK)
+	if !strings.Contains(r.stdout, "replayed 1 event(s)") || strings.Contains(r.stdout, "no longer dead") {
+		t.Fatalf("replaying one id given twice:\n%s", r.stdout)
+	}
 	ev, err := f.client.Admin().Get(bg, dead[0])
 	if err != nil || ev.Status != outbox.StatusPending {
 		t.Fatalf("replayed event: %+v %v", ev, err)
@@ -315,6 +318,10 @@ func TestExitCodes(t *testing.T) {
 		{"postgres://nobody@127.0.0.1:1/none?connect_timeout=5", []string{"stats"}, exitUnreachable, "cannot reach the database"},
 		{"host=127.0.0.1 port=1 user=x", []string{"events", "list", "--connect-timeout", "5s"}, exitUnreachable, "cannot reach"},
 		{"::not a url::", []string{"stats"}, exitUsage, "not a valid PostgreSQL URL"},
+		{f.dsn, []string{"tail", "--since", "-1h"}, exitUsage, "negative"},
+		{f.dsn, []string{"events", "list", "--topic", "shop/"}, exitUsage, "NAMESPACE/TOPIC"},
+		{f.dsn, []string{"dead", "replay", "--topic", "/order_paid", "--yes"}, exitUsage, "NAMESPACE/TOPIC"},
+		{f.dsn, []string{"dead", "replay", "--by", " "}, exitUsage, "--by"},
 	} {
 		r := cli(t, c.dsn, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.hint) {

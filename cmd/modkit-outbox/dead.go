@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os/user"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -29,7 +31,7 @@ func runDead(ctx context.Context, e env, args []string) error {
 	limit := f.Int("limit", 1000, "replay by filter: at most this many events, oldest first (at most 10000)")
 	dryRun := f.Bool("dry-run", false, "list what would be replayed and change nothing")
 	yes := f.Bool("yes", false, "do not ask for confirmation when replaying more than one event")
-	by := f.String("by", defaultBy(), "who is replaying, recorded in each event's last_error")
+	by := f.String("by", defaultBy(), "who is replaying, recorded in each event's history (its replayed entry)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
@@ -38,13 +40,18 @@ func runDead(ctx context.Context, e env, args []string) error {
 		f.printUsage(e.stderr)
 		return usageErr("dead needs the replay subcommand")
 	}
+	if strings.TrimSpace(*by) == "" {
+		return usageErr("--by is empty; say who is replaying")
+	}
 	var ids []uuid.UUID
 	for _, s := range pos[1:] {
 		id, err := uuid.Parse(s)
 		if err != nil {
 			return usageErr("%q is not an event id (a UUID)", s)
 		}
-		ids = append(ids, id)
+		if !slices.Contains(ids, id) { // an id given twice is one event
+			ids = append(ids, id)
+		}
 	}
 	filter, err := ff.filter(time.Now())
 	if err != nil {

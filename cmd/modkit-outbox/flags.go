@@ -132,6 +132,9 @@ func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
 	var out outbox.EventFilter
 	out.Namespace = ff.namespace
 	if ns, t, ok := strings.Cut(ff.topic, "/"); ok {
+		if ns == "" || t == "" { // an empty part would match any namespace or topic
+			return out, usageErr("--topic %q: write it as NAMESPACE/TOPIC, or TOPIC for that topic in any namespace", ff.topic)
+		}
 		if ff.namespace != "" && ff.namespace != ns {
 			return out, usageErr("--namespace %q contradicts --topic %q", ff.namespace, ff.topic)
 		}

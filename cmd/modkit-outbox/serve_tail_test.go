@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
@@ -82,6 +83,36 @@ func TestTail(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], `"status":"delivered"`) || !strings.Contains(lines[1], `"status":"dead"`) ||
 		ids[0] != delivered {
 		t.Fatalf("tail printed:\n%s", out.String())
+	}
+}
+
+// More outcomes within tail's overlap window than one read returns (two
+// batches of 600 settled at two timestamps) do not stall it: it prints them
+// all, and what is settled afterwards.
+func TestTailPastAPage(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 1200)
+	f.settle(t, orders, 600, driver.Delivered, 0)
+	f.settle(t, orders, 600, driver.Delivered, 0)
+	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
+	f.enqueue(t, mails, 1)
+	late := f.settle(t, mails, 1, driver.Delivered, 0)[0]
+	guard := time.After(2 * time.Minute) // a hang guard, not a timed assertion
+	for !strings.Contains(out.String(), late.String()) {
+		select {
+		case <-out.wrote:
+		case code := <-ended:
+			t.Fatalf("tail ended (exit %d) before printing the late event", code)
+		case <-guard:
+			stop()
+			t.Fatalf("tail never printed the event settled after 1,200 others; it printed %d lines", strings.Count(out.String(), "\n"))
+		}
+	}
+	if code := stop(); code != exitOK {
+		t.Fatalf("tail ended with %d", code)
+	}
+	if n := strings.Count(out.String(), "\n"); n != 1201 {
+		t.Fatalf("tail printed %d lines, want 1,201", n)
 	}
 }
 

@@ -39,6 +39,9 @@ func runTail(ctx context.Context, e env, args []string) error {
 	if *interval < 100*time.Millisecond {
 		return usageErr("--interval %v is too short; use at least 100ms", *interval)
 	}
+	if *since < 0 {
+		return usageErr("--since %v is negative; give how long ago to start, such as 10m", *since)
+	}
 	filter, err := ff.filter(time.Now())
 	if err != nil {
 		return err
@@ -80,8 +83,9 @@ type tailer struct {
 }
 
 func (t *tailer) poll(ctx context.Context) error {
+	queryFrom := t.from.Add(-tailOverlap)
 	for {
-		events, err := t.a.Settled(ctx, t.from.Add(-tailOverlap), 1000)
+		events, err := t.a.Settled(ctx, queryFrom, tailPage)
 		if err != nil {
 			return err
 		}
@@ -107,11 +111,26 @@ func (t *tailer) poll(ctx context.Context) error {
 				delete(t.seen, id)
 			}
 		}
-		if len(events) < 1000 || fresh == 0 {
+		if len(events) < tailPage {
 			return nil
 		}
+		// A full page: the next one starts at its last timestamp (the ids
+		// seen skip the rows at it again), so that more than a page within
+		// the overlap does not keep returning the same rows. A page that
+		// all shares one timestamp cannot be paged through by time: go on
+		// after it, and say so.
+		last := events[len(events)-1].UpdatedAt
+		if !last.After(queryFrom) {
+			fmt.Fprintf(t.e.stderr, "warning: more than %d outcomes were recorded at %s; some of them were not printed\n",
+				tailPage, last.Format(time.RFC3339Nano))
+			last = last.Add(time.Microsecond)
+		}
+		queryFrom = last
 	}
 }
+
+// tailPage is how many outcomes one read of Settled returns, at most.
+const tailPage = 1000
 
 func (t *tailer) print(ev outbox.Event) error {
 	if t.json {
