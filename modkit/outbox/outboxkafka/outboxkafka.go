@@ -127,12 +127,16 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 }
 
 // Record builds the record of d: topic, key, value and headers (the
-// event's, sorted by name, then HeaderEventID).
+// event's, sorted by name, then HeaderEventID; an event header of that
+// name is left out, so that the one consumers de-duplicate on is the
+// outbox's own).
 func (p *Publisher) Record(d outbox.Delivery) *kgo.Record {
 	r := &kgo.Record{Topic: p.topic(d), Key: p.key(d), Value: d.Payload}
 	names := make([]string, 0, len(d.Headers))
 	for k := range d.Headers {
-		names = append(names, k)
+		if k != HeaderEventID {
+			names = append(names, k)
+		}
 	}
 	slices.Sort(names)
 	r.Headers = make([]kgo.RecordHeader, 0, len(names)+1)

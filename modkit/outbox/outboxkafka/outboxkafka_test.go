@@ -194,6 +194,14 @@ func TestRecord(t *testing.T) {
 		}
 	}
 
+	// An event header named like the outbox's id header is left out: the
+	// record carries one, the event's id.
+	forged := p.Record(outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`),
+		Headers: map[string]string{outboxkafka.HeaderEventID: "forged"}})
+	if n := len(forged.Headers); n != 1 || eventID(t, forged) == uuid.Nil || string(forged.Headers[0].Value) == "forged" {
+		t.Fatalf("a record of an event with its own %s header: %v", outboxkafka.HeaderEventID, forged.Headers)
+	}
+
 	custom := newPublisher(t, cl, outboxkafka.Config{
 		Topic: func(outbox.Delivery) string { return "custom-topic" },
 		Key:   func(d outbox.Delivery) []byte { return []byte("k-" + d.Topic) },

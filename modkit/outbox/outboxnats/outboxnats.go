@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -95,11 +96,16 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 }
 
 // Msg builds the JetStream message of d: its subject, payload, headers and
-// Nats-Msg-Id.
+// Nats-Msg-Id. Event headers whose names begin with "Nats-" (any case) are
+// left out: JetStream reads those as instructions (Nats-Rollup,
+// Nats-Expected-*, Nats-TTL, …), which an event must not be able to give.
 func (p *Publisher) Msg(d outbox.Delivery) *nats.Msg {
 	m := nats.NewMsg(p.subject(d))
 	m.Data = d.Payload
 	for k, v := range d.Headers {
+		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
+			continue
+		}
 		m.Header.Set(k, v)
 	}
 	m.Header.Set(HeaderMsgID, d.ID.String())
@@ -127,7 +133,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 
 func classify(subject string, err error) error {
 	err = fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, subject, err)
-	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrBadHeaderMsg) {
 		return outbox.Permanent(err)
 	}
 	return err

@@ -288,4 +288,25 @@ func TestFailures(t *testing.T) {
 	if !outbox.IsPermanent(err) {
 		t.Errorf("payload over the limit: got %v, want a permanent error", err)
 	}
+	// A header name NATS cannot carry (the outbox accepts it) fails the
+	// same way on every attempt: permanent.
+	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`),
+		Headers: map[string]string{"x/trace": "1"}})
+	if !outbox.IsPermanent(err) {
+		t.Errorf("a header name NATS refuses: got %v, want a permanent error", err)
+	}
+}
+
+// An event's headers cannot give JetStream instructions: names beginning
+// with Nats- are left out, and Nats-Msg-Id is the event's id.
+func TestEventHeadersCannotControlJetStream(t *testing.T) {
+	srv := startServer(t)
+	p := newPublisher(t, connect(t, srv.ClientURL()), outboxnats.Config{})
+	id := uuid.New()
+	m := p.Msg(outbox.Delivery{ID: id, Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`),
+		Headers: map[string]string{"Nats-Rollup": "all", "nats-expected-stream": "other", "Nats-Msg-Id": "forged", "x-kept": "1"}})
+	if m.Header.Get("Nats-Rollup") != "" || m.Header.Get("Nats-Expected-Stream") != "" || len(m.Header.Values("nats-expected-stream")) != 0 ||
+		m.Header.Get(outboxnats.HeaderMsgID) != id.String() || len(m.Header.Values(outboxnats.HeaderMsgID)) != 1 || m.Header.Get("x-kept") != "1" {
+		t.Fatalf("headers of the message: %v", m.Header)
+	}
 }
