@@ -27,7 +27,11 @@
 // other than 408 and 429 are wrapped in outbox.Permanent (the receiver
 // refused the event; retrying sends the same thing again); 408, 429, 3xx
 // (redirects are not followed) and 5xx are retried, as are network errors
-// and timeouts. Each request is bounded by Config.Timeout.
+// and timeouts. Each request is bounded by Config.Timeout. A request that
+// can never be sent fails permanently without one: a URL that is not
+// absolute http or https with a host (New refuses such an Endpoint), or an
+// event header net/http cannot send (a name that is not a token, such as
+// x/trace, which the outbox accepts; a value with control characters).
 //
 // # Retry-After
 //
@@ -46,6 +50,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -179,6 +184,9 @@ func New(cfg Config) (*Publisher, error) {
 		if cfg.Endpoint == "" {
 			return nil, fmt.Errorf("%w: outboxhttp: set Endpoint or URL", outbox.ErrInvalidConfig)
 		}
+		if err := checkURL(cfg.Endpoint); err != nil {
+			return nil, fmt.Errorf("%w: Endpoint: %w", outbox.ErrInvalidConfig, err)
+		}
 		endpoint := cfg.Endpoint
 		cfg.URL = func(outbox.Delivery) string { return endpoint }
 	}
@@ -229,13 +237,20 @@ var reserved = map[string]bool{
 
 // Request builds the signed request of d, timestamped now.
 func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Request, error) {
-	url := p.url(d)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(d.Payload))
+	target := p.url(d)
+	if err := checkURL(target); err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(d.Payload))
 	if err != nil {
-		return nil, fmt.Errorf("outboxhttp: URL %q: %w", url, err)
+		return nil, fmt.Errorf("outboxhttp: URL %q: %w", target, err)
 	}
 	for k, v := range d.Headers {
 		if lk := strings.ToLower(k); !reserved[lk] && !strings.HasPrefix(lk, "webhook-") {
+			if !sendableHeader(k, v) {
+				return nil, fmt.Errorf("outboxhttp: header %q of event %s cannot be sent over HTTP (its name must be a token, "+
+					"its value free of control characters)", k, d.ID)
+			}
 			req.Header.Set(k, v)
 		}
 	}
@@ -254,7 +269,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	defer cancel()
 	req, err := p.Request(ctx, d)
 	if err != nil {
-		return outbox.Permanent(err) // the URL cannot be used, now or later
+		return outbox.Permanent(err) // the URL or a header cannot be used, now or later
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {
@@ -290,4 +305,37 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return at.Sub(now)
 	}
 	return 0
+}
+
+// checkURL refuses a URL a request cannot be sent to: one that does not
+// parse, or is not absolute http or https with a host.
+func checkURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("outboxhttp: URL %q: %w", raw, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("outboxhttp: URL %q is not an absolute http or https URL with a host", raw)
+	}
+	return nil
+}
+
+// sendableHeader reports whether net/http sends the header name: value:
+// a name of token characters and a value without control characters but
+// tab. (The outbox accepts more, such as x/trace.)
+func sendableHeader(name, value string) bool {
+	if name == "" {
+		return false
+	}
+	for i := range len(name) {
+		if b := name[i]; b <= ' ' || b >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) >= 0 {
+			return false
+		}
+	}
+	for i := range len(value) {
+		if b := value[i]; (b < ' ' && b != '\t') || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }

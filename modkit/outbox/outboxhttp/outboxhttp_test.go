@@ -178,6 +178,35 @@ func TestSignatureVector(t *testing.T) {
 	if _, err := outboxhttp.New(outboxhttp.Config{Secret: secret}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("no endpoint: got %v, want ErrInvalidConfig", err)
 	}
+	for _, bad := range []string{"example.com/hook", "ftp://example.com/hook", "http://", "://x"} {
+		if _, err := outboxhttp.New(outboxhttp.Config{Endpoint: bad, Secret: secret}); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("endpoint %q: got %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
+
+// A request that can never be sent fails permanently, without a request:
+// a URL from Config.URL that is not absolute http(s), or an event header
+// that net/http refuses (the outbox accepts names such as x/trace).
+func TestUnsendableIsPermanent(t *testing.T) {
+	var target string
+	p := newPublisher(t, outboxhttp.Config{URL: func(outbox.Delivery) string { return target }})
+	for _, tc := range []struct {
+		url     string
+		headers map[string]string
+	}{
+		{"", nil},
+		{"example.com/hook", nil},
+		{"http://", nil},
+		{"http://127.0.0.1:1/hook", map[string]string{"x/trace": "1"}},
+		{"http://127.0.0.1:1/hook", map[string]string{"x-note": "two\nlines"}},
+	} {
+		target = tc.url
+		err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Headers: tc.headers})
+		if !outbox.IsPermanent(err) {
+			t.Errorf("URL %q, headers %v: got %v, want a permanent error", tc.url, tc.headers, err)
+		}
+	}
 }
 
 // TestRequest: a delivered event's request carries the payload, the
