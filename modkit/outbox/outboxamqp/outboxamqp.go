@@ -63,6 +63,10 @@ type Config struct {
 	Route func(d outbox.Delivery) (exchange, key string)
 }
 
+// shortStrMax is the longest AMQP short string (exchange and queue names,
+// routing keys, the type property), in bytes.
+const shortStrMax = 255
+
 // The default dial's settings.
 const (
 	dialTimeout = 5 * time.Second
@@ -71,6 +75,8 @@ const (
 
 // DefaultRoute publishes to the default exchange ("") with the routing key
 // "<namespace>.<topic>": the message goes to the queue of that name.
+// AMQP carries routing keys of at most 255 bytes; a longer one (namespace
+// and topic may have 128 bytes each) fails the publish permanently.
 func DefaultRoute(d outbox.Delivery) (exchange, key string) { return "", d.Namespace + "." + d.Topic }
 
 // UnroutableError is a message that the broker returned because no queue
@@ -179,9 +185,11 @@ func (p *Publisher) Message(d outbox.Delivery) amqp.Publishing {
 		ContentType:  "application/json",
 		DeliveryMode: amqp.Persistent,
 		MessageId:    d.ID.String(),
-		Type:         d.Namespace + "." + d.Topic,
 		Timestamp:    d.CreatedAt,
 		Body:         d.Payload,
+	}
+	if t := d.Namespace + "." + d.Topic; len(t) <= shortStrMax {
+		m.Type = t // a property of at most 255 bytes: left out rather than cut
 	}
 	if len(d.Headers) > 0 {
 		m.Headers = make(amqp.Table, len(d.Headers))
@@ -196,6 +204,12 @@ func (p *Publisher) Message(d outbox.Delivery) amqp.Publishing {
 // confirmation or the end of ctx (see the package doc for the outcomes).
 func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	exchange, key := p.route(d)
+	if len(exchange) > shortStrMax || len(key) > shortStrMax {
+		// AMQP's short strings hold 255 bytes; the client would cut the
+		// name silently and the message would go elsewhere.
+		return outbox.Permanent(fmt.Errorf("%w: exchange %q, routing key %q: longer than %d bytes, which AMQP cannot carry",
+			ErrNotConfirmed, exchange, key, shortStrMax))
+	}
 	s, err := p.session()
 	if err != nil {
 		return err

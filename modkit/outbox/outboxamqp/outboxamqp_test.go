@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,6 +209,16 @@ func TestUnroutableIsPermanent(t *testing.T) {
 	}
 	if got := len(readAll(t, ch, queue)); got != 3 {
 		t.Fatalf("%d routable messages in the queue, want 3", got)
+	}
+	// A routing key longer than AMQP's 255 bytes (the default route of a
+	// 128-byte namespace and topic) would be cut short on the wire and go
+	// to another queue: permanent instead, before anything is sent.
+	dflt := newPublisher(t, outboxamqp.Config{URL: u.String()})
+	err := dflt.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: strings.Repeat("a", 128), Topic: strings.Repeat("b", 128),
+		Payload: json.RawMessage(`{}`)})
+	var ue *outboxamqp.UnroutableError
+	if !outbox.IsPermanent(err) || errors.As(err, &ue) || !strings.Contains(err.Error(), "255 bytes") {
+		t.Fatalf("a 257-byte routing key: got %v, want a permanent error before sending (the broker returned the message sent with the key cut short)", err)
 	}
 }
 
