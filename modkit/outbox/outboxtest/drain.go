@@ -20,7 +20,11 @@ import (
 // check them with c.Admin(). Other topics' events are left alone.
 //
 // It fails t if the dispatcher cannot start or the topics are not drained
-// within WaitTimeout.
+// within WaitTimeout. Two kinds of event keep a topic from draining, so a
+// test that makes them waits out WaitTimeout and fails: one held behind a
+// dead event of its ordering key (unless the publisher sets
+// SkipDeadHeads), and a retry whose error asks for a later time
+// (RetryAfter) than the test allows.
 func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	t.Helper()
 	ctx := context.Background()

@@ -21,6 +21,9 @@ import (
 type Matcher struct {
 	desc  string
 	match func(outbox.Event) bool
+	// bad says why the matcher cannot match anything (its JSON does not
+	// parse or encode); every assertion given it fails at once.
+	bad string
 }
 
 // String describes the matcher, as failure messages show it.
@@ -32,7 +35,7 @@ func (m Matcher) String() string { return m.desc }
 func Payload(want any) Matcher {
 	raw, err := json.Marshal(want)
 	if err != nil {
-		return Matcher{desc: fmt.Sprintf("payload %#v (which cannot be encoded as JSON: %v)", want, err),
+		return Matcher{desc: fmt.Sprintf("payload %#v", want), bad: fmt.Sprintf("it cannot be encoded as JSON: %v", err),
 			match: func(outbox.Event) bool { return false }}
 	}
 	return payloadJSON(raw)
@@ -46,7 +49,7 @@ func payloadJSON(want []byte) Matcher {
 	w, err := decodeJSON(want)
 	desc := "payload " + string(want)
 	if err != nil {
-		return Matcher{desc: desc + " (not valid JSON: " + err.Error() + ")", match: func(outbox.Event) bool { return false }}
+		return Matcher{desc: desc, bad: "not valid JSON: " + err.Error(), match: func(outbox.Event) bool { return false }}
 	}
 	return Matcher{desc: desc, match: func(e outbox.Event) bool {
 		got, err := decodeJSON(e.Payload)
@@ -147,8 +150,21 @@ func RequireNotEnqueuedTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Top
 	requireNotEnqueued(t, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
 }
 
+// checkMatchers fails t at once for a matcher that cannot match anything:
+// RequireNotEnqueued would pass whatever was enqueued, and RequireEnqueued
+// would blame the code under test for the test's typo.
+func checkMatchers(t TB, match []Matcher) {
+	t.Helper()
+	for _, m := range match {
+		if m.bad != "" {
+			fatal(t, "matcher %s: %s", m.desc, m.bad)
+		}
+	}
+}
+
 func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) []outbox.Event {
 	t.Helper()
+	checkMatchers(t, match)
 	all, err := load()
 	if err != nil {
 		fatal(t, "list events of %s: %v", topic, err)
@@ -165,6 +181,7 @@ func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]o
 
 func requireNotEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) {
 	t.Helper()
+	checkMatchers(t, match)
 	all, err := load()
 	if err != nil {
 		fatal(t, "list events of %s: %v", topic, err)

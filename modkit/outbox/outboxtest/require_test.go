@@ -71,6 +71,18 @@ func TestRequireEnqueued(t *testing.T) {
 			t.Errorf("RequireEnqueued's failure must mention %s: %q", want, msg)
 		}
 	}
+	// A matcher that cannot match anything (a typo in its JSON, a value
+	// JSON cannot encode) fails the assertion at once, negative ones too,
+	// which it would otherwise pass whatever was enqueued.
+	for name, m := range map[string]outboxtest.Matcher{
+		"PayloadJSON": outboxtest.PayloadJSON(`{"id":"o-1"`),
+		"Payload":     outboxtest.Payload(func() {}),
+	} {
+		msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, m) })
+		if !strings.Contains(msg, "matcher") {
+			t.Errorf("RequireNotEnqueued with a broken %s matcher passed or said %q", name, msg)
+		}
+	}
 	if msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireEnqueued(t, c, shipped) }); !strings.Contains(msg, "the topic has none") {
 		t.Errorf("RequireEnqueued on an empty topic: %q", msg)
 	}
