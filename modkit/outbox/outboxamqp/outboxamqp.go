@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,7 +142,9 @@ func New(cfg Config) (*Publisher, error) {
 			return nil, fmt.Errorf("%w: outboxamqp: set URL or Dial", outbox.ErrInvalidConfig)
 		}
 		if _, err := amqp.ParseURI(cfg.URL); err != nil {
-			return nil, fmt.Errorf("%w: outboxamqp: URL: %v", outbox.ErrInvalidConfig, err)
+			// The parser's message quotes the URL, password and all.
+			msg := strings.ReplaceAll(err.Error(), cfg.URL, redactPassword(cfg.URL))
+			return nil, fmt.Errorf("%w: outboxamqp: URL: %s", outbox.ErrInvalidConfig, msg)
 		}
 		url := cfg.URL
 		cfg.Dial = func() (*amqp.Connection, error) {
@@ -329,4 +332,27 @@ func (s *session) forget(id string) {
 	s.mu.Lock()
 	delete(s.returned, id)
 	s.mu.Unlock()
+}
+
+// redactPassword replaces the password of a URL's user information with
+// "xxxxx", also in a URL that does not parse.
+func redactPassword(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	authority, path, hasPath := strings.Cut(rest, "/")
+	at := strings.LastIndex(authority, "@")
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	if !hasPassword {
+		return raw
+	}
+	out := scheme + "://" + user + ":xxxxx" + authority[at:]
+	if hasPath {
+		out += "/" + path
+	}
+	return out
 }

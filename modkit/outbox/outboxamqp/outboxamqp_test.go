@@ -252,6 +252,13 @@ func TestConfig(t *testing.T) {
 	if _, err := outboxamqp.New(outboxamqp.Config{URL: "http://x"}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("bad URL: got %v", err)
 	}
+	// The error of a URL that does not parse names it without its password.
+	for _, bad := range []string{"amqp://user:s3cr3t@host:notaport/", "amqps://user:s3cr3t@host/%zz"} {
+		_, err := outboxamqp.New(outboxamqp.Config{URL: bad})
+		if !errors.Is(err, outbox.ErrInvalidConfig) || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "user:xxxxx@host") {
+			t.Errorf("URL %q: got %v, want ErrInvalidConfig naming the URL without its password", bad, err)
+		}
+	}
 	p, err := outboxamqp.New(outboxamqp.Config{URL: "amqp://127.0.0.1:1/"})
 	if err != nil {
 		t.Fatal(err)
