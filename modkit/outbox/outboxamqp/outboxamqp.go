@@ -132,6 +132,11 @@ type session struct {
 
 	mu       sync.Mutex
 	returned map[string]amqp.Return // by message-id
+	// abandoned holds the message-ids of publishes abandoned on ctx before
+	// their confirmation: a return of theirs may still come, and must not
+	// be taken for a later publish's. It is dropped when it comes; a new
+	// publish of such an id goes to a new session (see Publish).
+	abandoned map[string]bool
 }
 
 // New returns a Publisher. It connects on the first publish. Errors match
@@ -218,6 +223,15 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 		return err
 	}
 	msg := p.Message(d)
+	if s.wasAbandoned(msg.MessageId) {
+		// An earlier publish of this event on this session was abandoned,
+		// and its return (if any) may still be on its way: on this
+		// session it could pass for this publish's.
+		p.drop(s)
+		if s, err = p.session(); err != nil {
+			return err
+		}
+	}
 	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 	if err != nil {
 		p.drop(s)
@@ -227,6 +241,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
+		s.abandon(msg.MessageId)
 		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, context.Cause(ctx))
 	}
 	if !dc.Acked() {
@@ -279,7 +294,7 @@ func (p *Publisher) open() (*session, error) {
 		return nil, err
 	}
 	s := &session{conn: conn, ch: ch, returns: make(chan amqp.Return), barrier: make(chan struct{}),
-		done: make(chan struct{}), returned: map[string]amqp.Return{}}
+		done: make(chan struct{}), returned: map[string]amqp.Return{}, abandoned: map[string]bool{}}
 	ch.NotifyReturn(s.returns)
 	go s.readReturns()
 	return s, nil
@@ -307,7 +322,11 @@ func (s *session) readReturns() {
 				return
 			}
 			s.mu.Lock()
-			s.returned[r.MessageId] = r
+			if s.abandoned[r.MessageId] {
+				delete(s.abandoned, r.MessageId) // the return of an abandoned publish
+			} else {
+				s.returned[r.MessageId] = r
+			}
 			s.mu.Unlock()
 		case <-s.barrier:
 		}
@@ -325,6 +344,23 @@ func (s *session) returnOf(id string) (amqp.Return, bool) {
 	defer s.mu.Unlock()
 	r, ok := s.returned[id]
 	return r, ok
+}
+
+// abandon records that the publish of id was abandoned before its
+// confirmation, and drops any return already recorded for it.
+func (s *session) abandon(id string) {
+	s.mu.Lock()
+	s.abandoned[id] = true
+	delete(s.returned, id)
+	s.mu.Unlock()
+}
+
+// wasAbandoned reports whether a publish of id was abandoned on this
+// session and its return may still come.
+func (s *session) wasAbandoned(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.abandoned[id]
 }
 
 // forget drops the record of a message's return, if any.

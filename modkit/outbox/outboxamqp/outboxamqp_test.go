@@ -270,3 +270,44 @@ func TestConfig(t *testing.T) {
 		t.Errorf("after Close: got %v", err)
 	}
 }
+
+// The return of a publish abandoned on its context (unroutable then) is
+// not taken for a later publish of the same event: once a queue is bound,
+// the retry is routed and confirmed, not reported unroutable.
+func TestAbandonedPublishReturnNotReused(t *testing.T) {
+	u := brokerURL(t)
+	other, _ := declareQueue(t, u)
+	late := "outboxamqp-test-late-" + uuid.NewString()
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: func(d outbox.Delivery) (string, string) {
+		if d.Topic == "late" {
+			return "", late
+		}
+		return "", other
+	}})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "late", Payload: json.RawMessage(`{}`)}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := p.Publish(cancelled, d); err == nil {
+		t.Fatal("a publish on a cancelled context succeeded")
+	}
+	// A confirmed publish after it on the same channel: the broker sends
+	// the first one's return, if any, before this confirmation.
+	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := amqp.Dial(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(late, false, true, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, d); err != nil {
+		t.Fatalf("the retry, routable now: %v", err)
+	}
+}
