@@ -309,13 +309,19 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 
 // checkURL refuses a URL a request cannot be sent to: one that does not
 // parse, or is not absolute http or https with a host.
+// Its messages leave the URL's password out (New's errors are not redacted
+// the way the dispatcher redacts publish errors).
 func checkURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("outboxhttp: URL %q: %w", raw, err)
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // its message quotes the URL, credentials and all
+		}
+		return fmt.Errorf("outboxhttp: the URL does not parse: %w", err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("outboxhttp: URL %q is not an absolute http or https URL with a host", raw)
+		return fmt.Errorf("outboxhttp: URL %q is not an absolute http or https URL with a host", u.Redacted())
 	}
 	return nil
 }

@@ -178,9 +178,10 @@ func TestSignatureVector(t *testing.T) {
 	if _, err := outboxhttp.New(outboxhttp.Config{Secret: secret}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("no endpoint: got %v, want ErrInvalidConfig", err)
 	}
-	for _, bad := range []string{"example.com/hook", "ftp://example.com/hook", "http://", "://x"} {
-		if _, err := outboxhttp.New(outboxhttp.Config{Endpoint: bad, Secret: secret}); !errors.Is(err, outbox.ErrInvalidConfig) {
-			t.Errorf("endpoint %q: got %v, want ErrInvalidConfig", bad, err)
+	for _, bad := range []string{"example.com/hook", "ftp://example.com/hook", "http://", "://x", "ftp://user:s3cr3t@example.com/", "http://user:s3cr3t@host:port/"} {
+		_, err := outboxhttp.New(outboxhttp.Config{Endpoint: bad, Secret: secret})
+		if !errors.Is(err, outbox.ErrInvalidConfig) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("endpoint %q: got %v, want ErrInvalidConfig without the password", bad, err)
 		}
 	}
 }
