@@ -84,6 +84,17 @@ func toQueue(queue string) func(outbox.Delivery) (string, string) {
 	return func(outbox.Delivery) (string, string) { return "", queue }
 }
 
+// routeTopic routes the events of topic to the queue key, the others to
+// queue.
+func routeTopic(topic, key, queue string) func(outbox.Delivery) (string, string) {
+	return func(d outbox.Delivery) (string, string) {
+		if d.Topic == topic {
+			return "", key
+		}
+		return "", queue
+	}
+}
+
 // readAll consumes every message in the queue.
 func readAll(t testing.TB, ch *amqp.Channel, queue string) []amqp.Delivery {
 	t.Helper()
@@ -191,12 +202,7 @@ func TestUnroutableIsPermanent(t *testing.T) {
 	u := brokerURL(t)
 	queue, ch := declareQueue(t, u)
 	nowhere := "outboxamqp-test-nowhere-" + uuid.NewString()
-	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: func(d outbox.Delivery) (string, string) {
-		if d.Topic == "lost" {
-			return "", nowhere
-		}
-		return "", queue
-	}})
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: routeTopic("lost", nowhere, queue)})
 	for i := range 3 {
 		err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "lost", Payload: json.RawMessage(`{}`)})
 		var ue *outboxamqp.UnroutableError
@@ -276,14 +282,9 @@ func TestConfig(t *testing.T) {
 // the retry is routed and confirmed, not reported unroutable.
 func TestAbandonedPublishReturnNotReused(t *testing.T) {
 	u := brokerURL(t)
-	other, _ := declareQueue(t, u)
+	other, ch := declareQueue(t, u)
 	late := "outboxamqp-test-late-" + uuid.NewString()
-	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: func(d outbox.Delivery) (string, string) {
-		if d.Topic == "late" {
-			return "", late
-		}
-		return "", other
-	}})
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: routeTopic("late", late, other)})
 	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "late", Payload: json.RawMessage(`{}`)}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
@@ -295,18 +296,10 @@ func TestAbandonedPublishReturnNotReused(t *testing.T) {
 	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := amqp.Dial(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := ch.QueueDeclare(late, false, true, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(late, false, false, false) })
 	if err := p.Publish(ctx, d); err != nil {
 		t.Fatalf("the retry, routable now: %v", err)
 	}
