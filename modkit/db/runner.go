@@ -101,7 +101,7 @@ func AsQuerier(r any) (Querier, error) {
 		}
 		return sqlQuerier{v.q}, nil
 	case Runner:
-		if nilPgxHandle(v) {
+		if nilHandle(v) {
 			return nil, fmt.Errorf("%w (got nil %T)", ErrUnsupportedRunner, v)
 		}
 		return pgxQuerier{v}, nil
@@ -114,20 +114,6 @@ func AsQuerier(r any) (Querier, error) {
 	default:
 		return nil, fmt.Errorf("%w (got %T)", ErrUnsupportedRunner, r)
 	}
-}
-
-// nilPgxHandle reports whether r is a nil pointer of one of pgx's handle
-// types, which would panic on its first statement.
-func nilPgxHandle(r Runner) bool {
-	switch v := r.(type) {
-	case *pgxpool.Pool:
-		return v == nil
-	case *pgxpool.Conn:
-		return v == nil
-	case *pgx.Conn:
-		return v == nil
-	}
-	return false
 }
 
 // unwrapSQL returns the database/sql handle under a bun value, and q itself
@@ -155,14 +141,14 @@ func unwrapSQL(q SQLQuerier) (SQLQuerier, error) {
 			inner = v.Conn
 		}
 	case *sql.Tx, *sql.DB, *sql.Conn:
-		if nilSQLHandle(v) {
+		if nilHandle(v) {
 			return nil, fmt.Errorf("%w (got nil %T)", ErrUnsupportedRunner, q)
 		}
 		return q, nil
 	default:
 		return q, nil
 	}
-	if nilSQLHandle(inner) {
+	if nilHandle(inner) {
 		return nil, fmt.Errorf("%w (got %T without a database/sql handle in it)", ErrUnsupportedRunner, q)
 	}
 	return inner, nil
@@ -180,12 +166,18 @@ func bunDBHandle(d *bun.DB) (h *sql.DB) {
 	return d.DB
 }
 
-// nilSQLHandle reports whether q is nil or a nil *sql.Tx, *sql.DB or
-// *sql.Conn, which would panic on its first statement.
-func nilSQLHandle(q SQLQuerier) bool {
-	switch v := q.(type) {
+// nilHandle reports whether h is nil or a nil pointer of one of the pgx
+// and database/sql handle types, which would panic on its first statement.
+func nilHandle(h any) bool {
+	switch v := h.(type) {
 	case nil:
 		return true
+	case *pgxpool.Pool:
+		return v == nil
+	case *pgxpool.Conn:
+		return v == nil
+	case *pgx.Conn:
+		return v == nil
 	case *sql.Tx:
 		return v == nil
 	case *sql.DB:

@@ -278,7 +278,7 @@ func firstOfEachKey(rows []driver.InsertRow) ([]driver.InsertRow, []int) {
 	type key struct{ namespace, topic, dedupe string }
 	var first map[key]int
 	var firstOf []int
-	kept := rows[:0:0]
+	var kept []driver.InsertRow // made at the first repeat
 	for i, r := range rows {
 		if r.DedupeKey != nil {
 			k := key{r.Namespace, r.Topic, *r.DedupeKey}
