@@ -274,11 +274,13 @@ type EventFilter struct {
 	After string
 }
 
-// EventPage is one page of events, oldest first.
+// EventPage is one page of events, oldest first: of Admin.List, by
+// enqueue time, or of Admin.SettledPage, by the time of the outcome.
 type EventPage struct {
 	Events []Event
-	// NextPage is an opaque cursor for EventFilter.After; empty on the
-	// last page.
+	// NextPage is an opaque cursor for the After of the same call's next
+	// page (EventFilter.After, or SettledQuery.After); empty on the last
+	// page.
 	NextPage string
 }
 
@@ -386,12 +388,38 @@ func encodeCursor(at time.Time, id uuid.UUID) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id.String()))
 }
 
+// settledCursor starts the cursors of Admin.SettledPage, so that one of
+// them given to List (or one of List's to SettledPage) is refused instead
+// of read as a time of another column.
+const settledCursor = "settled|"
+
+func encodeSettledCursor(at time.Time, id uuid.UUID) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(settledCursor + at.UTC().Format(time.RFC3339Nano) + "|" + id.String()))
+}
+
+func decodeSettledCursor(c string) (time.Time, uuid.UUID, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, uuid.Nil, ErrInvalidCursor
+	}
+	rest, ok := strings.CutPrefix(string(raw), settledCursor)
+	if !ok {
+		return time.Time{}, uuid.Nil, ErrInvalidCursor
+	}
+	return parseCursor(rest)
+}
+
 func decodeCursor(c string) (time.Time, uuid.UUID, error) {
 	raw, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
 		return time.Time{}, uuid.Nil, ErrInvalidCursor
 	}
-	atText, idText, ok := strings.Cut(string(raw), "|")
+	return parseCursor(string(raw))
+}
+
+// parseCursor reads "time|id".
+func parseCursor(raw string) (time.Time, uuid.UUID, error) {
+	atText, idText, ok := strings.Cut(raw, "|")
 	if !ok {
 		return time.Time{}, uuid.Nil, ErrInvalidCursor
 	}

@@ -141,7 +141,8 @@ type Store interface {
 	// and topic, with their enqueue-to-delivery latency (see series.go).
 	Series(ctx context.Context, p SeriesParams) (SeriesResult, error)
 	// Settled returns delivered and dead events whose last change is at or
-	// after p.Since, oldest change first, at most p.Limit.
+	// after p.Since (and after the cursor, when p has one), oldest change
+	// first (by updated_at, then id), at most p.Limit.
 	Settled(ctx context.Context, p SettledParams) ([]Event, error)
 	// Replay puts dead events matching p back to pending with their
 	// attempts reset, records who did it in their history, and returns

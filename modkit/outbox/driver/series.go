@@ -1,6 +1,10 @@
 package driver
 
-import "time"
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
 
 // SeriesParams asks Store.Series for the delivered events of the last
 // Window, counted per Bucket.
@@ -40,6 +44,10 @@ type SeriesRow struct {
 type SettledParams struct {
 	// Since bounds updated_at (inclusive).
 	Since time.Time
+	// After is the keyset cursor: rows after (AfterUpdatedAt, AfterID),
+	// in the order of the result. A zero AfterUpdatedAt means no cursor.
+	AfterUpdatedAt time.Time
+	AfterID        uuid.UUID
 	// Limit caps the rows returned. Positive.
 	Limit int
 }

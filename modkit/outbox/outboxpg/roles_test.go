@@ -171,9 +171,16 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if _, err := read.Series(ctx, driver.SeriesParams{Window: time.Hour, Bucket: time.Minute}); err != nil {
 		t.Fatalf("reader series: %v", err)
 	}
-	if settled, err := read.Settled(ctx, driver.SettledParams{Since: time.Now().Add(-time.Hour), Limit: 10}); err != nil || len(settled) != 2 || settled[0].Payload != nil {
+	settled, err := read.Settled(ctx, driver.SettledParams{Since: time.Now().Add(-time.Hour), Limit: 10})
+	if err != nil || len(settled) != 2 || settled[0].Payload != nil {
 		t.Fatalf("reader settled: %d events, %v (want the delivered and the dead one, without payloads)", len(settled), err)
 	}
+	afterFirst := driver.SettledParams{Since: time.Now().Add(-time.Hour), AfterUpdatedAt: settled[0].UpdatedAt, AfterID: settled[0].ID, Limit: 10}
+	if page, err := read.Settled(ctx, afterFirst); err != nil || len(page) != 1 || page[0].ID != settled[1].ID || page[0].Payload != nil {
+		t.Fatalf("reader settled after a cursor: %d events, %v (want the second one, without its payload)", len(page), err)
+	}
+	_, err = disp.Settled(ctx, afterFirst)
+	denied(t, "dispatcher settled after a cursor", err)
 	_, err = read.Insert(ctx, readPool, rows(1, "test", "events"), nil)
 	denied(t, "reader enqueue", err)
 	_, err = read.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "reader"})
@@ -186,6 +193,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	op := open(t, opPool, driver.Options{})
 	if e, err := op.Get(ctx, got[2].ID); err != nil || !strings.Contains(string(e.Payload), "s3cr3t") {
 		t.Fatalf("operator get: %+v %v", e, err)
+	}
+	if page, err := op.Settled(ctx, afterFirst); err != nil || len(page) != 1 || !strings.Contains(string(page[0].Payload), "s3cr3t") {
+		t.Fatalf("operator settled after a cursor: %d events, %v (want the second one, with its payload)", len(page), err)
 	}
 	ids, err := op.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "alice"})
 	if err != nil || len(ids) != 1 {

@@ -10,10 +10,11 @@ import (
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
-// The operator statements behind Admin.Series and Admin.Settled. They read
-// delivered history, which no index of the outbox table covers: they scan
-// the table and are meant for dashboards refreshing every few seconds, not
-// for tight loops. $1 (Series) and $3 (Settled) are the clock: the test
+// The operator statements behind Admin.Series, Admin.Settled and
+// Admin.SettledPage. They read delivered history, which no index of the
+// outbox table covers: they scan the table and are meant for dashboards
+// refreshing every few seconds, not for tight loops. $1 (Series), $3
+// (Settled) and $5 (a settled page after a cursor) are the clock: the test
 // clock, or NULL for the database's.
 const (
 	qSeries = `SELECT at, ns, tp, bucket_start, delivered, latency_p50, latency_p95, latency_max
@@ -23,6 +24,11 @@ FROM {{fn}}modkit_outbox_series($2::interval, $3::interval, $1::timestamptz)`
 
 	qSettled         = `SELECT ` + eventColumns + ` FROM {{fn}}modkit_outbox_settled($1, $2, $3::timestamptz)`
 	qSettledPayloads = `SELECT ` + eventColumns + ` FROM {{fn}}modkit_outbox_settled_payloads($1, $2, $3::timestamptz)`
+
+	// After a cursor (migration 0023); without one, the statements above
+	// serve, so that a schema not yet migrated to 0023 still answers.
+	qSettledAfter         = `SELECT ` + eventColumns + ` FROM {{fn}}modkit_outbox_settled_page($1, $2, $3, $4, $5::timestamptz)`
+	qSettledAfterPayloads = `SELECT ` + eventColumns + ` FROM {{fn}}modkit_outbox_settled_page_payloads($1, $2, $3, $4, $5::timestamptz)`
 )
 
 func (s *store) bindOps(q string) string {
@@ -74,11 +80,17 @@ func (s *store) Series(ctx context.Context, p driver.SeriesParams) (driver.Serie
 // Settled implements driver.Store.
 func (s *store) Settled(ctx context.Context, p driver.SettledParams) ([]driver.Event, error) {
 	return withPayloads(s, func(payloads bool) ([]driver.Event, error) {
-		q := qSettled
+		q, args := qSettled, []any{p.Since, p.Limit, s.clock()}
 		if payloads {
 			q = qSettledPayloads
 		}
-		rows, err := s.pool.Query(ctx, s.bindOps(q), p.Since, p.Limit, s.clock())
+		if !p.AfterUpdatedAt.IsZero() {
+			q, args = qSettledAfter, []any{p.Since, p.AfterUpdatedAt, uuidArg(p.AfterID), p.Limit, s.clock()}
+			if payloads {
+				q = qSettledAfterPayloads
+			}
+		}
+		rows, err := s.pool.Query(ctx, s.bindOps(q), args...)
 		if err != nil {
 			return nil, err
 		}
