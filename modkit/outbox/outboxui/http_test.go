@@ -1,18 +1,24 @@
 package outboxui_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"html"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/google/uuid"
+
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxui"
 )
 
@@ -26,20 +32,27 @@ var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
 // get fetches a page and returns its body and the CSRF token in it.
 func get(t *testing.T, c *http.Client, u string) (string, string) {
 	t.Helper()
+	code, body := fetch(t, c, u)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d\n%s", u, code, body)
+	}
+	var csrf string
+	if m := csrfField.FindStringSubmatch(body); m != nil {
+		csrf = m[1]
+	}
+	return body, csrf
+}
+
+// fetch GETs u and returns the status and the body, whatever the status.
+func fetch(t *testing.T, c *http.Client, u string) (int, string) {
+	t.Helper()
 	resp, err := c.Get(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d\n%s", u, resp.StatusCode, b)
-	}
-	var csrf string
-	if m := csrfField.FindSubmatch(b); m != nil {
-		csrf = string(m[1])
-	}
-	return string(b), csrf
+	return resp.StatusCode, string(b)
 }
 
 func post(t *testing.T, c *http.Client, u string, form url.Values, origin string) (int, string) {
@@ -100,5 +113,142 @@ func TestDashboardLinksKeepTheirFilters(t *testing.T) {
 	a, b := ids.FindString(first), ids.FindString(second)
 	if a == "" || b == "" || a == b || strings.Contains(second, orders.Topic) {
 		t.Fatalf("the next page starts with %q after a page that starts with %q; want the mails topic's next events", b, a)
+	}
+}
+
+// logRecorder is a slog.Handler that keeps every record, for a test to
+// read what was logged.
+type logRecorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func newLogRecorder() *logRecorder { return &logRecorder{} }
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
+
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, r.Clone())
+	return nil
+}
+
+// withAttr returns the attributes of the record whose attribute key is
+// value, or nil.
+func (l *logRecorder) withAttr(key, value string) map[string]string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.records {
+		if a := attrs(r); a[key] == value {
+			return a
+		}
+	}
+	return nil
+}
+
+func attrs(r slog.Record) map[string]string {
+	out := map[string]string{}
+	r.Attrs(func(a slog.Attr) bool {
+		out[a.Key] = a.Value.String()
+		return true
+	})
+	return out
+}
+
+var errorID = regexp.MustCompile(`error_id=([0-9a-f]{12})`)
+
+// hidesError checks that body, a page answered for a failure that is not
+// the visitor's doing, gives an error id instead of the error, and that
+// the dashboard logged the error under that id.
+func hidesError(t *testing.T, log *logRecorder, what, body string) {
+	t.Helper()
+	m := errorID.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("%s: no error id on the page:\n%s", what, body)
+	}
+	rec := log.withAttr("error_id", m[1])
+	if rec == nil || rec["error"] == "" {
+		t.Fatalf("%s: no log record with error_id=%s and the error", what, m[1])
+	}
+	if text := html.UnescapeString(body); strings.Contains(text, rec["error"]) || strings.Contains(text, "SQLSTATE") {
+		t.Fatalf("%s: the page shows the error %q:\n%s", what, rec["error"], body)
+	}
+}
+
+// A failure of the database shows the visitor an error id, not the
+// database's error (which names the schema, functions, SQLSTATEs); the
+// dashboard's log has the error under that id. The visitor's own mistakes
+// still say what is wrong, and an unknown event is still a 404.
+func TestDashboardHidesInternalErrors(t *testing.T) {
+	w := newWorld(t)
+	// A client on a schema that was never migrated: every Admin call fails
+	// with the database's error.
+	broken, err := outbox.New(outboxpg.New(w.pool), outbox.Config{Schema: "not_migrated", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := newLogRecorder()
+	base := serve(t, &world{client: broken}, outboxui.Options{OperatorToken: token, Logger: slog.New(log)})
+	jar := newJar()
+	code, body := fetch(t, jar, base)
+	if code != http.StatusInternalServerError {
+		t.Fatalf("overview on a broken database: %d", code)
+	}
+	hidesError(t, log, "overview", body)
+	csrf := csrfField.FindStringSubmatch(body)[1]
+	if code, _ := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	for _, path := range []string{"events?status=dead", "events/" + w.deadOrder.String()} {
+		code, body := fetch(t, jar, base+path)
+		if code != http.StatusInternalServerError {
+			t.Fatalf("GET %s on a broken database: %d", path, code)
+		}
+		hidesError(t, log, path, body)
+	}
+	for path, form := range map[string]url.Values{
+		"replay": {"csrf": {csrf}, "id": {w.deadOrder.String()}},
+		"purge":  {"csrf": {csrf}, "topic": {"shop/order_paid"}, "older_than": {"0s"}},
+	} {
+		code, body := post(t, jar, base+path, form, "")
+		if code != http.StatusInternalServerError {
+			t.Fatalf("POST %s on a broken database: %d", path, code)
+		}
+		hidesError(t, log, path, body)
+	}
+
+	// The overview without its chart and an event without its history say
+	// so with an error id too.
+	if _, err := w.pool.Exec(bg, `ALTER FUNCTION modkit_outbox_history(uuid) RENAME TO modkit_outbox_history_gone;
+		ALTER FUNCTION modkit_outbox_series(interval, interval, timestamptz) RENAME TO modkit_outbox_series_gone`); err != nil {
+		t.Fatal(err)
+	}
+	base = serve(t, w, outboxui.Options{Logger: slog.New(log)})
+	overview, _ := get(t, jar, base)
+	if !strings.Contains(overview, `id="chart-error"`) {
+		t.Fatalf("the overview without its series:\n%s", overview)
+	}
+	hidesError(t, log, "overview without its series", overview)
+	event, _ := get(t, jar, base+"events/"+w.deadOrder.String())
+	if !strings.Contains(event, `id="history-error"`) || !strings.Contains(event, "410 Gone") {
+		t.Fatalf("the event without its history:\n%s", event)
+	}
+	hidesError(t, log, "event without its history", event)
+
+	// The visitor's own mistakes.
+	for path, want := range map[string]string{
+		"events?status=bogus":   "EventFilter.Status",
+		"events?after=nonsense": "invalid page cursor",
+		"events?tenant=nobody":  "is not a UUID",
+	} {
+		if code, body := fetch(t, jar, base+path); code != http.StatusBadRequest || !strings.Contains(body, want) {
+			t.Errorf("GET %s: %d, want 400 saying %q:\n%s", path, code, want, body)
+		}
+	}
+	if code, _ := fetch(t, jar, base+"events/"+uuid.NewString()); code != http.StatusNotFound {
+		t.Errorf("an unknown event: %d, want 404", code)
 	}
 }

@@ -36,6 +36,11 @@
 //     host is refused too.
 //   - Payloads are hidden unless Options.ShowPayloads is set: they may hold
 //     personal data.
+//   - Failures that are not the visitor's doing (the database's, say) are
+//     logged to Options.Logger with an error_id; the page shows that id
+//     instead of the error, whose text may quote SQL or the database's
+//     address. A bad filter, cursor or purge topic is a 400 that says
+//     what is wrong.
 //   - The dashboard has no user accounts: put it behind your own
 //     authentication, or bind it to a private address, for reading too.
 //
@@ -83,7 +88,9 @@ type Options struct {
 	// By names the dashboard in the audit trail of replays ("replayed by
 	// …"). Default "outboxui".
 	By string
-	// Logger receives a record of every action. Default slog.Default().
+	// Logger receives a record of every action, and of every failure that
+	// is not the visitor's doing, under the error_id the page shows.
+	// Default slog.Default().
 	Logger *slog.Logger
 	// Dispatchers of this process to show with their Health on the
 	// overview, when the dashboard is mounted in the application that runs
@@ -239,6 +246,28 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	h.render(w, status, "error.html", h.newPage(w, r, http.StatusText(status), msg))
 }
 
+// logInternal logs err, a failure that is not the visitor's doing (the
+// database's, say), under a new error id and returns the id. Pages show
+// the id, never err: its text may quote SQL, the database's objects or
+// its address.
+func (h *handler) logInternal(r *http.Request, level slog.Level, what string, err error) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	id := hex.EncodeToString(b)
+	h.log.Log(r.Context(), level, "outboxui: "+what+" failed", "error_id", id, "error", err,
+		"method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+	return id
+}
+
+// failInternal answers 500 for err, a failure that is not the visitor's
+// doing: the page says what failed and gives the error id of the log
+// record that holds err.
+func (h *handler) failInternal(w http.ResponseWriter, r *http.Request, what string, err error) {
+	id := h.logInternal(r, slog.LevelError, what, err)
+	h.fail(w, r, http.StatusInternalServerError,
+		fmt.Sprintf("%s%s failed. The dashboard's log has the details under error_id=%s.", strings.ToUpper(what[:1]), what[1:], id))
+}
+
 // action wraps a POST handler with the CSRF check and, when operator is
 // set, the operator check.
 func (h *handler) action(operator bool, fn func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
@@ -319,7 +348,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	done, err := h.admin.ReplayDead(r.Context(), h.opts.By, outbox.EventFilter{}, ids...)
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, "Replay failed: "+err.Error())
+		h.failInternal(w, r, "replay", err)
 		return
 	}
 	h.log.Info("outboxui: replay", "events", ids, "replayed", len(done), "remote", r.RemoteAddr)
@@ -347,7 +376,7 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, "Purge failed: "+err.Error())
+		h.failInternal(w, r, "purge", err)
 		return
 	}
 	h.log.Info("outboxui: purge", "topic", ns+"/"+topic, "older_than", older, "deleted", n, "remote", r.RemoteAddr)

@@ -105,10 +105,12 @@ func (w *world) status(t *testing.T, id uuid.UUID) outbox.Status {
 }
 
 // serve mounts the dashboard under /outbox/ of a test server, as a user
-// would in their own mux.
+// would in their own mux. Without opts.Logger it logs nowhere.
 func serve(t *testing.T, w *world, opts outboxui.Options) string {
 	t.Helper()
-	opts.Logger = quiet
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
 	ui, err := outboxui.New(w.client.Admin(), opts)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -33,8 +34,9 @@ type overviewData struct {
 	Series           outbox.Series
 	LastP50, LastP95 time.Duration
 	Dispatchers      []dispatcherRow
-	// SeriesErr says why the series could not be read; the chart and the
-	// hourly figures are then left out.
+	// SeriesErr is the error id of the log record that says why the
+	// series could not be read; the chart and the hourly figures are then
+	// left out.
 	SeriesErr string
 }
 
@@ -49,7 +51,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	st, err := h.admin.Stats(ctx)
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, "Reading the statistics failed: "+err.Error())
+		h.failInternal(w, r, "reading the statistics", err)
 		return
 	}
 	// Without the series (a database role that may not read the delivery
@@ -57,8 +59,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	d := overviewData{}
 	series, err := h.admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	if err != nil {
-		h.log.Warn("outboxui: reading the delivery history failed; the overview goes without its chart", "error", err)
-		d.SeriesErr = err.Error()
+		d.SeriesErr = h.logInternal(r, slog.LevelWarn, "reading the delivery history for the overview's chart", err)
 		series = outbox.Series{}
 	}
 	hourly := map[outbox.Topic]int64{}
@@ -130,7 +131,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, "Listing events failed: "+err.Error())
+		h.failInternal(w, r, "listing events", err)
 		return
 	}
 	d.Events = page.Events
@@ -151,7 +152,7 @@ type eventData struct {
 	ShowPayloads bool
 	Payload      string
 	History      []outbox.Attempt
-	HistoryErr   string // why the history could not be read, if it could not
+	HistoryErr   string // the error id of the log record that says why the history could not be read, if it could not
 }
 
 func (h *handler) event(w http.ResponseWriter, r *http.Request) {
@@ -166,7 +167,7 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, "Reading the event failed: "+err.Error())
+		h.failInternal(w, r, "reading the event", err)
 		return
 	}
 	d := eventData{Event: ev, ShowPayloads: h.opts.ShowPayloads}
@@ -176,8 +177,7 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	// The event is shown even when its history cannot be read (a role
 	// without access to the ledger, an older schema).
 	if d.History, err = h.admin.History(r.Context(), id); err != nil {
-		h.log.Warn("outboxui: reading an event's history failed", "event_id", id, "error", err)
-		d.HistoryErr = err.Error()
+		d.HistoryErr = h.logInternal(r, slog.LevelWarn, "reading an event's history", err)
 	}
 	h.render(w, http.StatusOK, "event.html", h.newPage(w, r, "Event "+id.String(), d))
 }
