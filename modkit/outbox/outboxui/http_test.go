@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -117,13 +119,14 @@ func TestDashboardLinksKeepTheirFilters(t *testing.T) {
 }
 
 // logRecorder is a slog.Handler that keeps every record, for a test to
-// read what was logged.
+// read what was logged and to wait for a record.
 type logRecorder struct {
 	mu      sync.Mutex
 	records []slog.Record
+	added   chan struct{} // closed, and replaced, when a record is added
 }
 
-func newLogRecorder() *logRecorder { return &logRecorder{} }
+func newLogRecorder() *logRecorder { return &logRecorder{added: make(chan struct{})} }
 
 func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
 func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
@@ -133,7 +136,32 @@ func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.records = append(l.records, r.Clone())
+	close(l.added)
+	l.added = make(chan struct{})
 	return nil
+}
+
+// wait returns the attributes of the first record whose message is msg,
+// waiting for it (a minute at most: a hang guard).
+func (l *logRecorder) wait(t *testing.T, msg string) map[string]string {
+	t.Helper()
+	guard := time.After(time.Minute)
+	for {
+		l.mu.Lock()
+		added := l.added
+		for _, r := range l.records {
+			if r.Message == msg {
+				l.mu.Unlock()
+				return attrs(r)
+			}
+		}
+		l.mu.Unlock()
+		select {
+		case <-added:
+		case <-guard:
+			t.Fatalf("no log record %q", msg)
+		}
+	}
 }
 
 // withAttr returns the attributes of the record whose attribute key is
@@ -250,5 +278,51 @@ func TestDashboardHidesInternalErrors(t *testing.T) {
 	}
 	if code, _ := fetch(t, jar, base+"events/"+uuid.NewString()); code != http.StatusNotFound {
 		t.Errorf("an unknown event: %d, want 404", code)
+	}
+}
+
+// Neither the health handler nor the overview quotes the error of failing
+// claims (the database's error text); they say since when claims fail, and
+// the dispatcher logs the error.
+func TestHealthHidesClaimErrors(t *testing.T) {
+	w := newWorld(t)
+	log := newLogRecorder()
+	d, err := w.client.NewDispatcher(outbox.DispatcherConfig{Logger: slog.New(log)},
+		outbox.Publisher{Topic: mails, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(bg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(bg); err != nil {
+			t.Error(err)
+		}
+	})
+	// From now on every claim fails with the database's error.
+	if _, err := w.pool.Exec(bg, `DO $$ DECLARE f regprocedure; BEGIN
+		FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'modkit_outbox_claim_chained' LOOP
+			EXECUTE format('ALTER FUNCTION %s RENAME TO modkit_outbox_claim_gone', f);
+		END LOOP; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	claimErr := log.wait(t, "claim failed; retrying")["error"]
+	if claimErr == "" {
+		t.Fatal("the failed claim was logged without its error")
+	}
+	health := httptest.NewServer(outboxui.HealthHandler(d))
+	t.Cleanup(health.Close)
+	code, h := probe(t, health.URL)
+	if code != http.StatusOK || len(h.Dispatchers) != 1 || !h.Dispatchers[0].Degraded || len(h.Dispatchers[0].Problems) != 1 {
+		t.Fatalf("health while claims fail: %d %+v", code, h)
+	}
+	if p := h.Dispatchers[0].Problems[0]; !strings.HasPrefix(p, "claims failing since ") || strings.Contains(p, claimErr) || strings.Contains(p, "SQLSTATE") {
+		t.Fatalf("the health handler's problem %q; want when claims began failing without the error %q", p, claimErr)
+	}
+	overview, _ := get(t, newJar(), serve(t, w, outboxui.Options{Dispatchers: []*outbox.Dispatcher{d}}))
+	if text := html.UnescapeString(overview); !strings.Contains(text, "claims failing since ") || strings.Contains(text, claimErr) ||
+		strings.Contains(text, "SQLSTATE") {
+		t.Fatalf("the overview shows the claim's error %q, or not that claims fail:\n%s", claimErr, overview)
 	}
 }

@@ -40,7 +40,8 @@
 //     logged to Options.Logger with an error_id; the page shows that id
 //     instead of the error, whose text may quote SQL or the database's
 //     address. A bad filter, cursor or purge topic is a 400 that says
-//     what is wrong.
+//     what is wrong. A dispatcher whose claims fail is shown with the time
+//     they began failing, not their error, which the dispatcher logs.
 //   - The dashboard has no user accounts: put it behind your own
 //     authentication, or bind it to a private address, for reading too.
 //
