@@ -34,6 +34,19 @@
 // missing ack are returned as errors to retry. A message over the server's
 // maximum payload, or a subject that NATS refuses, is returned wrapped in
 // outbox.Permanent, since no retry can change it.
+//
+// # Headers
+//
+// The outbox hands a publisher an event's headers unchanged, and they
+// reach the stream unchanged or the event is not published: nats.go trims
+// the spaces and tabs at the start and end of a header value and turns the
+// CR and LF characters inside one into spaces, and refuses header names
+// with any of "()/,:;<=>?@[\]{}, all of which the outbox accepts. Publish
+// refuses such an event before sending it, with a *HeaderError naming the
+// header wrapped in outbox.Permanent, so that it is dead-lettered rather
+// than stored altered; encode such values (base64, say) when enqueueing.
+// Headers whose names begin with "Nats-" are left out (see Msg) and not
+// checked.
 package outboxnats
 
 import (
@@ -68,8 +81,67 @@ const (
 )
 
 // ErrNotAcknowledged is returned (wrapped) when JetStream did not
-// acknowledge a message: the publish is retried.
+// acknowledge a message: the publish is retried unless the error is
+// permanent.
 var ErrNotAcknowledged = errors.New("outboxnats: message not acknowledged by JetStream")
+
+// HeaderError is an event header that NATS cannot carry unchanged: a name
+// it refuses, or a value it would alter. Publish returns it wrapped in
+// outbox.Permanent without sending the message.
+type HeaderError struct {
+	// Name is the header's name.
+	Name string
+	// Reason says what NATS would do with the header.
+	Reason string
+}
+
+// Error names the header, says what NATS would do with it and what to do
+// instead. It leaves the value out, which may be confidential.
+func (e *HeaderError) Error() string {
+	return fmt.Sprintf("outboxnats: header %q: %s; the outbox carries headers unchanged, so the event is not published: "+
+		"enqueue it with the header changed or encoded (base64, say)", e.Name, e.Reason)
+}
+
+// headerNameRefused lists the printable ASCII characters that nats.go
+// refuses in header names and the outbox accepts.
+const headerNameRefused = `"()/,:;<=>?@[\]{}`
+
+// checkHeaders returns the *HeaderError of the first header of h, by name,
+// that NATS would refuse or alter (names beginning with "Nats-" aside:
+// Msg leaves them out), or nil.
+func checkHeaders(h map[string]string) error {
+	var bad *HeaderError
+	for k, v := range h {
+		if isJetStreamHeader(k) || (bad != nil && k > bad.Name) {
+			continue
+		}
+		var reason string
+		switch {
+		case strings.ContainsAny(k, headerNameRefused):
+			reason = "NATS refuses header names with any of " + headerNameRefused
+		case strings.ContainsAny(v, "\r\n"):
+			reason = "NATS would turn the CR and LF characters in its value into spaces"
+		case v != "" && (isSpaceOrTab(v[0]) || isSpaceOrTab(v[len(v)-1])):
+			reason = "NATS would trim the spaces and tabs at the start and end of its value"
+		default:
+			continue
+		}
+		bad = &HeaderError{Name: k, Reason: reason}
+	}
+	if bad == nil {
+		return nil
+	}
+	return bad
+}
+
+// isSpaceOrTab reports whether b is one of the bytes nats.go trims from
+// the ends of a header value (CR and LF aside, which it also replaces).
+func isSpaceOrTab(b byte) bool { return b == ' ' || b == '\t' }
+
+// isJetStreamHeader reports whether name begins with "Nats-", in any case.
+func isJetStreamHeader(name string) bool {
+	return len(name) >= 5 && strings.EqualFold(name[:5], "nats-")
+}
 
 // Publisher publishes outbox events to JetStream. It is safe for concurrent
 // use and holds no resources of its own: close the NATS connection when
@@ -99,11 +171,13 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 // Nats-Msg-Id. Event headers whose names begin with "Nats-" (any case) are
 // left out: JetStream reads those as instructions (Nats-Rollup,
 // Nats-Expected-*, Nats-TTL, …), which an event must not be able to give.
+// Msg does not check the other headers; Publish refuses an event with one
+// that NATS would refuse or alter (see HeaderError).
 func (p *Publisher) Msg(d outbox.Delivery) *nats.Msg {
 	m := nats.NewMsg(p.subject(d))
 	m.Data = d.Payload
 	for k, v := range d.Headers {
-		if len(k) >= 5 && strings.EqualFold(k[:5], "nats-") {
+		if isJetStreamHeader(k) {
 			continue
 		}
 		m.Header.Set(k, v)
@@ -114,8 +188,13 @@ func (p *Publisher) Msg(d outbox.Delivery) *nats.Msg {
 
 // Publish sends d and waits for JetStream's acknowledgement or the end of
 // ctx. A duplicate acknowledged as such (already stored under the same
-// Nats-Msg-Id) is a success.
+// Nats-Msg-Id) is a success. An event with a header that NATS would refuse
+// or alter is not sent: Publish returns its *HeaderError wrapped in
+// outbox.Permanent.
 func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
+	if err := checkHeaders(d.Headers); err != nil {
+		return outbox.Permanent(err)
+	}
 	m := p.Msg(d)
 	fut, err := p.js.PublishMsgAsync(m)
 	if err != nil {

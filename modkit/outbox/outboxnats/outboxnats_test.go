@@ -3,7 +3,9 @@ package outboxnats_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,5 +310,60 @@ func TestEventHeadersCannotControlJetStream(t *testing.T) {
 	if m.Header.Get("Nats-Rollup") != "" || m.Header.Get("Nats-Expected-Stream") != "" || len(m.Header.Values("nats-expected-stream")) != 0 ||
 		m.Header.Get(outboxnats.HeaderMsgID) != id.String() || len(m.Header.Values(outboxnats.HeaderMsgID)) != 1 || m.Header.Get("x-kept") != "1" {
 		t.Fatalf("headers of the message: %v", m.Header)
+	}
+}
+
+// TestHeadersCarriedUnchanged: header values that NATS carries as they
+// are (inner spaces and tabs, other control characters, non-ASCII, empty)
+// are read back unchanged from the stream; an event with a header that
+// NATS would alter (spaces or tabs at either end of its value, CR or LF
+// in it) or refuse (a name with '/') is not published but fails
+// permanently with a *HeaderError naming that header.
+func TestHeadersCarriedUnchanged(t *testing.T) {
+	srv := startServer(t)
+	js := connect(t, srv.ClientURL())
+	stream := createStream(t, js)
+	p := newPublisher(t, js, outboxnats.Config{})
+
+	carried := map[string]string{"x-inner": "in  side", "x-tab": "a\tb", "x-vt": "\v", "x-ff": "\f", "x-ctl": "x\x01y\x7f",
+		"x-utf8": "é ü", "x-nbsp": "\u00a0nbsp\u00a0", "x-empty": "", "x-colon": "a: b"}
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Headers: carried}
+	if err := p.Publish(ctx, d); err != nil {
+		t.Fatalf("headers NATS carries unchanged: %v", err)
+	}
+
+	refused := []struct {
+		headers map[string]string
+		name    string // the header the error names
+	}{
+		{map[string]string{"x-lead": " v"}, "x-lead"},
+		{map[string]string{"x-trail": "v "}, "x-trail"},
+		{map[string]string{"x-tab": "\tv"}, "x-tab"},
+		{map[string]string{"x-tab": "v\t"}, "x-tab"},
+		{map[string]string{"x-blank": " "}, "x-blank"},
+		{map[string]string{"x-crlf": "a\r\nb"}, "x-crlf"},
+		{map[string]string{"x-lf": "a\nb"}, "x-lf"},
+		{map[string]string{"x-cr": "a\rb"}, "x-cr"},
+		{map[string]string{"x/trace": "1"}, "x/trace"},
+		// Of several, the first by name; good headers beside them change nothing.
+		{map[string]string{"x-ok": "1", "x-b": " b", "x-a": "a\n", "x-c": "c "}, "x-a"},
+	}
+	for _, tc := range refused {
+		err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Headers: tc.headers})
+		var herr *outboxnats.HeaderError
+		if !outbox.IsPermanent(err) || !errors.As(err, &herr) || herr.Name != tc.name || !strings.Contains(err.Error(), strconv.Quote(tc.name)) {
+			t.Errorf("headers %q: got %v, want a permanent *HeaderError naming %q", tc.headers, err, tc.name)
+		}
+	}
+
+	msgs := readAll(t, js, stream)
+	if len(msgs) != 1 {
+		t.Fatalf("stream holds %d messages, want the one whose headers NATS carries", len(msgs))
+	}
+	h := msgs[0].Headers()
+	for k, v := range carried {
+		if got := h.Values(k); len(got) != 1 || got[0] != v {
+			t.Errorf("header %s: read back %q, published %q", k, got, v)
+		}
 	}
 }
