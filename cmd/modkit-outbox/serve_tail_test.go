@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -113,6 +115,55 @@ func TestTailPastAPage(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "\n"); n != 1201 {
 		t.Fatalf("tail printed %d lines, want 1,201", n)
+	}
+}
+
+// More outcomes at one timestamp than one read returns (1,200 settled by
+// one statement) are all printed, each once, and so is what is settled
+// afterwards: tail pages after a cursor, not by time.
+func TestTailOneTimestampPastAPage(t *testing.T) {
+	f := newFixture(t)
+	ids := f.enqueue(t, orders, 1200)
+	f.settle(t, orders, 1200, driver.Delivered, 0)
+	var stamps int
+	if err := f.pool.QueryRow(bg, "SELECT count(DISTINCT updated_at) FROM modkit_outbox_events WHERE status = 'delivered'").Scan(&stamps); err != nil || stamps != 1 {
+		t.Fatalf("the 1,200 outcomes have %d timestamps (%v), want one", stamps, err)
+	}
+	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
+	f.enqueue(t, mails, 1)
+	late := f.settle(t, mails, 1, driver.Delivered, 0)[0]
+	guard := time.After(2 * time.Minute) // a hang guard, not a timed assertion
+	for !strings.Contains(out.String(), late.String()) {
+		select {
+		case <-out.wrote:
+		case code := <-ended:
+			t.Fatalf("tail ended (exit %d) before printing the late event", code)
+		case <-guard:
+			stop()
+			t.Fatalf("tail never printed the event settled after 1,200 others; it printed %d lines", strings.Count(out.String(), "\n"))
+		}
+	}
+	if code := stop(); code != exitOK {
+		t.Fatalf("tail ended with %d", code)
+	}
+	printed := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var ev struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("tail printed a line that is not an event: %q: %v", line, err)
+		}
+		printed[ev.ID]++
+	}
+	var wrong []string
+	for _, id := range append(ids, late) {
+		if n := printed[id.String()]; n != 1 {
+			wrong = append(wrong, fmt.Sprintf("%s printed %d times", id, n))
+		}
+	}
+	if len(wrong) > 0 || len(printed) != 1201 {
+		t.Fatalf("tail printed %d events, want 1,201 each once; %d are not: %v", len(printed), len(wrong), wrong[:min(len(wrong), 3)])
 	}
 }
 

@@ -83,18 +83,20 @@ type tailer struct {
 }
 
 func (t *tailer) poll(ctx context.Context) error {
-	queryFrom := t.from.Add(-tailOverlap)
+	// Each poll reads again from tailOverlap before the last outcome
+	// printed, page by page after an (outcome time, id) cursor, so that
+	// however many outcomes share one timestamp none is skipped; the ids
+	// seen are not printed twice.
+	q := outbox.SettledQuery{Since: t.from.Add(-tailOverlap), Limit: tailPage}
 	for {
-		events, err := t.a.Settled(ctx, queryFrom, tailPage)
+		page, err := t.a.SettledPage(ctx, q)
 		if err != nil {
 			return err
 		}
-		fresh := 0
-		for _, ev := range events {
+		for _, ev := range page.Events {
 			if _, ok := t.seen[ev.ID]; ok {
 				continue
 			}
-			fresh++
 			t.seen[ev.ID] = ev.UpdatedAt
 			if ev.UpdatedAt.After(t.from) {
 				t.from = ev.UpdatedAt
@@ -106,30 +108,20 @@ func (t *tailer) poll(ctx context.Context) error {
 				return err
 			}
 		}
-		for id, at := range t.seen {
-			if at.Before(t.from.Add(-2 * tailOverlap)) {
-				delete(t.seen, id)
-			}
+		if page.NextPage == "" {
+			break
 		}
-		if len(events) < tailPage {
-			return nil
-		}
-		// A full page: the next one starts at its last timestamp (the ids
-		// seen skip the rows at it again), so that more than a page within
-		// the overlap does not keep returning the same rows. A page that
-		// all shares one timestamp cannot be paged through by time: go on
-		// after it, and say so.
-		last := events[len(events)-1].UpdatedAt
-		if !last.After(queryFrom) {
-			fmt.Fprintf(t.e.stderr, "warning: more than %d outcomes were recorded at %s; some of them were not printed\n",
-				tailPage, last.Format(time.RFC3339Nano))
-			last = last.Add(time.Microsecond)
-		}
-		queryFrom = last
+		q.After = page.NextPage
 	}
+	for id, at := range t.seen {
+		if at.Before(t.from.Add(-2 * tailOverlap)) {
+			delete(t.seen, id)
+		}
+	}
+	return nil
 }
 
-// tailPage is how many outcomes one read of Settled returns, at most.
+// tailPage is how many outcomes one read of SettledPage returns, at most.
 const tailPage = 1000
 
 func (t *tailer) print(ev outbox.Event) error {
