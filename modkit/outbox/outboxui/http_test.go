@@ -326,3 +326,75 @@ func TestHealthHidesClaimErrors(t *testing.T) {
 		t.Fatalf("the overview shows the claim's error %q, or not that claims fail:\n%s", claimErr, overview)
 	}
 }
+
+var flashPara = regexp.MustCompile(`<p class="flash" id="flash">([^<]*)</p>`)
+
+// flashOf returns the message a page shows after an action, or "".
+func flashOf(body string) string {
+	if m := flashPara.FindStringSubmatch(body); m != nil {
+		return html.UnescapeString(m[1])
+	}
+	return ""
+}
+
+// Only the dashboard puts a message on a page: each action redirects to a
+// page that says what it did, and a link that carries a message of its
+// own, or the dashboard's message for another browser or with its words
+// changed, shows none.
+func TestDashboardFlashComesFromItsActions(t *testing.T) {
+	w := newWorld(t)
+	base := serve(t, w, outboxui.Options{OperatorToken: token})
+	jar := newJar()
+	_, csrf := get(t, jar, base)
+	// act posts form to path, follows the redirect and returns the URL it
+	// led to and the message of that page.
+	act := func(path string, form url.Values) (*url.URL, string) {
+		t.Helper()
+		form.Set("csrf", csrf)
+		resp, err := jar.PostForm(base+path, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		to, err := resp.Location()
+		if resp.StatusCode != http.StatusSeeOther || err != nil {
+			t.Fatalf("POST %s: %d %v", path, resp.StatusCode, err)
+		}
+		body, _ := get(t, jar, to.String())
+		return to, flashOf(body)
+	}
+
+	lure := url.Values{"flash": {"Replay succeeded; now enter your password at https://evil.example"}}.Encode()
+	for _, path := range []string{"?" + lure, "events?" + lure, "events/" + w.deadOrder.String() + "?" + lure} {
+		if body, _ := get(t, jar, base+path); strings.Contains(body, "evil.example") || flashOf(body) != "" {
+			t.Fatalf("GET %s shows the link's message:\n%s", path, body)
+		}
+	}
+
+	for _, step := range []struct {
+		path string
+		form url.Values
+		want string
+	}{
+		{"login", url.Values{"token": {token}}, "Signed in as operator."},
+		{"replay", url.Values{"id": {w.deadOrder.String()}}, "Event replayed: it is pending again."},
+		{"replay", url.Values{"id": {w.deadOrder.String()}}, "Nothing replayed: the event is no longer dead."},
+		{"replay", url.Values{"id": {w.deadMail.String(), w.deadOrder.String()}}, "Replayed 1 of 2 events; they are pending again."},
+		{"purge", url.Values{"topic": {"shop/order_paid"}, "older_than": {"0s"}}, "Purged 1 delivered event(s) of shop/order_paid."},
+		{"logout", url.Values{}, "Signed out."},
+	} {
+		to, got := act(step.path, step.form)
+		if got != step.want {
+			t.Fatalf("after %s %v: message %q, want %q", step.path, step.form, got, step.want)
+		}
+		if body, _ := get(t, newJar(), to.String()); flashOf(body) != "" {
+			t.Fatalf("another browser sees the message of %s at %s", step.path, to)
+		}
+		q := to.Query()
+		q.Set("flash", "Signed in as operator; now enter your password at https://evil.example")
+		to.RawQuery = q.Encode()
+		if body, _ := get(t, jar, to.String()); flashOf(body) != "" {
+			t.Fatalf("a message changed from that of %s is shown: %q", step.path, flashOf(body))
+		}
+	}
+}

@@ -34,6 +34,9 @@
 //   - Every POST must carry the CSRF token of the page it came from (bound
 //     to a per-browser cookie with an HMAC); a POST whose Origin is another
 //     host is refused too.
+//   - An action redirects to a page that says what it did; that message is
+//     signed for the browser that acted, so a link cannot make the
+//     dashboard show a message of someone else's writing.
 //   - Payloads are hidden unless Options.ShowPayloads is set: they may hold
 //     personal data.
 //   - Failures that are not the visitor's doing (the database's, say) are
@@ -231,7 +234,19 @@ func (h *handler) newPage(w http.ResponseWriter, r *http.Request, title string, 
 		root = strings.Repeat("../", depth)
 	}
 	return page{Title: title, Root: root, CSRF: h.sign("csrf", browser), Operator: h.isOperator(r, browser),
-		CanOperate: h.opts.OperatorToken != "", Flash: r.URL.Query().Get("flash"), Data: data}
+		CanOperate: h.opts.OperatorToken != "", Flash: h.flash(r, browser), Data: data}
+}
+
+// flash returns the message that redirect passed to this browser, or ""
+// when the request has none or its signature does not match: a link of
+// someone else's making cannot put words in the dashboard's mouth.
+func (h *handler) flash(r *http.Request, browser string) string {
+	q := r.URL.Query()
+	msg := q.Get("flash")
+	if msg == "" || !hmac.Equal([]byte(q.Get("flash_sig")), []byte(h.sign("flash", browser, msg))) {
+		return ""
+	}
+	return msg
 }
 
 func (h *handler) render(w http.ResponseWriter, status int, name string, p page) {
@@ -298,15 +313,17 @@ func (h *handler) action(operator bool, fn func(w http.ResponseWriter, r *http.R
 }
 
 // redirect sends the browser to the page to, a path relative to the
-// dashboard's root.
-func redirect(w http.ResponseWriter, r *http.Request, to, flash string) {
+// dashboard's root, which shows the message flash. The message is signed
+// for this browser (its CSRF cookie, which every action has), so that
+// only the dashboard can make a page show one.
+func (h *handler) redirect(w http.ResponseWriter, r *http.Request, to, flash string) {
 	to = cookiePath(r) + strings.TrimPrefix(to, "./")
-	if flash != "" {
+	if c, err := r.Cookie(csrfCookie); flash != "" && err == nil {
 		sep := "?"
 		if strings.Contains(to, "?") {
 			sep = "&"
 		}
-		to += sep + "flash=" + url.QueryEscape(flash)
+		to += sep + url.Values{"flash": {flash}, "flash_sig": {h.sign("flash", c.Value, flash)}}.Encode()
 	}
 	http.Redirect(w, r, to, http.StatusSeeOther)
 }
@@ -321,12 +338,12 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	c, _ := r.Cookie(csrfCookie)
 	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.sign("operator", c.Value), Path: cookiePath(r), HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
-	redirect(w, r, "./", "Signed in as operator.")
+	h.redirect(w, r, "./", "Signed in as operator.")
 }
 
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: "", Path: cookiePath(r), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	redirect(w, r, "./", "Signed out.")
+	h.redirect(w, r, "./", "Signed out.")
 }
 
 // replayMax caps the ids one replay form may carry (a page of events).
@@ -354,14 +371,14 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Info("outboxui: replay", "events", ids, "replayed", len(done), "remote", r.RemoteAddr)
 	if len(ids) > 1 {
-		redirect(w, r, "events?status=dead", fmt.Sprintf("Replayed %d of %d events; they are pending again.", len(done), len(ids)))
+		h.redirect(w, r, "events?status=dead", fmt.Sprintf("Replayed %d of %d events; they are pending again.", len(done), len(ids)))
 		return
 	}
 	flash := "Event replayed: it is pending again."
 	if len(done) == 0 {
 		flash = "Nothing replayed: the event is no longer dead."
 	}
-	redirect(w, r, "events/"+ids[0].String(), flash)
+	h.redirect(w, r, "events/"+ids[0].String(), flash)
 }
 
 func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
@@ -381,7 +398,7 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.Info("outboxui: purge", "topic", ns+"/"+topic, "older_than", older, "deleted", n, "remote", r.RemoteAddr)
-	redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s/%s.", n, ns, topic))
+	h.redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s/%s.", n, ns, topic))
 }
 
 func fmtAge(d time.Duration) string {

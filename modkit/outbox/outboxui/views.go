@@ -142,6 +142,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 			next[k] = v
 		}
 		next.Del("flash") // a message of this request, not of the next page
+		next.Del("flash_sig")
 		next.Set("after", page.NextPage)
 		d.Next = template.URL(next.Encode()) //nolint:gosec // url.Values.Encode escapes every value
 	}
