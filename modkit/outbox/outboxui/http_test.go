@@ -20,6 +20,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxui"
 )
@@ -396,5 +397,57 @@ func TestDashboardFlashComesFromItsActions(t *testing.T) {
 		if body, _ := get(t, jar, to.String()); flashOf(body) != "" {
 			t.Fatalf("a message changed from that of %s is shown: %q", step.path, flashOf(body))
 		}
+	}
+}
+
+var historyRow = regexp.MustCompile(`<tr data-no="\d+" class="(\w+)">`)
+
+// A purged event's page shows the history the purge kept, saying that the
+// row was purged and when, or that it is gone when the purge left no
+// entry (a dispatcher's retention); an id with neither row nor history is
+// a 404.
+func TestDashboardShowsAPurgedEventsHistory(t *testing.T) {
+	w := newWorld(t)
+	base := serve(t, w, outboxui.Options{})
+	jar := newJar()
+	if n, err := w.client.Admin().Purge(bg, 0, orders); err != nil || n != 1 {
+		t.Fatalf("purge: %d %v", n, err)
+	}
+	history, err := w.client.Admin().History(bg, w.delivered)
+	if err != nil || len(history) != 2 || history[1].Outcome != "purged" {
+		t.Fatalf("history of the purged event: %+v %v", history, err)
+	}
+	body, _ := get(t, jar, base+"events/"+w.delivered.String())
+	purgedAt := history[1].FinishedAt.UTC().Format("2006-01-02 15:04:05Z")
+	if !strings.Contains(body, `id="purged"`) || !strings.Contains(body, "purged at "+purgedAt) || strings.Contains(body, `id="detail"`) {
+		t.Fatalf("the purged event's page does not say it was purged at %s:\n%s", purgedAt, body)
+	}
+	if got := historyRow.FindAllStringSubmatch(body, -1); len(got) != 2 || got[0][1] != "delivered" || got[1][1] != "purged" {
+		t.Fatalf("the purged event's history rows %v, want delivered and purged", got)
+	}
+
+	// A dispatcher's retention purge (the driver's unrecorded purge) leaves
+	// no entry: the row is gone, since when is not known.
+	deliver(t, w, orders, w.pendingOrder)
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.Purge(bg, driver.PurgeParams{Topics: []string{orders.Namespace + ":" + orders.Topic}, Limit: 10}); err != nil || n != 1 {
+		t.Fatalf("retention purge: %d %v", n, err)
+	}
+	body, _ = get(t, jar, base+"events/"+w.pendingOrder.String())
+	if !strings.Contains(body, `id="purged"`) || !strings.Contains(body, "row is gone") || strings.Contains(body, "purged at") {
+		t.Fatalf("the page of an event purged by retention:\n%s", body)
+	}
+	if got := historyRow.FindAllStringSubmatch(body, -1); len(got) != 1 || got[0][1] != "delivered" {
+		t.Fatalf("the history rows of an event purged by retention %v, want delivered", got)
+	}
+
+	if code, body := fetch(t, jar, base+"events/"+uuid.NewString()); code != http.StatusNotFound {
+		t.Fatalf("an id with neither row nor history: %d\n%s", code, body)
+	}
+	if body, _ := get(t, jar, base+"events/"+w.deadOrder.String()); strings.Contains(body, `id="purged"`) || !strings.Contains(body, `id="detail"`) {
+		t.Fatalf("the page of an event that was not purged:\n%s", body)
 	}
 }

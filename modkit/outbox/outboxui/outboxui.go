@@ -8,8 +8,9 @@
 // It shows per-topic depth, the age of the oldest due event, throughput and
 // dead counts; the health of the dispatchers given in Options.Dispatchers; a
 // chart of throughput and delivery latency over the last hour; the events
-// with filters; and each event's detail with its history of attempts.
-// Everything it serves is embedded: no CDN, no script from elsewhere.
+// with filters; and each event's detail with its history of attempts,
+// which the page still shows, marked purged, once the event's row is
+// purged. Everything it serves is embedded: no CDN, no script from elsewhere.
 //
 // In an fx app, build it from the graph (the *outbox.Dispatcher is nil when
 // the app registers no publisher; the dashboard skips it) and mount

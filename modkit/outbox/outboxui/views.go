@@ -150,7 +150,15 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 }
 
 type eventData struct {
-	Event        outbox.Event
+	ID uuid.UUID
+	// Event is the event's row; the zero Event when Purged.
+	Event outbox.Event
+	// Purged: the row is gone but the history is kept (Admin.Purge, a
+	// dispatcher's retention, Publisher.DeleteOnDelivery). PurgedAt is
+	// the time of the history's purged entry; zero without one (a
+	// dispatcher's retention purge records none).
+	Purged       bool
+	PurgedAt     time.Time
 	ShowPayloads bool
 	Payload      string
 	History      []outbox.Attempt
@@ -163,23 +171,35 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "That is not an event id.")
 		return
 	}
-	ev, err := h.admin.Get(r.Context(), id)
-	if errors.Is(err, outbox.ErrNotFound) {
-		h.fail(w, r, http.StatusNotFound, "No event "+id.String()+" (it may have been purged).")
-		return
-	}
-	if err != nil {
+	d := eventData{ID: id, ShowPayloads: h.opts.ShowPayloads}
+	d.Event, err = h.admin.Get(r.Context(), id)
+	d.Purged = errors.Is(err, outbox.ErrNotFound)
+	if err != nil && !d.Purged {
 		h.failInternal(w, r, "reading the event", err)
 		return
 	}
-	d := eventData{Event: ev, ShowPayloads: h.opts.ShowPayloads}
 	if d.ShowPayloads {
-		d.Payload = string(ev.Payload)
+		d.Payload = string(d.Event.Payload)
 	}
 	// The event is shown even when its history cannot be read (a role
 	// without access to the ledger, an older schema).
 	if d.History, err = h.admin.History(r.Context(), id); err != nil {
 		d.HistoryErr = h.logInternal(r, slog.LevelWarn, "reading an event's history", err)
+	}
+	if d.Purged && len(d.History) == 0 {
+		msg := "No event " + id.String() + ", and no history of one."
+		if d.HistoryErr != "" {
+			msg = fmt.Sprintf("No event %s; its history could not be read either (error_id=%s).", id, d.HistoryErr)
+		}
+		h.fail(w, r, http.StatusNotFound, msg)
+		return
+	}
+	if d.Purged {
+		for _, a := range d.History {
+			if a.Outcome == "purged" {
+				d.PurgedAt = a.FinishedAt
+			}
+		}
 	}
 	h.render(w, http.StatusOK, "event.html", h.newPage(w, r, "Event "+id.String(), d))
 }
