@@ -335,3 +335,145 @@ func TestExitCodes(t *testing.T) {
 		t.Errorf("help dead: %+v", r)
 	}
 }
+
+// enqueueKey enqueues n events of topic under one ordering key.
+func (f *fixture) enqueueKey(t *testing.T, topic outbox.Topic, key string, n int) []uuid.UUID {
+	t.Helper()
+	var ids []uuid.UUID
+	for i := range n {
+		r, err := f.client.Enqueue(bg, f.pool, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic,
+			OrderingKey: key, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+// blockedHeads lists the dead heads that hold their keys back.
+func (f *fixture) blockedHeads(t *testing.T) []uuid.UUID {
+	t.Helper()
+	blocked, err := f.client.Admin().BlockedKeys(bg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uuid.UUID
+	for _, b := range blocked {
+		out = append(out, b.Head)
+	}
+	return out
+}
+
+// TestDeadSkipHead: skip-head refuses what it cannot skip and changes
+// nothing then, asks before skipping, and skips a key's dead head by key
+// or by id, after which the key's next event is claimable and the head's
+// history says who skipped it.
+func TestDeadSkipHead(t *testing.T) {
+	f := newFixture(t)
+	acct7 := f.enqueueKey(t, orders, "acct-7", 3)
+	acct8 := f.enqueueKey(t, orders, "acct-8", 2)
+	if heads := f.settle(t, orders, 10, driver.Dead, 0); len(heads) != 2 { // only the heads are claimable
+		t.Fatalf("claimed %d events of two keys, want their two heads", len(heads))
+	}
+	f.enqueue(t, mails, 1)
+	deadMail := f.settle(t, mails, 1, driver.Dead, 0)[0] // dead, without a key
+	pending := f.enqueue(t, mails, 1)[0]
+
+	stats := cli(t, f.dsn, "stats").must(t, exitOK).stdout
+	if !strings.Contains(stats, `skip it with "dead skip-head HEAD"`) {
+		t.Fatalf("stats does not name the command that skips a head:\n%s", stats)
+	}
+
+	for _, c := range []struct {
+		args []string
+		code int
+		hint string
+	}{
+		{[]string{"dead", "skip-head"}, exitUsage, "needs the dead head's event id, or --topic"},
+		{[]string{"dead", "skip-head", "--topic", "shop/order_paid"}, exitUsage, "--key"},
+		{[]string{"dead", "skip-head", "--key", "acct-7"}, exitUsage, "--topic"},
+		{[]string{"dead", "skip-head", "--topic", "order_paid", "--key", "acct-7"}, exitUsage, "NAMESPACE/TOPIC"},
+		{[]string{"dead", "skip-head", "--topic", "shop/order_paid", "--key", " "}, exitUsage, "blank"},
+		{[]string{"dead", "skip-head", acct7[0].String(), "--topic", "shop/order_paid", "--key", "acct-7"}, exitUsage, "not both"},
+		{[]string{"dead", "skip-head", "acct-7"}, exitUsage, "not an event id"},
+		{[]string{"dead", "skip-head", acct7[0].String(), acct8[0].String(), "--yes"}, exitUsage, "one event id"},
+		{[]string{"dead", "skip-head", acct7[0].String(), "--since", "1h"}, exitUsage, "--since is for dead replay"},
+		{[]string{"dead", "skip-head", acct7[0].String(), "--by", " ", "--yes"}, exitUsage, "--by"},
+		{[]string{"dead", "replay", "--key", "acct-7"}, exitUsage, "--key is for dead skip-head"},
+		{[]string{"dead", "skip-head", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b", "--yes"}, exitNotFound, "no event"},
+		{[]string{"dead", "skip-head", pending.String(), "--yes"}, exitNotFound, "is pending, not dead"},
+		{[]string{"dead", "skip-head", deadMail.String(), "--yes"}, exitNotFound, "no ordering key"},
+		{[]string{"dead", "skip-head", "--topic", "shop/order_paid", "--key", "acct-9", "--yes"}, exitNotFound, "no dead event holds back key"},
+		{[]string{"dead", "skip-head", "--topic", "crm/welcome_mail", "--key", "acct-7", "--yes"}, exitNotFound, "no dead event holds back key"},
+		{[]string{"dead", "skip-head", "--topic", "shop/order_paid", "--key", "acct-7"}, exitAborted, "--yes"},
+		{[]string{"dead", "skip-head", acct7[0].String()}, exitAborted, "--yes"},
+	} {
+		r := cli(t, f.dsn, c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.hint) {
+			t.Errorf("%v: exit %d, want %d with %q in stderr:\n%s", c.args, r.code, c.code, c.hint, r.stderr)
+		}
+	}
+	r := cli(t, f.dsn, "dead", "skip-head", "--topic", "shop/order_paid", "--key", "acct-7", "--dry-run").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dry run: the dead head "+acct7[0].String()) || !strings.Contains(r.stdout, "acct-7") {
+		t.Fatalf("dry run:\n%s", r.stdout)
+	}
+	// Nothing above changed anything: both keys are held back, and no
+	// history records a skip.
+	if heads := f.blockedHeads(t); len(heads) != 2 {
+		t.Fatalf("after the refusals the blocked heads are %v, want both", heads)
+	}
+	if h, err := f.client.Admin().History(bg, acct7[0]); err != nil || h[len(h)-1].Outcome != "dead" {
+		t.Fatalf("history of acct-7's head after the refusals: %+v %v", h, err)
+	}
+
+	// By key.
+	r = cli(t, f.dsn, "dead", "skip-head", "--topic", "shop/order_paid", "--key", "acct-7", "--yes", "--by", "test operator").must(t, exitOK)
+	if !strings.Contains(r.stdout, "skipped the dead head "+acct7[0].String()+` of shop/order_paid key "acct-7"`) {
+		t.Fatalf("skip by key:\n%s", r.stdout)
+	}
+	if heads := f.blockedHeads(t); len(heads) != 1 || heads[0] != acct8[0] {
+		t.Fatalf("blocked heads after skipping acct-7's: %v, want acct-8's %s", heads, acct8[0])
+	}
+	if s := f.status(t, acct7[0]); s != outbox.StatusDead {
+		t.Fatalf("the skipped head is %s, want it still dead", s)
+	}
+	h, err := f.client.Admin().History(bg, acct7[0])
+	if err != nil || h[len(h)-1].Outcome != "skipped" || !strings.Contains(h[len(h)-1].Detail, "test operator") {
+		t.Fatalf("history of the skipped head: %+v %v", h, err)
+	}
+	if next := f.settle(t, orders, 10, driver.Delivered, 0); len(next) != 1 || next[0] != acct7[1] {
+		t.Fatalf("claimable after the skip: %v, want acct-7's second event %s alone", next, acct7[1])
+	}
+	// Skipped already: by key and by id, refused.
+	cli(t, f.dsn, "dead", "skip-head", "--topic", "shop/order_paid", "--key", "acct-7", "--yes").must(t, exitNotFound)
+	if r := cli(t, f.dsn, "dead", "skip-head", acct7[0].String(), "--yes").must(t, exitNotFound); !strings.Contains(r.stderr, "skipped already") {
+		t.Fatalf("skipping a skipped head again: %s", r.stderr)
+	}
+
+	// By id, confirmed on a terminal; a terminal answer other than yes
+	// aborts first.
+	var out, errOut strings.Builder
+	interactive := func(answer string) int {
+		out.Reset()
+		errOut.Reset()
+		e := env{stdin: strings.NewReader(answer), stdout: &out, stderr: &errOut, interactive: true,
+			getenv: func(k string) string {
+				if k == "DATABASE_URL" {
+					return f.dsn
+				}
+				return ""
+			}}
+		return run(bg, e, []string{"dead", "skip-head", acct8[0].String()})
+	}
+	if code := interactive("no\n"); code != exitAborted || len(f.blockedHeads(t)) != 1 {
+		t.Fatalf("answered no: exit %d, blocked %v\n%s", code, f.blockedHeads(t), errOut.String())
+	}
+	if code := interactive("yes\n"); code != exitOK || !strings.Contains(errOut.String(), "Skip the dead head "+acct8[0].String()) ||
+		!strings.Contains(out.String(), "skipped the dead head "+acct8[0].String()) {
+		t.Fatalf("answered yes: exit %d\nstdout:\n%s\nstderr:\n%s", code, out.String(), errOut.String())
+	}
+	if heads := f.blockedHeads(t); len(heads) != 0 {
+		t.Fatalf("blocked heads after skipping both: %v", heads)
+	}
+}

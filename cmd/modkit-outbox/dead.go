@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os/user"
 	"slices"
@@ -18,27 +19,51 @@ import (
 const deadExamples = `  modkit-outbox dead replay 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b
   modkit-outbox dead replay --topic shop/order_paid --since 1h --dry-run
   modkit-outbox dead replay --topic shop/order_paid --yes --by "alice, after the billing fix"
+  modkit-outbox dead skip-head --topic shop/order_paid --key acct-7 --dry-run
+  modkit-outbox dead skip-head 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --yes --by "alice, refunded by hand"
 `
+
+// deadUsage is the usage line of dead: its two subcommands.
+const deadUsage = `dead replay [ID...] [flags]
+  modkit-outbox dead skip-head ID | --topic NAMESPACE/TOPIC --key KEY [flags]`
 
 // replayShowMax is how many of the events to replay are listed before
 // the confirmation.
 const replayShowMax = 20
 
 func runDead(ctx context.Context, e env, args []string) error {
-	f := newFlags(e, "dead", "dead replay [ID...] [flags]", deadExamples)
+	f := newFlags(e, "dead", deadUsage, deadExamples)
 	var ff filterFlags
 	ff.register(f)
 	limit := f.Int("limit", 1000, "replay by filter: at most this many events, oldest first (at most 10000)")
-	dryRun := f.Bool("dry-run", false, "list what would be replayed and change nothing")
-	yes := f.Bool("yes", false, "do not ask for confirmation when replaying more than one event")
-	by := f.String("by", defaultBy(), "who is replaying, recorded in each event's history (its replayed entry)")
+	key := f.String("key", "", "skip-head: the ordering key whose dead head to skip, with --topic NAMESPACE/TOPIC")
+	dryRun := f.Bool("dry-run", false, "show what would be replayed or skipped and change nothing")
+	yes := f.Bool("yes", false, "do not ask for confirmation (replay asks when replaying more than one event, skip-head always)")
+	by := f.String("by", defaultBy(), "who is acting, recorded in each event's history (its replayed or skipped entry)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 || pos[0] != "replay" {
+	if len(pos) == 0 || (pos[0] != "replay" && pos[0] != "skip-head") {
 		f.printUsage(e.stderr)
-		return usageErr("dead needs the replay subcommand")
+		return usageErr("dead needs a subcommand: replay or skip-head")
+	}
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if pos[0] == "skip-head" {
+		for _, name := range []string{"namespace", "tenant", "since", "until", "limit"} {
+			if set[name] {
+				return usageErr("--%s is for dead replay; skip-head takes the dead head's event id, or --topic and --key", name)
+			}
+		}
+		if strings.TrimSpace(*by) == "" {
+			return usageErr("--by is empty; say who is skipping")
+		}
+		return runSkipHead(ctx, e, f, skipHeadArgs{ids: pos[1:], topic: ff.topic, key: *key, keySet: set["key"],
+			by: *by, dryRun: *dryRun, yes: *yes})
+	}
+	if set["key"] {
+		return usageErr("--key is for dead skip-head; replay selects events by id or by the filter flags")
 	}
 	if strings.TrimSpace(*by) == "" {
 		return usageErr("--by is empty; say who is replaying")

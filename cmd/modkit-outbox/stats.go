@@ -99,8 +99,8 @@ func runStats(ctx context.Context, e env, args []string) error {
 		return nil
 	}
 	// Ordering keys held back by a dead event: replay it (dead replay ID)
-	// to deliver it first, or skip it with Admin.SkipHead.
-	fmt.Fprintf(e.stdout, "\nBLOCKED ORDERING KEYS (a dead event holds back the rest of its key; replay it, or skip it with Admin.SkipHead)\n")
+	// to deliver it first, or skip it (dead skip-head ID).
+	fmt.Fprintf(e.stdout, "\nBLOCKED ORDERING KEYS (a dead event holds back the rest of its key; replay it with \"dead replay HEAD\", or skip it with \"dead skip-head HEAD\")\n")
 	tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tKEY\tHEAD\tSEQ\tWAITING\tDEAD FOR")
 	for _, b := range blocked {
