@@ -34,6 +34,13 @@
 // closes (a network failure, a broker restart, a channel error such as a
 // missing exchange). Publishes share the channel; their confirmations are
 // awaited concurrently.
+//
+// One connection attempt at a time is made, in the background: the
+// publishes that need a connection wait for that attempt's outcome or
+// the end of their ctx, whichever comes first (a publish whose ctx ends
+// first fails with ctx's error, to retry). An attempt that fails is not
+// remembered: the next publish makes another. Close waits for an attempt
+// in progress and closes the connection it opened.
 package outboxamqp
 
 import (
@@ -57,7 +64,11 @@ type Config struct {
 	// Dial opens a connection. Default: amqp.DialConfig(URL) with a 5s
 	// connection timeout (so that a dial to an unreachable broker ends
 	// well within a publish deadline), a 10s heartbeat and the connection
-	// name "modkit-outbox".
+	// name "modkit-outbox". The Publisher calls it in a goroutine of its
+	// own, never twice at once; the publishes waiting for it give up at
+	// the end of their ctx, but Close waits for it to return, so it must
+	// end on its own (as a dial with a timeout does). A panic in it fails
+	// the publishes waiting for it.
 	Dial func() (*amqp.Connection, error)
 	// Route maps an event to the exchange and routing key it is
 	// published with. Default: DefaultRoute.
@@ -111,9 +122,18 @@ type Publisher struct {
 	dial  func() (*amqp.Connection, error)
 	route func(outbox.Delivery) (string, string)
 
-	mu     sync.Mutex
-	sess   *session
-	closed bool
+	mu      sync.Mutex
+	sess    *session
+	dialing *attempt // the connection attempt in progress, if any
+	closed  bool
+}
+
+// attempt is one connection attempt. Its outcome, sess or err, is set
+// before done is closed.
+type attempt struct {
+	done chan struct{}
+	sess *session
+	err  error
 }
 
 // session is one connection with its confirm channel and the reader of
@@ -169,22 +189,22 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 	return outbox.Publisher{Topic: topic, Name: "outboxamqp " + topic.String(), Publish: p.Publish}
 }
 
-// Close closes the connection. Publishes after it fail with ErrClosed.
-// Call it once the dispatchers using the Publisher have stopped.
+// Close closes the connection. If a connection attempt is in progress, it
+// waits for it to end and closes the connection it opened. Publishes after
+// it fail with ErrClosed. Call it once the dispatchers using the Publisher
+// have stopped.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
-	s := p.sess
+	s, a := p.sess, p.dialing
 	p.sess, p.closed = nil, true
 	p.mu.Unlock()
+	if a != nil {
+		<-a.done // the attempt sees closed and closes what it opened
+	}
 	if s == nil {
 		return nil
 	}
-	err := s.conn.Close()
-	<-s.done
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
-	}
-	return err
+	return s.close()
 }
 
 // Message builds the AMQP message of d.
@@ -209,7 +229,8 @@ func (p *Publisher) Message(d outbox.Delivery) amqp.Publishing {
 }
 
 // Publish sends d with the mandatory flag and waits for the broker's
-// confirmation or the end of ctx (see the package doc for the outcomes).
+// confirmation or the end of ctx (see the package doc for the outcomes). A
+// publish that needs a connection waits for it no longer than ctx lasts.
 func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	exchange, key := p.route(d)
 	if len(exchange) > shortStrMax || len(key) > shortStrMax {
@@ -218,7 +239,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 		return outbox.Permanent(fmt.Errorf("%w: exchange %q, routing key %q: longer than %d bytes, which AMQP cannot carry",
 			ErrNotConfirmed, exchange, key, shortStrMax))
 	}
-	s, err := p.session()
+	s, err := p.session(ctx)
 	if err != nil {
 		return err
 	}
@@ -228,7 +249,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 		// and its return (if any) may still be on its way: on this
 		// session it could pass for this publish's.
 		p.drop(s)
-		if s, err = p.session(); err != nil {
+		if s, err = p.session(ctx); err != nil {
 			return err
 		}
 	}
@@ -242,7 +263,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	case <-dc.Done():
 	case <-ctx.Done():
 		s.abandon(msg.MessageId)
-		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, context.Cause(ctx))
+		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, ended(ctx))
 	}
 	if !dc.Acked() {
 		if s.ch.IsClosed() {
@@ -257,31 +278,81 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	return nil
 }
 
-// session returns the open session, opening one if there is none or it
-// closed.
-func (p *Publisher) session() (*session, error) {
+// session returns the open session. If there is none or it closed, it
+// waits for a connection attempt (starting one unless one is in progress)
+// or the end of ctx, whichever comes first. No attempt is started for a
+// ctx that has ended.
+func (p *Publisher) session(ctx context.Context) (*session, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if s := p.sess; s != nil {
-		if !s.ch.IsClosed() {
-			return s, nil
+	if s := p.sess; s != nil && !s.ch.IsClosed() {
+		p.mu.Unlock()
+		return s, nil
+	}
+	a := p.dialing
+	if a == nil {
+		if ctx.Err() != nil {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("%w: connect: %w", ErrNotConfirmed, ended(ctx))
 		}
-		_ = s.conn.Close()
-		p.sess = nil
+		a = &attempt{done: make(chan struct{})}
+		go p.connect(a, p.sess)
+		p.sess, p.dialing = nil, a
+	}
+	p.mu.Unlock()
+	select {
+	case <-a.done:
+		return a.sess, a.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: connect: %w", ErrNotConfirmed, ended(ctx))
+	}
+}
+
+// connect makes the connection attempt a, after closing stale, the
+// session it replaces (nil if none). It runs without the Publisher's
+// lock, so that publishes can give up waiting for it; a session it opens
+// after Close is closed at once.
+func (p *Publisher) connect(a *attempt, stale *session) {
+	defer close(a.done)
+	if stale != nil {
+		_ = stale.close()
 	}
 	s, err := p.open()
-	if err != nil {
-		return nil, fmt.Errorf("%w: connect: %w", ErrNotConfirmed, err)
+	p.mu.Lock()
+	p.dialing = nil
+	closed := p.closed
+	if err == nil && !closed {
+		p.sess = s
 	}
-	p.sess = s
-	return s, nil
+	p.mu.Unlock()
+	switch {
+	case closed:
+		if s != nil {
+			_ = s.close()
+		}
+		a.err = ErrClosed
+	case err != nil:
+		a.err = fmt.Errorf("%w: connect: %w", ErrNotConfirmed, err)
+	default:
+		a.sess = s
+	}
+}
+
+// ended is the error of a ctx that has ended: ctx.Err(), and its cause
+// when that is another error.
+func ended(ctx context.Context) error {
+	err := ctx.Err()
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("%w: %w", err, cause)
+	}
+	return err
 }
 
 func (p *Publisher) open() (*session, error) {
-	conn, err := p.dial()
+	conn, err := p.dialSafely()
 	if err != nil {
 		return nil, err
 	}
@@ -298,6 +369,29 @@ func (p *Publisher) open() (*session, error) {
 	ch.NotifyReturn(s.returns)
 	go s.readReturns()
 	return s, nil
+}
+
+// dialSafely calls the Dial function, turning a panic into an error: it
+// runs in a goroutine of the Publisher's, where a panic would end the
+// program.
+func (p *Publisher) dialSafely() (conn *amqp.Connection, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			conn, err = nil, fmt.Errorf("outboxamqp: Dial panicked: %v", r)
+		}
+	}()
+	return p.dial()
+}
+
+// close closes the session's connection and waits for its return reader
+// to exit. An already closed connection is no error.
+func (s *session) close() error {
+	err := s.conn.Close()
+	<-s.done
+	if errors.Is(err, amqp.ErrClosed) {
+		err = nil
+	}
+	return err
 }
 
 // drop closes s if it is still the current session, so that the next

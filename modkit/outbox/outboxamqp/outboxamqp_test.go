@@ -7,13 +7,17 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/internal/brokertest"
@@ -286,6 +290,11 @@ func TestAbandonedPublishReturnNotReused(t *testing.T) {
 	late := "outboxamqp-test-late-" + uuid.NewString()
 	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: routeTopic("late", late, other)})
 	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "late", Payload: json.RawMessage(`{}`)}
+	// The connection is opened first: without one, a publish on a
+	// cancelled context ends before anything is sent.
+	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := p.Publish(cancelled, d); err == nil {
@@ -302,5 +311,237 @@ func TestAbandonedPublishReturnNotReused(t *testing.T) {
 	t.Cleanup(func() { _, _ = ch.QueueDelete(late, false, false, false) })
 	if err := p.Publish(ctx, d); err != nil {
 		t.Fatalf("the retry, routable now: %v", err)
+	}
+}
+
+// guard bounds every wait on a signal; reaching it fails the test. It
+// catches hangs and is not a performance assertion.
+const guard = 2 * time.Minute
+
+// noLeaks fails t if a goroutine started during it outlives it. Call it
+// first, so that it runs after every other cleanup.
+func noLeaks(t *testing.T) {
+	t.Helper()
+	opts := []goleak.Option{goleak.IgnoreCurrent()}
+	t.Cleanup(func() { goleak.VerifyNone(t, opts...) })
+}
+
+func event() outbox.Delivery {
+	return outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+}
+
+// publishAsync publishes d in a goroutine and returns its result's
+// channel.
+func publishAsync(p *outboxamqp.Publisher, ctx context.Context, d outbox.Delivery) <-chan error {
+	res := make(chan error, 1)
+	go func() { res <- p.Publish(ctx, d) }()
+	return res
+}
+
+// await receives from c, failing t after guard.
+func await[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(guard):
+		t.Fatalf("still waiting for %s after %v", what, guard)
+		panic("unreachable")
+	}
+}
+
+// silentBroker accepts TCP connections and never answers the AMQP
+// handshake: a dial to it stays in progress until the test closes the
+// connection (or the dial's own timeout ends it). It counts the dials.
+type silentBroker struct {
+	ln       net.Listener
+	accepted chan net.Conn
+	dials    atomic.Int32
+	wg       sync.WaitGroup
+}
+
+func newSilentBroker(t *testing.T) *silentBroker {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &silentBroker{ln: ln, accepted: make(chan net.Conn, 64)}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			b.dials.Add(1)
+			select {
+			case b.accepted <- c:
+			default:
+				_ = c.Close()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		b.wg.Wait()
+		close(b.accepted)
+		for c := range b.accepted {
+			_ = c.Close()
+		}
+	})
+	return b
+}
+
+// next waits for the next dial and returns its connection.
+func (b *silentBroker) next(t *testing.T) net.Conn {
+	t.Helper()
+	return await(t, b.accepted, "a dial")
+}
+
+// TestConnectWaitEndsWithContext: while a connection attempt to a broker
+// that does not answer is in progress, publishes that need the connection
+// each give up as soon as their own context ends, one after another,
+// with a retryable error matching the context's; no second attempt is
+// made meanwhile. An attempt that fails is not remembered: the next
+// publish makes another. No error quotes the URL's password.
+func TestConnectWaitEndsWithContext(t *testing.T) {
+	noLeaks(t)
+	b := newSilentBroker(t)
+	p := newPublisher(t, outboxamqp.Config{URL: "amqp://user:s3cr3t@" + b.ln.Addr().String() + "/"})
+	check := func(what string, err error, want error) {
+		t.Helper()
+		if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) || strings.Contains(err.Error(), "s3cr3t") {
+			t.Fatalf("%s: got %v, want ErrNotConfirmed to retry, without the password", what, err)
+		}
+		if want != nil && !errors.Is(err, want) {
+			t.Fatalf("%s: got %v, want an error matching %v", what, err, want)
+		}
+		if want == nil && errors.Is(err, context.Canceled) {
+			t.Fatalf("%s: got %v, want the connection's error", what, err)
+		}
+	}
+
+	// A publish with no deadline starts the attempt, which the broker
+	// holds open.
+	patient := publishAsync(p, ctx, event())
+	first := b.next(t)
+
+	// Publishes needing the connection meanwhile end with their context,
+	// each on its own, while the attempt goes on. (Under a lock held
+	// through the dial, each would wait for the dial, and then dial
+	// again itself.)
+	const n = 4
+	var cancels [n]context.CancelFunc
+	var results [n]<-chan error
+	for i := range n {
+		c, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		cancels[i], results[i] = cancel, publishAsync(p, c, event())
+	}
+	for i := range n {
+		cancels[i]()
+		check("publish "+strconv.Itoa(i)+", context cancelled during the attempt", await(t, results[i], "a cancelled publish"), context.Canceled)
+	}
+	if got := b.dials.Load(); got != 1 {
+		t.Fatalf("%d dials while one was in progress, want 1", got)
+	}
+
+	// The broker hangs up: the attempt fails, and the publish waiting for
+	// it has its error.
+	_ = first.Close()
+	check("the publish waiting for the failed attempt", await(t, patient, "the patient publish"), nil)
+
+	// The failure is not remembered: the next publish dials again.
+	again := publishAsync(p, ctx, event())
+	_ = b.next(t).Close()
+	check("the publish after a failed attempt", await(t, again, "the next publish"), nil)
+	if got := b.dials.Load(); got != 2 {
+		t.Fatalf("%d dials, want 2", got)
+	}
+}
+
+// TestCloseDuringConnect: Close during a connection attempt waits for it,
+// closes the connection it opened and fails the publish waiting for it
+// with ErrClosed; nothing is left running.
+func TestCloseDuringConnect(t *testing.T) {
+	u := brokerURL(t)
+	noLeaks(t)
+	dialing, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	opened := make(chan *amqp.Connection, 1)
+	var dials atomic.Int32
+	p, err := outboxamqp.New(outboxamqp.Config{Dial: func() (*amqp.Connection, error) {
+		if dials.Add(1) == 1 {
+			close(dialing)
+		}
+		<-release
+		c, err := amqp.Dial(u.String())
+		if err == nil {
+			opened <- c
+		}
+		return c, err
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patient := publishAsync(p, ctx, event())
+	await(t, dialing, "the dial")
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	// Close has begun once a publish fails with ErrClosed (until then, a
+	// publish on a cancelled context gives up waiting for the attempt).
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	closing := make(chan struct{})
+	go func() {
+		defer close(closing)
+		for !errors.Is(p.Publish(cancelled, event()), outboxamqp.ErrClosed) {
+			runtime.Gosched()
+		}
+	}()
+	await(t, closing, "Close to take effect while a dial is in progress")
+	releaseOnce.Do(func() { close(release) })
+
+	if err := await(t, closed, "Close"); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if err := await(t, patient, "the publish waiting for the dial"); !errors.Is(err, outboxamqp.ErrClosed) {
+		t.Fatalf("the publish waiting for the dial: got %v, want ErrClosed", err)
+	}
+	select {
+	case c := <-opened:
+		if !c.IsClosed() {
+			t.Error("the connection opened after Close was left open")
+			_ = c.Close()
+		}
+	default:
+		t.Fatal("the dial did not open a connection")
+	}
+	if got := dials.Load(); got != 1 {
+		t.Errorf("%d dials, want 1", got)
+	}
+}
+
+// TestDialPanic: a Dial that panics fails the publish with an error to
+// retry (it runs in the Publisher's goroutine, where the panic would end
+// the program), and the next publish dials again.
+func TestDialPanic(t *testing.T) {
+	noLeaks(t)
+	var dials atomic.Int32
+	p := newPublisher(t, outboxamqp.Config{Dial: func() (*amqp.Connection, error) {
+		dials.Add(1)
+		panic("no broker today")
+	}})
+	for i := range 2 {
+		err := p.Publish(ctx, event())
+		if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "no broker today") {
+			t.Fatalf("publish %d: got %v, want ErrNotConfirmed to retry, naming the panic", i, err)
+		}
+	}
+	if got := dials.Load(); got != 2 {
+		t.Fatalf("%d dials, want 2", got)
 	}
 }
