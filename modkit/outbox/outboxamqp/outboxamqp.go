@@ -152,11 +152,21 @@ type session struct {
 
 	mu       sync.Mutex
 	returned map[string]amqp.Return // by message-id
-	// abandoned holds the message-ids of publishes abandoned on ctx before
-	// their confirmation: a return of theirs may still come, and must not
-	// be taken for a later publish's. It is dropped when it comes; a new
-	// publish of such an id goes to a new session (see Publish).
-	abandoned map[string]bool
+	// abandoned marks the publishes abandoned on ctx before their
+	// confirmation, by message-id: a return of theirs may still come, and
+	// must not be taken for a later publish's. A mark is dropped when the
+	// return comes, or once the confirmation has (see settle); a new
+	// publish of a marked id goes to a new session (see Publish).
+	abandoned map[string]*amqp.DeferredConfirmation
+	// marks holds the same marks in the order of their publishes, for
+	// settle; one whose return came stays until settle reaches it.
+	marks []mark
+}
+
+// mark is an abandoned publish: its message-id and confirmation.
+type mark struct {
+	id string
+	dc *amqp.DeferredConfirmation
 }
 
 // New returns a Publisher. It connects on the first publish. Errors match
@@ -244,7 +254,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 		return err
 	}
 	msg := p.Message(d)
-	if s.wasAbandoned(msg.MessageId) {
+	if s.settle(msg.MessageId) {
 		// An earlier publish of this event on this session was abandoned,
 		// and its return (if any) may still be on its way: on this
 		// session it could pass for this publish's.
@@ -262,7 +272,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	select {
 	case <-dc.Done():
 	case <-ctx.Done():
-		s.abandon(msg.MessageId)
+		s.abandon(msg.MessageId, dc)
 		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, ended(ctx))
 	}
 	if !dc.Acked() {
@@ -365,7 +375,7 @@ func (p *Publisher) open() (*session, error) {
 		return nil, err
 	}
 	s := &session{conn: conn, ch: ch, returns: make(chan amqp.Return), barrier: make(chan struct{}),
-		done: make(chan struct{}), returned: map[string]amqp.Return{}, abandoned: map[string]bool{}}
+		done: make(chan struct{}), returned: map[string]amqp.Return{}, abandoned: map[string]*amqp.DeferredConfirmation{}}
 	ch.NotifyReturn(s.returns)
 	go s.readReturns()
 	return s, nil
@@ -416,7 +426,7 @@ func (s *session) readReturns() {
 				return
 			}
 			s.mu.Lock()
-			if s.abandoned[r.MessageId] {
+			if _, ok := s.abandoned[r.MessageId]; ok {
 				delete(s.abandoned, r.MessageId) // the return of an abandoned publish
 			} else {
 				s.returned[r.MessageId] = r
@@ -427,34 +437,84 @@ func (s *session) readReturns() {
 	}
 }
 
-// returnOf reports whether the message came back unroutable. Call it after
-// the message's confirmation.
-func (s *session) returnOf(id string) (amqp.Return, bool) {
+// sync returns once the reader has recorded every return it took.
+func (s *session) sync() {
 	select {
 	case s.barrier <- struct{}{}:
 	case <-s.done:
 	}
+}
+
+// returnOf reports whether the message came back unroutable. Call it after
+// the message's confirmation.
+func (s *session) returnOf(id string) (amqp.Return, bool) {
+	s.sync()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, ok := s.returned[id]
 	return r, ok
 }
 
-// abandon records that the publish of id was abandoned before its
-// confirmation, and drops any return already recorded for it.
-func (s *session) abandon(id string) {
+// abandon records that the publish of id, confirmed by dc, was abandoned
+// before its confirmation, and drops any return already recorded for it.
+func (s *session) abandon(id string, dc *amqp.DeferredConfirmation) {
 	s.mu.Lock()
-	s.abandoned[id] = true
+	s.abandoned[id] = dc
+	s.marks = append(s.marks, mark{id: id, dc: dc})
 	delete(s.returned, id)
 	s.mu.Unlock()
 }
 
-// wasAbandoned reports whether a publish of id was abandoned on this
-// session and its return may still come.
-func (s *session) wasAbandoned(id string) bool {
+// settle drops the marks of abandoned publishes whose confirmation has
+// come (or whose channel closed), oldest first up to the first still
+// awaited, and reports whether a publish of id was abandoned on this
+// session and its return may still come. Without it a long-lived
+// session would keep a mark for every abandoned publish that was routed.
+func (s *session) settle(id string) (abandoned bool) {
+	s.mu.Lock()
+	var confirmed []mark
+	for _, m := range s.marks {
+		if !isDone(m.dc) {
+			break
+		}
+		confirmed = append(confirmed, m)
+	}
+	if len(confirmed) == 0 {
+		_, abandoned = s.abandoned[id]
+		s.mu.Unlock()
+		return abandoned
+	}
+	s.mu.Unlock()
+	// The client hands a message's return to the reader before it takes
+	// the message's confirmation: once the reader has recorded what it
+	// took (dropped it, for the mark), no return of these publishes can
+	// come.
+	s.sync()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.abandoned[id]
+	for _, m := range confirmed {
+		// A concurrent settle may have dropped some, from the front.
+		if len(s.marks) == 0 || s.marks[0].dc != m.dc {
+			continue
+		}
+		s.marks[0] = mark{}
+		s.marks = s.marks[1:]
+		if s.abandoned[m.id] == m.dc {
+			delete(s.abandoned, m.id)
+		}
+	}
+	_, abandoned = s.abandoned[id]
+	return abandoned
+}
+
+// isDone reports whether dc has its confirmation, positive or negative.
+func isDone(dc *amqp.DeferredConfirmation) bool {
+	select {
+	case <-dc.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // forget drops the record of a message's return, if any.

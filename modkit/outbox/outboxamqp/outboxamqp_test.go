@@ -545,3 +545,64 @@ func TestDialPanic(t *testing.T) {
 		t.Fatalf("%d dials, want 2", got)
 	}
 }
+
+// TestAbandonedMarksSettled: the mark a publish abandoned on its context
+// leaves on the connection goes once the broker has confirmed the message,
+// so a long-lived connection does not keep one per abandoned publish; and
+// a retry of such an event goes out on the same connection instead of a
+// new one.
+func TestAbandonedMarksSettled(t *testing.T) {
+	u := brokerURL(t)
+	queue, ch := declareQueue(t, u)
+	var dials atomic.Int32
+	p := newPublisher(t, outboxamqp.Config{Route: toQueue(queue), Dial: func() (*amqp.Connection, error) {
+		dials.Add(1)
+		return amqp.Dial(u.String())
+	}})
+	// The connection is opened first: without one, a publish on a
+	// cancelled context ends before anything is sent.
+	if err := p.Publish(ctx, event()); err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	const n = 20
+	var abandoned []outbox.Delivery
+	confirmed := 0 // before the publish looked at its context
+	for len(abandoned) < n {
+		if confirmed == 50*n {
+			t.Fatalf("only %d publishes on a cancelled context were abandoned, %d confirmed", len(abandoned), confirmed)
+		}
+		d := event()
+		switch err := p.Publish(cancelled, d); {
+		case err == nil:
+			confirmed++
+		case errors.Is(err, context.Canceled):
+			abandoned = append(abandoned, d)
+		default:
+			t.Fatal(err)
+		}
+	}
+	guarded, stop := context.WithTimeout(ctx, guard)
+	defer stop()
+	if err := outboxamqp.AwaitAbandoned(guarded, p); err != nil {
+		t.Fatalf("waiting for the confirmations of the abandoned publishes: %v", err)
+	}
+	if err := p.Publish(ctx, event()); err != nil {
+		t.Fatal(err)
+	}
+	if ids, queued := outboxamqp.AbandonedMarks(p); ids != 0 || queued != 0 {
+		t.Fatalf("%d abandoned publishes, all confirmed since: the session still holds %d marks (%d queued), want none", n, ids, queued)
+	}
+	for _, d := range abandoned {
+		if err := p.Publish(ctx, d); err != nil {
+			t.Fatalf("the retry of an abandoned publish: %v", err)
+		}
+	}
+	if got := dials.Load(); got != 1 {
+		t.Fatalf("%d dials, want 1: a retry of a publish abandoned and since confirmed opened a new connection", got)
+	}
+	if got, want := len(readAll(t, ch, queue)), 2+confirmed+2*n; got != want {
+		t.Fatalf("%d messages in the queue, want %d", got, want)
+	}
+}

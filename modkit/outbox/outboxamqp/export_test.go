@@ -1,0 +1,39 @@
+package outboxamqp
+
+import "context"
+
+// AwaitAbandoned waits until every publish abandoned on p's current
+// session has its confirmation (or the channel closed), or ctx ends.
+func AwaitAbandoned(ctx context.Context, p *Publisher) error {
+	p.mu.Lock()
+	s := p.sess
+	p.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	marks := append([]mark(nil), s.marks...)
+	s.mu.Unlock()
+	for _, m := range marks {
+		select {
+		case <-m.dc.Done():
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// AbandonedMarks returns how many marks of abandoned publishes p's current
+// session holds: by message-id, and in its queue.
+func AbandonedMarks(p *Publisher) (ids, queued int) {
+	p.mu.Lock()
+	s := p.sess
+	p.mu.Unlock()
+	if s == nil {
+		return 0, 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.abandoned), len(s.marks)
+}
