@@ -25,6 +25,19 @@
 // publish abandoned at its deadline) is a second record with the same
 // outbox-event-id header. Consumers must de-duplicate on it.
 //
+// # Failures
+//
+// A topic not created yet, an unreachable broker or a missing
+// acknowledgement is an error to retry. A record too large for the client
+// or the broker, or one the broker refuses as invalid, is wrapped in
+// outbox.Permanent, since no retry can change it. So is an event mapped to
+// a topic name that Kafka refuses (see ErrInvalidTopic), which is not
+// produced: Publish checks the name first, because a broker can answer for
+// such a name as for a topic not created yet (kfake does), and the event
+// would be retried until it ran out of attempts. New checks the client's
+// default produce topic; it cannot check Config.Topic, a function of the
+// event.
+//
 // # Keys and partitions
 //
 // The record key chooses the partition, and so what keeps its order in
@@ -73,7 +86,8 @@ type Config struct {
 
 // DefaultTopic is "<namespace>.<topic>", e.g. "billing.invoice_paid".
 // Kafka topic names are at most 249 characters of [a-zA-Z0-9._-]; the
-// outbox's names fit unless namespace and topic together pass that length.
+// outbox's names fit unless namespace and topic together pass that length,
+// and an event whose names do fails permanently with ErrInvalidTopic.
 func DefaultTopic(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
 
 // DefaultKey is the event's tenant id (its hyphenated string), or else its
@@ -93,6 +107,36 @@ func DefaultKey(d outbox.Delivery) []byte {
 // a record: the publish is retried unless the error is permanent.
 var ErrNotAcknowledged = errors.New("outboxkafka: record not acknowledged by Kafka")
 
+// ErrInvalidTopic is returned (wrapped, and wrapped in outbox.Permanent)
+// by Publish when the event maps to a topic name that Kafka refuses: empty,
+// longer than 249 characters, with a character other than ASCII letters,
+// digits, '.', '_' and '-', or "." or "..". The record is not produced.
+// The message says which rule the name breaks. New returns it too, with
+// outbox.ErrInvalidConfig, for such a default produce topic of the client.
+var ErrInvalidTopic = errors.New("outboxkafka: not a valid Kafka topic name")
+
+// topicMaxLen is the longest topic name Kafka accepts.
+const topicMaxLen = 249
+
+// checkTopic returns why Kafka refuses the topic name, or "".
+func checkTopic(name string) string {
+	switch {
+	case name == "":
+		return "it is empty"
+	case name == "." || name == "..":
+		return `Kafka refuses "." and ".."`
+	}
+	for i, c := range name {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Sprintf("it contains %q (at byte %d); Kafka allows only ASCII letters, digits, '.', '_' and '-'", c, i)
+		}
+	}
+	if len(name) > topicMaxLen {
+		return fmt.Sprintf("it is %d characters long; Kafka allows at most %d", len(name), topicMaxLen)
+	}
+	return ""
+}
+
 // Publisher produces outbox events to Kafka. It is safe for concurrent use
 // and does not own the client: close it when the dispatchers have
 // stopped.
@@ -100,11 +144,19 @@ type Publisher struct {
 	cl    *kgo.Client
 	topic func(outbox.Delivery) string
 	key   func(outbox.Delivery) []byte
+	// defaultTopic is the client's kgo.DefaultProduceTopic ("" without
+	// one), which it produces a record with an empty topic to, and every
+	// record to when alwaysDefault (kgo.DefaultProduceTopicAlways).
+	defaultTopic  string
+	alwaysDefault bool
 }
 
 // New returns a Publisher producing through cl. It fails with an error
 // matching outbox.ErrInvalidConfig if cl has idempotent writes disabled
-// (kgo.DisableIdempotentWrite).
+// (kgo.DisableIdempotentWrite), or a default produce topic
+// (kgo.DefaultProduceTopic) that Kafka refuses (the error then matches
+// ErrInvalidTopic too). Config.Topic, a function of the event, is checked
+// by Publish.
 func New(cl *kgo.Client, cfg Config) (*Publisher, error) {
 	if cl == nil {
 		return nil, fmt.Errorf("%w: outboxkafka: the client is nil", outbox.ErrInvalidConfig)
@@ -112,13 +164,18 @@ func New(cl *kgo.Client, cfg Config) (*Publisher, error) {
 	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
 		return nil, fmt.Errorf("%w: outboxkafka: the client has idempotent writes disabled (kgo.DisableIdempotentWrite)", outbox.ErrInvalidConfig)
 	}
+	def, _ := cl.OptValue(kgo.DefaultProduceTopic).(string)
+	if why := checkTopic(def); def != "" && why != "" {
+		return nil, fmt.Errorf("%w: %w: the client's default produce topic %q (kgo.DefaultProduceTopic): %s", outbox.ErrInvalidConfig, ErrInvalidTopic, def, why)
+	}
+	always, _ := cl.OptValue(kgo.DefaultProduceTopicAlways).(bool)
 	if cfg.Topic == nil {
 		cfg.Topic = DefaultTopic
 	}
 	if cfg.Key == nil {
 		cfg.Key = DefaultKey
 	}
-	return &Publisher{cl: cl, topic: cfg.Topic, key: cfg.Key}, nil
+	return &Publisher{cl: cl, topic: cfg.Topic, key: cfg.Key, defaultTopic: def, alwaysDefault: always && def != ""}, nil
 }
 
 // For returns the outbox.Publisher of topic, for NewDispatcher.
@@ -149,9 +206,19 @@ func (p *Publisher) Record(d outbox.Delivery) *kgo.Record {
 
 // Publish produces d's record and waits for its acknowledgement or the end
 // of ctx. Records refused for their size or topic name are permanent
-// errors.
+// errors; a topic name that Kafka would refuse is not produced, and
+// Publish returns ErrInvalidTopic wrapped in outbox.Permanent.
 func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	r := p.Record(d)
+	// The client produces a record without a topic to its default topic
+	// (checked by New), and every record when told to always.
+	if !p.alwaysDefault && (r.Topic != "" || p.defaultTopic == "") {
+		if why := checkTopic(r.Topic); why != "" {
+			return outbox.Permanent(fmt.Errorf("%w: topic %q of event %s (%s): %s; map the event to a valid name with Config.Topic "+
+				"(DefaultTopic joins namespace and topic with '.', so they must fit in %d characters together), then replay it",
+				ErrInvalidTopic, r.Topic, d.ID, outbox.Topic{Namespace: d.Namespace, Topic: d.Topic}, why, topicMaxLen-1))
+		}
+	}
 	done := make(chan error, 1)
 	p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) { done <- err })
 	select {

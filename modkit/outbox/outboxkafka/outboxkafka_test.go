@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -241,5 +242,78 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: big})
 	if !outbox.IsPermanent(err) {
 		t.Fatalf("got %v, want a permanent error", err)
+	}
+}
+
+// TestInvalidTopicIsPermanent: an event mapped to a topic name Kafka
+// refuses (empty, "." or "..", a character other than ASCII letters,
+// digits, '.', '_' and '-', over 249 characters; by Config.Topic or by
+// DefaultTopic's joining of two long names) fails at once, permanently,
+// with ErrInvalidTopic naming the topic, instead of being retried as a
+// topic not created yet; names at the edges of the rules are produced.
+func TestInvalidTopicIsPermanent(t *testing.T) {
+	longest := strings.Repeat("t", 249)
+	cluster := startCluster(t, kfake.SeedTopics(1, longest, "Mixed_Case-1.0"))
+	cl := newClient(t, cluster.ListenAddrs())
+	to := func(name string) *outboxkafka.Publisher {
+		return newPublisher(t, cl, outboxkafka.Config{Topic: func(outbox.Delivery) string { return name }})
+	}
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+
+	for _, name := range []string{longest, "Mixed_Case-1.0"} {
+		if err := to(name).Publish(ctx, d); err != nil {
+			t.Errorf("topic %q (%d characters): %v", name, len(name), err)
+		}
+	}
+
+	check := func(p *outboxkafka.Publisher, d outbox.Delivery, topic string) {
+		t.Helper()
+		// The bound only ends the publish that the check should have
+		// refused without producing.
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		err := p.Publish(pctx, d)
+		if !outbox.IsPermanent(err) || !errors.Is(err, outboxkafka.ErrInvalidTopic) || !strings.Contains(err.Error(), strconv.Quote(topic)) {
+			t.Errorf("topic %.40q (%d characters): got %v, want a permanent ErrInvalidTopic naming it", topic, len(topic), err)
+		}
+	}
+	for _, name := range []string{"", ".", "..", "a/b", "a b", "événements", "events\n", strings.Repeat("t", 250)} {
+		check(to(name), d, name)
+	}
+	long := outbox.Delivery{ID: uuid.New(), Namespace: strings.Repeat("n", 128), Topic: strings.Repeat("t", 128), Payload: json.RawMessage(`{}`)}
+	check(newPublisher(t, cl, outboxkafka.Config{}), long, outboxkafka.DefaultTopic(long))
+}
+
+// TestDefaultProduceTopic: New refuses a client whose default produce
+// topic Kafka refuses; with a valid one, an event mapped to no topic goes
+// to it, and with DefaultProduceTopicAlways every event does, whatever
+// Config.Topic says.
+func TestDefaultProduceTopic(t *testing.T) {
+	cluster := startCluster(t)
+	addrs := cluster.ListenAddrs()
+	_, err := outboxkafka.New(newClient(t, addrs, kgo.DefaultProduceTopic("a/b")), outboxkafka.Config{})
+	if !errors.Is(err, outbox.ErrInvalidConfig) || !errors.Is(err, outboxkafka.ErrInvalidTopic) {
+		t.Errorf("default produce topic a/b: got %v, want ErrInvalidConfig and ErrInvalidTopic", err)
+	}
+
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+	empty := newPublisher(t, newClient(t, addrs, kgo.DefaultProduceTopic(kafkaTopic)),
+		outboxkafka.Config{Topic: func(outbox.Delivery) string { return "" }})
+	if err := empty.Publish(ctx, d); err != nil {
+		t.Errorf("no topic, the client's default %q: %v", kafkaTopic, err)
+	}
+	d2 := d
+	d2.ID = uuid.New()
+	always := newPublisher(t, newClient(t, addrs, kgo.DefaultProduceTopic(kafkaTopic), kgo.DefaultProduceTopicAlways()),
+		outboxkafka.Config{Topic: func(outbox.Delivery) string { return "a/b" }})
+	if err := always.Publish(ctx, d2); err != nil {
+		t.Errorf("topic a/b, the client's default %q always: %v", kafkaTopic, err)
+	}
+	got := map[uuid.UUID]int{}
+	for _, r := range readAll(t, addrs, 2) {
+		got[eventID(t, r)]++
+	}
+	if got[d.ID] != 1 || got[d2.ID] != 1 || len(got) != 2 {
+		t.Errorf("%s holds %v, want %s and %s once each", kafkaTopic, got, d.ID, d2.ID)
 	}
 }
