@@ -31,7 +31,9 @@
 // can never be sent fails permanently without one: a URL that is not
 // absolute http or https with a host (New refuses such an Endpoint), or an
 // event header net/http cannot send (a name that is not a token, such as
-// x/trace, which the outbox accepts; a value with control characters).
+// x/trace, which the outbox accepts; a value with control characters), or
+// one a receiver would not get as it was sent (a value that begins or ends
+// with a space or tab, which HTTP drops as optional whitespace).
 //
 // # Retry-After
 //
@@ -248,8 +250,8 @@ func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Reque
 	for k, v := range d.Headers {
 		if lk := strings.ToLower(k); !reserved[lk] && !strings.HasPrefix(lk, "webhook-") {
 			if !sendableHeader(k, v) {
-				return nil, fmt.Errorf("outboxhttp: header %q of event %s cannot be sent over HTTP (its name must be a token, "+
-					"its value free of control characters)", k, d.ID)
+				return nil, fmt.Errorf("outboxhttp: header %q of event %s cannot be sent over HTTP unchanged (its name must be a token, "+
+					"its value free of control characters and of spaces or tabs at either end; change or encode it, e.g. base64)", k, d.ID)
 			}
 			req.Header.Set(k, v)
 		}
@@ -326,9 +328,11 @@ func checkURL(raw string) error {
 	return nil
 }
 
-// sendableHeader reports whether net/http sends the header name: value:
-// a name of token characters and a value without control characters but
-// tab. (The outbox accepts more, such as x/trace.)
+// sendableHeader reports whether net/http sends the header name: value
+// and a receiver reads the value as sent: a name of token characters and a
+// value without control characters but tab, and without space or tab at
+// either end (optional whitespace, which receivers drop; RFC 9110 5.5).
+// (The outbox accepts more, such as x/trace.)
 func sendableHeader(name, value string) bool {
 	if name == "" {
 		return false
@@ -337,6 +341,9 @@ func sendableHeader(name, value string) bool {
 		if b := name[i]; b <= ' ' || b >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, b) >= 0 {
 			return false
 		}
+	}
+	if value != strings.Trim(value, " \t") {
+		return false
 	}
 	for i := range len(value) {
 		if b := value[i]; (b < ' ' && b != '\t') || b == 0x7f {

@@ -188,7 +188,8 @@ func TestSignatureVector(t *testing.T) {
 
 // A request that can never be sent fails permanently, without a request:
 // a URL from Config.URL that is not absolute http(s), or an event header
-// that net/http refuses (the outbox accepts names such as x/trace).
+// that net/http refuses (the outbox accepts names such as x/trace) or that
+// a receiver would read changed (a space or tab at either end of a value).
 func TestUnsendableIsPermanent(t *testing.T) {
 	var target string
 	p := newPublisher(t, outboxhttp.Config{URL: func(outbox.Delivery) string { return target }})
@@ -201,6 +202,8 @@ func TestUnsendableIsPermanent(t *testing.T) {
 		{"http://", nil},
 		{"http://127.0.0.1:1/hook", map[string]string{"x/trace": "1"}},
 		{"http://127.0.0.1:1/hook", map[string]string{"x-note": "two\nlines"}},
+		{"http://127.0.0.1:1/hook", map[string]string{"x-note": " lead"}},
+		{"http://127.0.0.1:1/hook", map[string]string{"x-note": "trail\t"}},
 	} {
 		target = tc.url
 		err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Headers: tc.headers})
@@ -217,7 +220,7 @@ func TestRequest(t *testing.T) {
 	c, db := outboxtest.NewClient(t, outbox.Config{})
 	res, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: "test", Topic: "events",
 		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"x-custom": "yes", "webhook-id": "forged", "content-type": "text/plain"},
+			"x-custom": "yes", "x-inner": "a  b\tc", "webhook-id": "forged", "content-type": "text/plain"},
 		Payload: json.RawMessage(`{"hello":"world"}`)})
 	if err != nil {
 		t.Fatal(err)
@@ -237,7 +240,7 @@ func TestRequest(t *testing.T) {
 	}
 	h := r.Header
 	if h.Get("webhook-id") != res.ID.String() || h.Get("content-type") != "application/json" ||
-		h.Get("x-custom") != "yes" || !strings.HasPrefix(h.Get("traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
+		h.Get("x-custom") != "yes" || h.Get("x-inner") != "a  b\tc" || !strings.HasPrefix(h.Get("traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
 		t.Errorf("headers %v", h)
 	}
 	var body map[string]string
