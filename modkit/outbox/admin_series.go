@@ -140,8 +140,8 @@ func newTopicSeries(t Topic, start time.Time, bucket time.Duration, n int) Topic
 // commits late can record an outcome a little earlier than ones already
 // read, so read again a few seconds back. More than limit events sharing
 // one timestamp cannot be paged through by time: SettledPage pages by a
-// cursor instead. It scans the table: poll it every second or so, not
-// faster.
+// cursor instead. It reads the settled index, from since on (before
+// migration 0023, the whole table); a poll every second or so is cheap.
 func (a *Admin) Settled(ctx context.Context, since time.Time, limit int) ([]Event, error) {
 	if limit == 0 {
 		limit = settledLimitDefault
@@ -180,9 +180,9 @@ type SettledQuery struct {
 // later from a little before the last UpdatedAt seen, keeping the ids
 // already seen (see Settled: a transaction that commits late can record an
 // outcome earlier than ones already read). A cursor SettledPage did not
-// produce is an error matching ErrInvalidCursor. It scans the table: poll
-// it every second or so, not faster. Pages after the first need migration
-// 0023 (Migrate, or modkit-outbox migrate up).
+// produce is an error matching ErrInvalidCursor. Like Settled it reads the
+// settled index from q.Since on. Pages after the first need migration 0023
+// (Migrate, or modkit-outbox migrate up).
 func (a *Admin) SettledPage(ctx context.Context, q SettledQuery) (EventPage, error) {
 	limit := q.Limit
 	if limit == 0 {

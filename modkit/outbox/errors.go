@@ -74,8 +74,9 @@ var ErrDuplicatePublisher = fmt.Errorf("%w: two publishers for one topic", ErrIn
 // ErrNotFound is returned by Admin.Get for an unknown event id.
 var ErrNotFound = errors.New("outbox: event not found")
 
-// ErrInvalidCursor is returned by Admin.List for an EventFilter.After it did
-// not produce.
+// ErrInvalidCursor is returned by Admin.List for an EventFilter.After, and
+// by Admin.SettledPage for a SettledQuery.After, that the same call did not
+// produce (a List cursor is not a SettledPage cursor, nor the reverse).
 var ErrInvalidCursor = errors.New("outbox: invalid page cursor: pass EventPage.NextPage unchanged")
 
 // ErrLeaseLost: an outcome was not recorded because the event is no longer
