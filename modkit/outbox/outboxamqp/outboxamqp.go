@@ -41,6 +41,15 @@
 // first fails with ctx's error, to retry). An attempt that fails is not
 // remembered: the next publish makes another. Close waits for an attempt
 // in progress and closes the connection it opened.
+//
+// A connection given up (a publish on it failed, or a retry must not
+// share it with an abandoned publish of the same event) is closed in the
+// background: closing waits for the broker's answer, which a broker that
+// has stopped reading the socket (RabbitMQ blocks publishing connections
+// during a memory or disk alarm) or a stalled network may hold back for
+// long. Publishes meanwhile go on, on the next connection, and Close
+// waits for these closes too. A connection whose channel closed is closed
+// by the next connection attempt, before it dials.
 package outboxamqp
 
 import (
@@ -126,6 +135,10 @@ type Publisher struct {
 	sess    *session
 	dialing *attempt // the connection attempt in progress, if any
 	closed  bool
+	// retiring counts the sessions given up and still closing (see
+	// retire). Add is called with mu held before closed is set, so
+	// Close's Wait comes after every Add.
+	retiring sync.WaitGroup
 }
 
 // attempt is one connection attempt. Its outcome, sess or err, is set
@@ -200,7 +213,8 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 }
 
 // Close closes the connection. If a connection attempt is in progress, it
-// waits for it to end and closes the connection it opened. Publishes after
+// waits for it to end and closes the connection it opened; it also waits
+// for the connections given up before to finish closing. Publishes after
 // it fail with ErrClosed. Call it once the dispatchers using the Publisher
 // have stopped.
 func (p *Publisher) Close() error {
@@ -211,10 +225,12 @@ func (p *Publisher) Close() error {
 	if a != nil {
 		<-a.done // the attempt sees closed and closes what it opened
 	}
-	if s == nil {
-		return nil
+	var err error
+	if s != nil {
+		err = s.close()
 	}
-	return s.close()
+	p.retiring.Wait()
+	return err
 }
 
 // Message builds the AMQP message of d.
@@ -404,15 +420,29 @@ func (s *session) close() error {
 	return err
 }
 
-// drop closes s if it is still the current session, so that the next
-// publish opens another.
+// drop gives s up if it is still the current session, so that the next
+// publish opens another (see retire).
 func (p *Publisher) drop(s *session) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sess == s {
-		p.sess = nil
-		_ = s.conn.Close()
+		p.retire(s)
 	}
+}
+
+// retire unsets s, the current session, and closes it in a goroutine of
+// its own, which Close waits for. Closing waits for the broker's
+// close-ok, which a broker that has stopped reading the socket (blocked
+// by a resource alarm, or behind a stalled network) may not send for
+// long: under p.mu, every publish would wait for it whatever its ctx.
+// Call it with p.mu held and p not closed.
+func (p *Publisher) retire(s *session) {
+	p.sess = nil
+	p.retiring.Add(1)
+	go func() {
+		defer p.retiring.Done()
+		_ = s.close()
+	}()
 }
 
 // readReturns records returned messages until the channel closes (which

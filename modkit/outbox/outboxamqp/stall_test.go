@@ -1,0 +1,350 @@
+package outboxamqp_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxamqp"
+)
+
+// stallProxy is a TCP proxy in front of the broker whose open connections
+// the test can stall: nothing more is forwarded on them, in either
+// direction, and nothing is closed, as a client sees a broker that has
+// stopped reading its socket (RabbitMQ blocks publishing connections
+// during a memory or disk alarm) or a stalled network. Connections opened
+// after Stall are forwarded. The proxy reports each connection.close a
+// client sends.
+type stallProxy struct {
+	ln     net.Listener
+	target string
+	// closes receives a value for each connection.close a client sends.
+	closes chan struct{}
+
+	mu      sync.Mutex
+	changed *sync.Cond // a flow, a link's stall or ended changed
+	links   []*link
+	ended   bool
+	wg      sync.WaitGroup
+}
+
+// link is one proxied connection: the client's and the broker's side.
+type link struct {
+	down, up net.Conn
+	stalled  bool
+}
+
+// flow is one direction of a link: what was read from its source and not
+// yet written to its destination, and whether the source has ended.
+type flow struct {
+	pending [][]byte
+	eof     bool
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, target: target, closes: make(chan struct{}, 16)}
+	p.changed = sync.NewCond(&p.mu)
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr is the proxy's host:port.
+func (p *stallProxy) Addr() string { return p.ln.Addr().String() }
+
+// Stall stops forwarding on the connections open now: what their ends
+// send after it is held, not delivered, until Release.
+func (p *stallProxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		l.stalled = true
+	}
+}
+
+// Release delivers what was held and forwards again.
+func (p *stallProxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		l.stalled = false
+	}
+	p.changed.Broadcast()
+}
+
+func (p *stallProxy) accept() {
+	defer p.wg.Done()
+	for {
+		down, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = down.Close()
+			continue
+		}
+		l := &link{down: down, up: up}
+		p.mu.Lock()
+		if p.ended {
+			p.mu.Unlock()
+			_ = down.Close()
+			_ = up.Close()
+			return
+		}
+		p.links = append(p.links, l)
+		p.wg.Add(4)
+		p.mu.Unlock()
+		toBroker, toClient := &flow{}, &flow{}
+		go p.read(down, toBroker, &closeScanner{})
+		go p.write(l, up, toBroker)
+		go p.read(up, toClient, nil)
+		go p.write(l, down, toClient)
+	}
+}
+
+// read queues what src sends on f until src ends, reporting the
+// connection.close methods scan finds in it, if scan is set.
+func (p *stallProxy) read(src net.Conn, f *flow, scan *closeScanner) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			chunk := bytes.Clone(buf[:n])
+			if scan != nil {
+				for range scan.scan(chunk) {
+					select {
+					case p.closes <- struct{}{}:
+					default:
+					}
+				}
+			}
+			p.mu.Lock()
+			f.pending = append(f.pending, chunk)
+			p.changed.Broadcast()
+			p.mu.Unlock()
+		}
+		if err != nil {
+			p.mu.Lock()
+			f.eof = true
+			p.changed.Broadcast()
+			p.mu.Unlock()
+			return
+		}
+	}
+}
+
+// write delivers f to dst whenever l is not stalled. Once f's source has
+// ended and all of it is delivered, it closes both sides of l.
+func (p *stallProxy) write(l *link, dst net.Conn, f *flow) {
+	defer p.wg.Done()
+	defer func() {
+		_ = l.down.Close()
+		_ = l.up.Close()
+	}()
+	for {
+		p.mu.Lock()
+		for !p.ended && (l.stalled || len(f.pending) == 0 && !f.eof) {
+			p.changed.Wait()
+		}
+		if p.ended || len(f.pending) == 0 {
+			p.mu.Unlock()
+			return
+		}
+		chunk := f.pending[0]
+		f.pending = f.pending[1:]
+		p.mu.Unlock()
+		if _, err := dst.Write(chunk); err != nil {
+			return
+		}
+	}
+}
+
+func (p *stallProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	p.ended = true
+	for _, l := range p.links {
+		_ = l.down.Close()
+		_ = l.up.Close()
+	}
+	p.changed.Broadcast()
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// closeScanner reads the frames a client sends, from the protocol header
+// on, for connection.close methods.
+type closeScanner struct {
+	buf    []byte
+	header bool
+}
+
+// scan adds b to what was read and returns how many connection.close
+// methods it completed.
+func (s *closeScanner) scan(b []byte) (closes int) {
+	s.buf = append(s.buf, b...)
+	if !s.header {
+		if len(s.buf) < 8 { // "AMQP" 0 0 9 1
+			return 0
+		}
+		s.buf, s.header = s.buf[8:], true
+	}
+	// A frame: type (1 byte), channel (2), payload size (4), payload,
+	// frame end (1). A method's payload begins with its class and method
+	// ids; connection.close is 10, 50, on channel 0.
+	for len(s.buf) >= 7 {
+		size := int(binary.BigEndian.Uint32(s.buf[3:7]))
+		if len(s.buf) < 7+size+1 {
+			break
+		}
+		payload := s.buf[7 : 7+size]
+		if s.buf[0] == 1 && binary.BigEndian.Uint16(s.buf[1:3]) == 0 && size >= 4 &&
+			binary.BigEndian.Uint16(payload[0:2]) == 10 && binary.BigEndian.Uint16(payload[2:4]) == 50 {
+			closes++
+		}
+		s.buf = s.buf[7+size+1:]
+	}
+	return closes
+}
+
+// stallBound bounds the waits for publishes that must not wait for a
+// stalled connection. It is shorter than the 30s (3 heartbeats of 10s)
+// after which the client gives up on a stalled connection and whatever
+// waited for it goes on: a publish that waits for the stalled connection
+// fails the test instead of passing late. Not a performance assertion.
+const stallBound = 10 * time.Second
+
+// awaitWithin receives from c, failing t after d.
+func awaitWithin[T any](t *testing.T, c <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(d):
+		t.Fatalf("still waiting for %s after %v", what, d)
+		panic("unreachable")
+	}
+}
+
+// TestStalledCloseBlocksNoPublish: a connection the publisher gives up
+// while the broker does not answer on it (here: to retry an event whose
+// earlier publish on it was abandoned) is closed without holding up other
+// publishes. A publish meanwhile ends with its context, the next
+// connection is opened and used while the close of the given-up one is
+// still unanswered, and Close, once the broker answers, has closed every
+// connection the publisher opened.
+func TestStalledCloseBlocksNoPublish(t *testing.T) {
+	noLeaks(t)
+	u := brokerURL(t)
+	queue, _ := declareQueue(t, u)
+	proxy := newStallProxy(t, u.Host)
+	via := *u
+	via.Host = proxy.Addr()
+
+	// The first dial opens the connection to stall; the others wait for
+	// gate, so that no connection is up while the test checks that a
+	// publish ends with its context.
+	gate := make(chan struct{})
+	openGate := sync.OnceFunc(func() { close(gate) })
+	var dials atomic.Int32
+	var connsMu sync.Mutex
+	var conns []*amqp.Connection
+	p := newPublisher(t, outboxamqp.Config{Route: toQueue(queue), Dial: func() (*amqp.Connection, error) {
+		if dials.Add(1) > 1 {
+			<-gate
+		}
+		// The default dial's settings.
+		c, err := amqp.DialConfig(via.String(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 10 * time.Second})
+		if err == nil {
+			connsMu.Lock()
+			conns = append(conns, c)
+			connsMu.Unlock()
+		}
+		return c, err
+	}})
+	// Run before the publisher's Close: it waits for the connections to
+	// close, which takes the broker's answer.
+	release := func() {
+		openGate()
+		proxy.Release()
+	}
+	t.Cleanup(release)
+
+	if err := p.Publish(ctx, event()); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Stall()
+
+	// A publish abandoned on its context: its confirmation cannot come.
+	x := event()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := p.Publish(cancelled, x); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a publish on a cancelled context: got %v, want an error matching context.Canceled", err)
+	}
+	// Its retry: the earlier publish's return could still come on this
+	// connection, so the publisher gives it up and closes it. The broker
+	// does not answer the close.
+	retryCtx, cancelRetry := context.WithCancel(ctx)
+	t.Cleanup(cancelRetry)
+	retry := publishAsync(p, retryCtx, x)
+	await(t, proxy.closes, "the publisher to close the stalled connection")
+
+	// Another publish meanwhile ends with its context.
+	yCtx, cancelY := context.WithCancel(ctx)
+	t.Cleanup(cancelY)
+	y := publishAsync(p, yCtx, event())
+	cancelY()
+	err := awaitWithin(t, y, stallBound, "a publish with a cancelled context while a stalled connection closes")
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
+		t.Fatalf("a publish with a cancelled context: got %v, want ErrNotConfirmed to retry, matching context.Canceled", err)
+	}
+	cancelRetry()
+	if err := awaitWithin(t, retry, stallBound, "the retry, its context cancelled"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the retry, its context cancelled while waiting for a connection: got %v, want an error matching context.Canceled", err)
+	}
+
+	// The next connection opens and carries publishes while the close of
+	// the stalled one is still unanswered.
+	openGate()
+	if err := awaitWithin(t, publishAsync(p, ctx, event()), stallBound, "a publish on the next connection"); err != nil {
+		t.Fatalf("a publish on the next connection: %v", err)
+	}
+
+	// Close closes the current connection and waits for the stalled one's
+	// close, which ends once the broker answers.
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close() }()
+	await(t, proxy.closes, "Close to close the current connection")
+	release()
+	if err := await(t, closed, "Close"); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	connsMu.Lock()
+	defer connsMu.Unlock()
+	if len(conns) != 2 {
+		t.Fatalf("%d connections opened, want 2", len(conns))
+	}
+	for i, c := range conns {
+		if !c.IsClosed() {
+			t.Errorf("connection %d left open after Close", i)
+		}
+	}
+}
