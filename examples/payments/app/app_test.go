@@ -289,3 +289,43 @@ func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
 		t.Fatalf("order violations %q, want the late seq flagged", v)
 	}
 }
+
+// A paid request whose answer the rail drops stops counting as in flight
+// when it is paid. Its sender frees its slot when it gives up, which the
+// rail sees only some time later: counting the held request until then
+// made the concurrency check fail runs in which no dispatcher was over its
+// cap.
+func TestLostAnswerIsNotInFlight(t *testing.T) {
+	rail, err := app.StartRail(app.Faults{LostResponse: 1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rail.Close() })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	pub := app.RailPublisher(rail.URL(), client)
+	p := app.Payment{InstructionID: uuid.NewString(), Participant: "P1", Seq: 1, AmountMinor: 100, Currency: "EUR",
+		Destination: "DE12345678901234567890"}
+	payload, _ := json.Marshal(p)
+	published := make(chan error, 1)
+	go func() {
+		published <- pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
+			Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}})
+	}()
+	inFlight := -1
+	if err := rail.WaitFor(t.Context(), func(paid int, by map[string]int) bool {
+		inFlight = 0
+		for _, n := range by {
+			inFlight += n
+		}
+		return paid == 1
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-published; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("publish: %v, want the hard timeout", err)
+	}
+	if inFlight != 0 {
+		t.Fatalf("%d requests in flight once the payment whose answer is lost was made, want 0", inFlight)
+	}
+}

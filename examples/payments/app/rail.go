@@ -56,7 +56,8 @@ type RailStats struct {
 	// OrderViolations lists payments that arrived out of their
 	// participant's order.
 	OrderViolations []string
-	// MaxInFlight is the largest number of requests handled at once.
+	// MaxInFlight is the largest number of requests handled at once. A
+	// paid request whose answer is lost stops counting when it is paid.
 	MaxInFlight int
 }
 
@@ -163,6 +164,13 @@ func (r *Rail) WaitFor(ctx context.Context, cond func(paid int, inFlightBy map[s
 	}
 }
 
+// leaveLocked ends a request's time in flight; r.mu is held.
+func (r *Rail) leaveLocked(dispatcher string) {
+	r.inFlight--
+	r.inFlightBy[dispatcher]--
+	r.notifyLocked()
+}
+
 // notifyLocked wakes WaitFor; r.mu is held.
 func (r *Rail) notifyLocked() {
 	close(r.changed)
@@ -183,12 +191,13 @@ func (r *Rail) handle(w http.ResponseWriter, req *http.Request) {
 	roll := r.rnd.Float64()
 	r.notifyLocked()
 	r.mu.Unlock()
+	held := false // a lost answer's request leaves the count when it is paid
 	defer func() {
-		r.mu.Lock()
-		r.inFlight--
-		r.inFlightBy[dispatcher]--
-		r.notifyLocked()
-		r.mu.Unlock()
+		if !held {
+			r.mu.Lock()
+			r.leaveLocked(dispatcher)
+			r.mu.Unlock()
+		}
 	}()
 
 	// Latency, then nothing happens for a request its sender gave up on.
@@ -242,11 +251,17 @@ func (r *Rail) handle(w http.ResponseWriter, req *http.Request) {
 	lost := !seen && roll < r.faults.Unavailable+r.faults.LostResponse
 	if lost {
 		r.stats.LostResponses++
+		// The rail is done with it; it only keeps the connection open. Its
+		// sender frees its slot when it gives up, which the rail notices
+		// only later: counted until then, it would overlap the sender's
+		// next request.
+		r.leaveLocked(dispatcher)
+		held = true
 	}
 	r.notifyLocked()
 	r.mu.Unlock()
 
-	if lost {
+	if held {
 		// Paid, but the answer never comes: hold the request until its
 		// sender gives up.
 		select {
