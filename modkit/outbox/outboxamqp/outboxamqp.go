@@ -42,14 +42,13 @@
 // remembered: the next publish makes another. Close waits for an attempt
 // in progress and closes the connection it opened.
 //
-// A connection given up (a publish on it failed, or a retry must not
-// share it with an abandoned publish of the same event) is closed in the
-// background: closing waits for the broker's answer, which a broker that
-// has stopped reading the socket (RabbitMQ blocks publishing connections
-// during a memory or disk alarm) or a stalled network may hold back for
-// long. Publishes meanwhile go on, on the next connection, and Close
-// waits for these closes too. A connection whose channel closed is closed
-// by the next connection attempt, before it dials.
+// A connection given up (its channel closed, a publish on it failed, or a
+// retry must not share it with an abandoned publish of the same event) is
+// closed in the background: closing waits for the broker's answer, which
+// a broker that has stopped reading the socket (RabbitMQ blocks publishing
+// connections during a memory or disk alarm) or a stalled network may
+// hold back for long. Publishes meanwhile go on, on the next connection,
+// and Close waits for these closes too.
 package outboxamqp
 
 import (
@@ -324,9 +323,12 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 			p.mu.Unlock()
 			return nil, fmt.Errorf("%w: connect: %w", ErrNotConfirmed, ended(ctx))
 		}
+		if p.sess != nil {
+			p.retire(p.sess)
+		}
 		a = &attempt{done: make(chan struct{})}
-		go p.connect(a, p.sess)
-		p.sess, p.dialing = nil, a
+		p.dialing = a
+		go p.connect(a)
 	}
 	p.mu.Unlock()
 	select {
@@ -337,15 +339,11 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 	}
 }
 
-// connect makes the connection attempt a, after closing stale, the
-// session it replaces (nil if none). It runs without the Publisher's
-// lock, so that publishes can give up waiting for it; a session it opens
-// after Close is closed at once.
-func (p *Publisher) connect(a *attempt, stale *session) {
+// connect makes the connection attempt a. It runs without the
+// Publisher's lock, so that publishes can give up waiting for it; a
+// session it opens after Close is closed at once.
+func (p *Publisher) connect(a *attempt) {
 	defer close(a.done)
-	if stale != nil {
-		_ = stale.close()
-	}
 	s, err := p.open()
 	p.mu.Lock()
 	p.dialing = nil
@@ -434,8 +432,9 @@ func (p *Publisher) drop(s *session) {
 // its own, which Close waits for. Closing waits for the broker's
 // close-ok, which a broker that has stopped reading the socket (blocked
 // by a resource alarm, or behind a stalled network) may not send for
-// long: under p.mu, every publish would wait for it whatever its ctx.
-// Call it with p.mu held and p not closed.
+// long: under p.mu, every publish would wait for it whatever its ctx;
+// ahead of the next connection attempt, the publishes waiting for that
+// attempt would. Call it with p.mu held and p not closed.
 func (p *Publisher) retire(s *session) {
 	p.sess = nil
 	p.retiring.Add(1)

@@ -22,13 +22,17 @@ import (
 // direction, and nothing is closed, as a client sees a broker that has
 // stopped reading its socket (RabbitMQ blocks publishing connections
 // during a memory or disk alarm) or a stalled network. Connections opened
-// after Stall are forwarded. The proxy reports each connection.close a
-// client sends.
+// after Stall are forwarded. The proxy reports each connection.close and
+// channel.close-ok a client sends.
 type stallProxy struct {
 	ln     net.Listener
 	target string
 	// closes receives a value for each connection.close a client sends.
 	closes chan struct{}
+	// channelsClosed receives a value for each channel.close-ok a client
+	// sends: the client has taken the channel for closed before it sends
+	// it.
+	channelsClosed chan struct{}
 
 	mu      sync.Mutex
 	changed *sync.Cond // a flow, a link's stall or ended changed
@@ -56,7 +60,7 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &stallProxy{ln: ln, target: target, closes: make(chan struct{}, 16)}
+	p := &stallProxy{ln: ln, target: target, closes: make(chan struct{}, 16), channelsClosed: make(chan struct{}, 16)}
 	p.changed = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
@@ -111,7 +115,7 @@ func (p *stallProxy) accept() {
 		p.wg.Add(4)
 		p.mu.Unlock()
 		toBroker, toClient := &flow{}, &flow{}
-		go p.read(down, toBroker, &closeScanner{})
+		go p.read(down, toBroker, &methodScanner{})
 		go p.write(l, up, toBroker)
 		go p.read(up, toClient, nil)
 		go p.write(l, down, toClient)
@@ -119,8 +123,9 @@ func (p *stallProxy) accept() {
 }
 
 // read queues what src sends on f until src ends, reporting the
-// connection.close methods scan finds in it, if scan is set.
-func (p *stallProxy) read(src net.Conn, f *flow, scan *closeScanner) {
+// connection.close and channel.close-ok methods scan finds in it, if scan
+// is set.
+func (p *stallProxy) read(src net.Conn, f *flow, scan *methodScanner) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
@@ -128,10 +133,12 @@ func (p *stallProxy) read(src net.Conn, f *flow, scan *closeScanner) {
 		if n > 0 {
 			chunk := bytes.Clone(buf[:n])
 			if scan != nil {
-				for range scan.scan(chunk) {
-					select {
-					case p.closes <- struct{}{}:
-					default:
+				for _, m := range scan.scan(chunk) {
+					switch m {
+					case connectionClose:
+						report(p.closes)
+					case channelCloseOk:
+						report(p.channelsClosed)
 					}
 				}
 			}
@@ -176,6 +183,14 @@ func (p *stallProxy) write(l *link, dst net.Conn, f *flow) {
 	}
 }
 
+// report sends on c unless its buffer is full.
+func report(c chan<- struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
 func (p *stallProxy) close() {
 	_ = p.ln.Close()
 	p.mu.Lock()
@@ -189,39 +204,45 @@ func (p *stallProxy) close() {
 	p.wg.Wait()
 }
 
-// closeScanner reads the frames a client sends, from the protocol header
-// on, for connection.close methods.
-type closeScanner struct {
+// method is an AMQP method's class and method ids.
+type method struct{ class, id uint16 }
+
+var (
+	connectionClose = method{10, 50}
+	channelCloseOk  = method{20, 41}
+)
+
+// methodScanner reads the frames a client sends, from the protocol header
+// on, for their methods.
+type methodScanner struct {
 	buf    []byte
 	header bool
 }
 
-// scan adds b to what was read and returns how many connection.close
-// methods it completed.
-func (s *closeScanner) scan(b []byte) (closes int) {
+// scan adds b to what was read and returns the methods of the frames it
+// completed.
+func (s *methodScanner) scan(b []byte) (methods []method) {
 	s.buf = append(s.buf, b...)
 	if !s.header {
 		if len(s.buf) < 8 { // "AMQP" 0 0 9 1
-			return 0
+			return nil
 		}
 		s.buf, s.header = s.buf[8:], true
 	}
-	// A frame: type (1 byte), channel (2), payload size (4), payload,
-	// frame end (1). A method's payload begins with its class and method
-	// ids; connection.close is 10, 50, on channel 0.
+	// A frame: type (1 byte, 1 for a method), channel (2), payload size
+	// (4), payload, frame end (1). A method's payload begins with its
+	// class and method ids.
 	for len(s.buf) >= 7 {
 		size := int(binary.BigEndian.Uint32(s.buf[3:7]))
 		if len(s.buf) < 7+size+1 {
 			break
 		}
-		payload := s.buf[7 : 7+size]
-		if s.buf[0] == 1 && binary.BigEndian.Uint16(s.buf[1:3]) == 0 && size >= 4 &&
-			binary.BigEndian.Uint16(payload[0:2]) == 10 && binary.BigEndian.Uint16(payload[2:4]) == 50 {
-			closes++
+		if payload := s.buf[7 : 7+size]; s.buf[0] == 1 && size >= 4 {
+			methods = append(methods, method{binary.BigEndian.Uint16(payload[0:2]), binary.BigEndian.Uint16(payload[2:4])})
 		}
 		s.buf = s.buf[7+size+1:]
 	}
-	return closes
+	return methods
 }
 
 // stallBound bounds the waits for publishes that must not wait for a
@@ -243,6 +264,81 @@ func awaitWithin[T any](t *testing.T, c <-chan T, d time.Duration, what string) 
 	}
 }
 
+// stallRig is a Publisher connected through a stallProxy. Its first dial
+// goes through at once; the next ones wait for the gate to open, if the
+// rig has one.
+type stallRig struct {
+	p        *outboxamqp.Publisher
+	proxy    *stallProxy
+	openGate func()
+
+	mu    sync.Mutex
+	conns []*amqp.Connection // every connection the Publisher opened
+}
+
+func newStallRig(t *testing.T, cfg outboxamqp.Config, gated bool) *stallRig {
+	t.Helper()
+	u := brokerURL(t)
+	r := &stallRig{proxy: newStallProxy(t, u.Host), openGate: func() {}}
+	via := *u
+	via.Host = r.proxy.Addr()
+	gate := make(chan struct{})
+	if gated {
+		r.openGate = sync.OnceFunc(func() { close(gate) })
+	} else {
+		close(gate)
+	}
+	var dials atomic.Int32
+	cfg.Dial = func() (*amqp.Connection, error) {
+		if dials.Add(1) > 1 {
+			<-gate
+		}
+		// The default dial's settings.
+		c, err := amqp.DialConfig(via.String(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 10 * time.Second})
+		if err == nil {
+			r.mu.Lock()
+			r.conns = append(r.conns, c)
+			r.mu.Unlock()
+		}
+		return c, err
+	}
+	r.p = newPublisher(t, cfg)
+	// Runs before the publisher's Close, which waits for the broker to
+	// answer the closes.
+	t.Cleanup(r.release)
+	return r
+}
+
+// release opens the gate and ends the stall.
+func (r *stallRig) release() {
+	r.openGate()
+	r.proxy.Release()
+}
+
+// closeStalled calls Close while a connection is stalled, ends the stall
+// once Close has closed the current connection, and checks that Close
+// returns with all the want connections the Publisher opened closed.
+func (r *stallRig) closeStalled(t *testing.T, want int) {
+	t.Helper()
+	closed := make(chan error, 1)
+	go func() { closed <- r.p.Close() }()
+	await(t, r.proxy.closes, "Close to close the current connection")
+	r.release()
+	if err := await(t, closed, "Close"); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.conns) != want {
+		t.Fatalf("%d connections opened, want %d", len(r.conns), want)
+	}
+	for i, c := range r.conns {
+		if !c.IsClosed() {
+			t.Errorf("connection %d left open after Close", i)
+		}
+	}
+}
+
 // TestStalledCloseBlocksNoPublish: a connection the publisher gives up
 // while the broker does not answer on it (here: to retry an event whose
 // earlier publish on it was abandoned) is closed without holding up other
@@ -252,45 +348,16 @@ func awaitWithin[T any](t *testing.T, c <-chan T, d time.Duration, what string) 
 // connection the publisher opened.
 func TestStalledCloseBlocksNoPublish(t *testing.T) {
 	noLeaks(t)
-	u := brokerURL(t)
-	queue, _ := declareQueue(t, u)
-	proxy := newStallProxy(t, u.Host)
-	via := *u
-	via.Host = proxy.Addr()
-
-	// The first dial opens the connection to stall; the others wait for
-	// gate, so that no connection is up while the test checks that a
-	// publish ends with its context.
-	gate := make(chan struct{})
-	openGate := sync.OnceFunc(func() { close(gate) })
-	var dials atomic.Int32
-	var connsMu sync.Mutex
-	var conns []*amqp.Connection
-	p := newPublisher(t, outboxamqp.Config{Route: toQueue(queue), Dial: func() (*amqp.Connection, error) {
-		if dials.Add(1) > 1 {
-			<-gate
-		}
-		// The default dial's settings.
-		c, err := amqp.DialConfig(via.String(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 10 * time.Second})
-		if err == nil {
-			connsMu.Lock()
-			conns = append(conns, c)
-			connsMu.Unlock()
-		}
-		return c, err
-	}})
-	// Run before the publisher's Close: it waits for the connections to
-	// close, which takes the broker's answer.
-	release := func() {
-		openGate()
-		proxy.Release()
-	}
-	t.Cleanup(release)
+	queue, _ := declareQueue(t, brokerURL(t))
+	// Until the gate opens, no connection is up while the test checks
+	// that a publish ends with its context.
+	r := newStallRig(t, outboxamqp.Config{Route: toQueue(queue)}, true)
+	p := r.p
 
 	if err := p.Publish(ctx, event()); err != nil {
 		t.Fatal(err)
 	}
-	proxy.Stall()
+	r.proxy.Stall()
 
 	// A publish abandoned on its context: its confirmation cannot come.
 	x := event()
@@ -305,7 +372,7 @@ func TestStalledCloseBlocksNoPublish(t *testing.T) {
 	retryCtx, cancelRetry := context.WithCancel(ctx)
 	t.Cleanup(cancelRetry)
 	retry := publishAsync(p, retryCtx, x)
-	await(t, proxy.closes, "the publisher to close the stalled connection")
+	await(t, r.proxy.closes, "the publisher to close the stalled connection")
 
 	// Another publish meanwhile ends with its context.
 	yCtx, cancelY := context.WithCancel(ctx)
@@ -323,28 +390,59 @@ func TestStalledCloseBlocksNoPublish(t *testing.T) {
 
 	// The next connection opens and carries publishes while the close of
 	// the stalled one is still unanswered.
-	openGate()
+	r.openGate()
 	if err := awaitWithin(t, publishAsync(p, ctx, event()), stallBound, "a publish on the next connection"); err != nil {
 		t.Fatalf("a publish on the next connection: %v", err)
 	}
+	r.closeStalled(t, 2)
+}
 
-	// Close closes the current connection and waits for the stalled one's
-	// close, which ends once the broker answers.
-	closed := make(chan error, 1)
-	go func() { closed <- p.Close() }()
-	await(t, proxy.closes, "Close to close the current connection")
-	release()
-	if err := await(t, closed, "Close"); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	connsMu.Lock()
-	defer connsMu.Unlock()
-	if len(conns) != 2 {
-		t.Fatalf("%d connections opened, want 2", len(conns))
-	}
-	for i, c := range conns {
-		if !c.IsClosed() {
-			t.Errorf("connection %d left open after Close", i)
+// TestStalledClosedChannelDelaysNoConnect: a connection whose channel
+// closed (here: by a publish to a missing exchange, abandoned on its
+// context so that it does not give the connection up itself) is given up
+// by the next publish, which goes out on a new connection while the
+// broker leaves the old one's close unanswered, instead of waiting for
+// that close before dialling.
+func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
+	noLeaks(t)
+	queue, _ := declareQueue(t, brokerURL(t))
+	r := newStallRig(t, outboxamqp.Config{Route: func(d outbox.Delivery) (string, string) {
+		if d.Topic == "missing" {
+			return "outboxamqp-test-missing", "x"
+		}
+		return "", queue
+	}}, false)
+	p := r.p
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	conns := 1
+	for abandoned := false; !abandoned; {
+		if err := p.Publish(ctx, event()); err != nil {
+			t.Fatal(err)
+		}
+		missing := event()
+		missing.Topic = "missing"
+		switch err := p.Publish(cancelled, missing); {
+		case errors.Is(err, context.Canceled):
+			abandoned = true
+		case errors.Is(err, outboxamqp.ErrNotConfirmed) && conns < 10:
+			// The channel closed before the publish looked at its
+			// context, and the publish gave the connection up itself.
+			// Again, on the next, once the proxy has reported this one.
+			await(t, r.proxy.channelsClosed, "the broker to close the channel")
+			await(t, r.proxy.closes, "the publisher to close the connection")
+			conns++
+		default:
+			t.Fatalf("a publish to a missing exchange on a cancelled context: got %v, want an error matching context.Canceled", err)
 		}
 	}
+	await(t, r.proxy.channelsClosed, "the broker to close the channel")
+	r.proxy.Stall()
+
+	if err := awaitWithin(t, publishAsync(p, ctx, event()), stallBound, "a publish after the channel closed"); err != nil {
+		t.Fatalf("a publish after the channel closed: %v", err)
+	}
+	await(t, r.proxy.closes, "the publisher to close the stalled connection")
+	r.closeStalled(t, conns+1)
 }
