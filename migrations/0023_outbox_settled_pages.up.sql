@@ -33,19 +33,14 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = @s, pg_temp AS $$
     SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN p_payloads THEN e.payload END, e.status,
         e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
         CASE WHEN p_payloads THEN e.headers END, e.ordering_key, e.ordering_seq
-    FROM ((SELECT d.* FROM @s.modkit_outbox_events d
-           WHERE d.settled_status = 'delivered'
-             AND d.settled_at >= greatest(p_since, p_after_at, '-infinity')
-             AND (p_after_at IS NULL OR (d.settled_at, d.id) > (p_after_at, p_after_id))
-             AND d.settled_at <= coalesce(p_now, now())
-           ORDER BY d.settled_at, d.id LIMIT p_limit)
-          UNION ALL
-          (SELECT d.* FROM @s.modkit_outbox_events d
-           WHERE d.settled_status = 'dead'
-             AND d.settled_at >= greatest(p_since, p_after_at, '-infinity')
-             AND (p_after_at IS NULL OR (d.settled_at, d.id) > (p_after_at, p_after_id))
-             AND d.settled_at <= coalesce(p_now, now())
-           ORDER BY d.settled_at, d.id LIMIT p_limit)) e
+    FROM pg_catalog.unnest(ARRAY['delivered', 'dead']) AS st(status)
+    CROSS JOIN LATERAL (
+        SELECT d.* FROM @s.modkit_outbox_events d
+        WHERE d.settled_status = st.status
+          AND d.settled_at >= greatest(p_since, p_after_at, '-infinity')
+          AND (p_after_at IS NULL OR (d.settled_at, d.id) > (p_after_at, p_after_id))
+          AND d.settled_at <= coalesce(p_now, now())
+        ORDER BY d.settled_at, d.id LIMIT p_limit) e
     ORDER BY e.settled_at, e.id
     LIMIT p_limit;
 $$;
