@@ -329,3 +329,40 @@ func TestLostAnswerIsNotInFlight(t *testing.T) {
 		t.Fatalf("%d requests in flight once the payment whose answer is lost was made, want 0", inFlight)
 	}
 }
+
+// The rail's MaxInFlight is per dispatcher, the unit of the cap: two
+// requests of one dispatcher and one of another at once are 2, not 3. A
+// total let a dispatcher over its cap pass while another was idle or dead.
+func TestRailCountsInFlightPerDispatcher(t *testing.T) {
+	rail, err := app.StartRail(app.Faults{Latency: time.Hour}, 1) // held until their senders give up
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rail.Close() })
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	ctx, cancel := context.WithCancel(t.Context())
+	sent := make(chan error, 3)
+	for i, dispatcher := range []string{"A", "A", "B"} {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rail.URL()+"/payments", strings.NewReader("{}"))
+		req.Header.Set(app.HeaderDispatcher, dispatcher)
+		req.Header.Set(app.HeaderSequence, fmt.Sprint(i+1))
+		go func() {
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			sent <- err
+		}()
+	}
+	if err := rail.WaitFor(t.Context(), func(_ int, by map[string]int) bool { return by["A"] == 2 && by["B"] == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	for range 3 {
+		<-sent
+	}
+	if got := rail.Stats().MaxInFlight; got != 2 {
+		t.Fatalf("MaxInFlight %d, want 2 (of dispatcher A)", got)
+	}
+}

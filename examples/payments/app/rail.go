@@ -56,8 +56,9 @@ type RailStats struct {
 	// OrderViolations lists payments that arrived out of their
 	// participant's order.
 	OrderViolations []string
-	// MaxInFlight is the largest number of requests handled at once. A
-	// paid request whose answer is lost stops counting when it is paid.
+	// MaxInFlight is the most requests of one dispatcher (HeaderDispatcher)
+	// handled at once. A paid request whose answer is lost stops counting
+	// when it is paid.
 	MaxInFlight int
 }
 
@@ -76,7 +77,6 @@ type Rail struct {
 	byKey      map[string]Payment
 	order      map[string][]int64 // participant -> seqs paid, in arrival order
 	stats      RailStats
-	inFlight   int
 	inFlightBy map[string]int // dispatcher -> requests in flight
 	changed    chan struct{}  // closed and replaced at every change
 }
@@ -166,7 +166,6 @@ func (r *Rail) WaitFor(ctx context.Context, cond func(paid int, inFlightBy map[s
 
 // leaveLocked ends a request's time in flight; r.mu is held.
 func (r *Rail) leaveLocked(dispatcher string) {
-	r.inFlight--
 	r.inFlightBy[dispatcher]--
 	r.notifyLocked()
 }
@@ -181,9 +180,8 @@ func (r *Rail) handle(w http.ResponseWriter, req *http.Request) {
 	dispatcher := req.Header.Get(HeaderDispatcher)
 	r.mu.Lock()
 	r.stats.Requests++
-	r.inFlight++
 	r.inFlightBy[dispatcher]++
-	r.stats.MaxInFlight = max(r.stats.MaxInFlight, r.inFlight)
+	r.stats.MaxInFlight = max(r.stats.MaxInFlight, r.inFlightBy[dispatcher])
 	latency := time.Duration(0)
 	if r.faults.Latency > 0 {
 		latency = time.Duration(r.rnd.Int64N(int64(r.faults.Latency)))

@@ -207,8 +207,8 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	if s.Rail.Rejected != 0 {
 		bad("the rail rejected %d requests: an invalid payment was sent", s.Rail.Rejected)
 	}
-	if s.Rail.MaxInFlight > RailConcurrency*in.dispatchers {
-		bad("the rail had %d requests at once, over the cap of %d per dispatcher", s.Rail.MaxInFlight, RailConcurrency)
+	if s.Rail.MaxInFlight > RailConcurrency {
+		bad("the rail had %d requests of one dispatcher at once, over the cap of %d per dispatcher", s.Rail.MaxInFlight, RailConcurrency)
 	}
 	if s.Kill.PID == "" {
 		bad("no dispatcher was killed")
@@ -242,7 +242,7 @@ func (s *Summary) Print(w io.Writer) error {
 		s.LeaseExpired, s.Redelivered)
 	p("  rail requests\t%d: %d paid, %d answered again by idempotency key, %d x 503, %d responses lost (timeout), %d rejected",
 		s.Rail.Requests, s.Rail.Paid, s.Rail.Replayed, s.Rail.Unavailable, s.Rail.LostResponses, s.Rail.Rejected)
-	p("  rail concurrency\tat most %d requests at once (cap %d per dispatcher)", s.Rail.MaxInFlight, RailConcurrency)
+	p("  rail concurrency\tat most %d requests of one dispatcher at once (cap %d per dispatcher)", s.Rail.MaxInFlight, RailConcurrency)
 	p("  paid exactly once\t%d rail payments for %d delivered instructions", s.RailPayments, s.Delivered)
 	p("  order per participant\t%d/%d participants paid in accepted order", s.OrderChecked, s.Participants)
 	for _, c := range slices.Sorted(maps.Keys(s.LedgerTotals)) {
