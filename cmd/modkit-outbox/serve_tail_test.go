@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
@@ -88,14 +90,11 @@ func TestTail(t *testing.T) {
 	}
 }
 
-// More outcomes within tail's overlap window than one read returns (two
-// batches of 600 settled at two timestamps) do not stall it: it prints them
-// all, and what is settled afterwards.
-func TestTailPastAPage(t *testing.T) {
-	f := newFixture(t)
-	f.enqueue(t, orders, 1200)
-	f.settle(t, orders, 600, driver.Delivered, 0)
-	f.settle(t, orders, 600, driver.Delivered, 0)
+// tailPastOthers runs tail from a minute back, behind the 1,200 outcomes
+// the test recorded, settles one more event and waits until tail has
+// printed it; it stops tail and returns what it printed and that event.
+func tailPastOthers(t *testing.T, f *fixture) (*notifyingBuffer, uuid.UUID) {
+	t.Helper()
 	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
 	f.enqueue(t, mails, 1)
 	late := f.settle(t, mails, 1, driver.Delivered, 0)[0]
@@ -113,6 +112,18 @@ func TestTailPastAPage(t *testing.T) {
 	if code := stop(); code != exitOK {
 		t.Fatalf("tail ended with %d", code)
 	}
+	return out, late
+}
+
+// More outcomes within tail's overlap window than one read returns (two
+// batches of 600 settled at two timestamps) do not stall it: it prints them
+// all, and what is settled afterwards.
+func TestTailPastAPage(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 1200)
+	f.settle(t, orders, 600, driver.Delivered, 0)
+	f.settle(t, orders, 600, driver.Delivered, 0)
+	out, _ := tailPastOthers(t, f)
 	if n := strings.Count(out.String(), "\n"); n != 1201 {
 		t.Fatalf("tail printed %d lines, want 1,201", n)
 	}
@@ -129,23 +140,7 @@ func TestTailOneTimestampPastAPage(t *testing.T) {
 	if err := f.pool.QueryRow(bg, "SELECT count(DISTINCT updated_at) FROM modkit_outbox_events WHERE status = 'delivered'").Scan(&stamps); err != nil || stamps != 1 {
 		t.Fatalf("the 1,200 outcomes have %d timestamps (%v), want one", stamps, err)
 	}
-	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
-	f.enqueue(t, mails, 1)
-	late := f.settle(t, mails, 1, driver.Delivered, 0)[0]
-	guard := time.After(2 * time.Minute) // a hang guard, not a timed assertion
-	for !strings.Contains(out.String(), late.String()) {
-		select {
-		case <-out.wrote:
-		case code := <-ended:
-			t.Fatalf("tail ended (exit %d) before printing the late event", code)
-		case <-guard:
-			stop()
-			t.Fatalf("tail never printed the event settled after 1,200 others; it printed %d lines", strings.Count(out.String(), "\n"))
-		}
-	}
-	if code := stop(); code != exitOK {
-		t.Fatalf("tail ended with %d", code)
-	}
+	out, late := tailPastOthers(t, f)
 	printed := map[string]int{}
 	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		var ev struct {

@@ -318,15 +318,21 @@ func (a *Admin) List(ctx context.Context, f EventFilter) (EventPage, error) {
 	if err != nil {
 		return EventPage{}, a.wrapErr(err, "list events")
 	}
+	return pageOf(rows, limit, func(last Event) string { return encodeCursor(last.CreatedAt, last.ID) }), nil
+}
+
+// pageOf returns the first limit of rows, which were read with one row
+// more than limit, as a page: when that extra row came back, there is a
+// next page, whose cursor cursor makes from the page's last event.
+func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) EventPage {
 	var page EventPage
 	for _, e := range rows[:min(len(rows), limit)] {
 		page.Events = append(page.Events, eventFrom(e))
 	}
 	if len(rows) > limit {
-		last := page.Events[limit-1]
-		page.NextPage = encodeCursor(last.CreatedAt, last.ID)
+		page.NextPage = cursor(page.Events[limit-1])
 	}
-	return page, nil
+	return page
 }
 
 // ReplayDead puts dead events back to pending, due now, with their attempts

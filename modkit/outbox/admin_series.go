@@ -203,13 +203,5 @@ func (a *Admin) SettledPage(ctx context.Context, q SettledQuery) (EventPage, err
 	if err != nil {
 		return EventPage{}, a.wrapErr(err, "settled events")
 	}
-	var page EventPage
-	for _, e := range rows[:min(len(rows), limit)] {
-		page.Events = append(page.Events, eventFrom(e))
-	}
-	if len(rows) > limit {
-		last := page.Events[limit-1]
-		page.NextPage = encodeSettledCursor(last.UpdatedAt, last.ID)
-	}
-	return page, nil
+	return pageOf(rows, limit, func(last Event) string { return encodeSettledCursor(last.UpdatedAt, last.ID) }), nil
 }
