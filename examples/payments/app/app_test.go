@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -364,5 +365,27 @@ func TestRailCountsInFlightPerDispatcher(t *testing.T) {
 	}
 	if got := rail.Stats().MaxInFlight; got != 2 {
 		t.Fatalf("MaxInFlight %d, want 2 (of dispatcher A)", got)
+	}
+}
+
+// A rail that pays nothing (every request answered 503) never brings the
+// kill about: the run still ends when every instruction has settled, dead,
+// and its reconciliation fails, saying that no dispatcher was killed,
+// instead of waiting for the kill for ever.
+func TestRunEndsWhenTheRailPaysNothing(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second) // a guard against the hang, far above the run
+	defer cancel()
+	sum, err := app.Run(ctx, app.Options{
+		DSN: tdb.DSN, Instructions: 3, Participants: 3, Invalid: -1, Dispatchers: 2,
+		Faults: app.Faults{Unavailable: 1}, Seed: 7, Spawn: func() *exec.Cmd { return exec.Command(os.Args[0]) },
+		DrainTimeout: time.Minute, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatalf("run: %v, want a reconciliation that fails", err)
+	}
+	if sum.Reconciled || sum.Delivered != 0 || len(sum.Dead) != 3 || !slices.Contains(sum.Mismatches, "no dispatcher was killed") {
+		t.Fatalf("reconciled %v, delivered %d, dead %d, mismatches %q; want not reconciled, 0, 3, and no dispatcher killed",
+			sum.Reconciled, sum.Delivered, len(sum.Dead), sum.Mismatches)
 	}
 }
