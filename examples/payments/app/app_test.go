@@ -22,6 +22,7 @@ import (
 	"github.com/modkit-go/modkit/examples/payments/app"
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // TestMain doubles as the dispatcher process: Run starts this test binary
@@ -387,5 +388,25 @@ func TestRunEndsWhenTheRailPaysNothing(t *testing.T) {
 	if sum.Reconciled || sum.Delivered != 0 || len(sum.Dead) != 3 || !slices.Contains(sum.Mismatches, "no dispatcher was killed") {
 		t.Fatalf("reconciled %v, delivered %d, dead %d, mismatches %q; want not reconciled, 0, 3, and no dispatcher killed",
 			sum.Reconciled, sum.Delivered, len(sum.Dead), sum.Mismatches)
+	}
+}
+
+// An operator that cannot skip dead heads (here, its role may not call the
+// outbox's functions) leaves an invalid instruction's participant blocked:
+// the run ends at its drain timeout, and the error says why the operator
+// failed rather than only that heads were not skipped.
+func TestDrainTimeoutNamesTheOperatorsError(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	if _, err := tdb.Provider.Pool.Exec(t.Context(),
+		"REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA public FROM "+outboxpg.RoleOperator); err != nil {
+		t.Fatal(err)
+	}
+	_, err := app.Run(t.Context(), app.Options{
+		DSN: tdb.DSN, Instructions: 20, Participants: 2, Invalid: 1, Dispatchers: 2,
+		Seed: 7, Spawn: func() *exec.Cmd { return exec.Command(os.Args[0]) },
+		DrainTimeout: 3 * time.Second, Logger: quiet,
+	})
+	if !errors.Is(err, app.ErrNotDrained) || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("run: %v; want ErrNotDrained naming the operator's permission error", err)
 	}
 }

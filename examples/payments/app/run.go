@@ -318,8 +318,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 
 	// The operator: a dead instruction blocks its participant's later
 	// ones; once it is listed as dead it is skipped so they go on.
-	var opMu sync.Mutex
-	var skipped []uuid.UUID
+	var (
+		opMu    sync.Mutex
+		skipped []uuid.UUID
+		opErr   error // of the operator's last pass, for the drain's error
+	)
 	opDone := make(chan struct{})
 	go func() {
 		defer close(opDone)
@@ -332,20 +335,21 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			case <-tick.C:
 			}
 			blocked, err := opClient.Admin().BlockedKeys(runCtx, 100)
-			if err != nil {
-				continue
-			}
 			for _, b := range blocked {
 				if b.Topic != Topic {
 					continue
 				}
-				if err := opClient.Admin().SkipHead(runCtx, "payments operator", b.Head); err == nil {
-					opMu.Lock()
-					skipped = append(skipped, b.Head)
-					opMu.Unlock()
-					o.Progress("operator skipped dead head %s of %s: %s", b.Head, b.OrderingKey, b.LastError)
+				if err = opClient.Admin().SkipHead(runCtx, "payments operator", b.Head); err != nil {
+					break
 				}
+				opMu.Lock()
+				skipped = append(skipped, b.Head)
+				opMu.Unlock()
+				o.Progress("operator skipped dead head %s of %s: %s", b.Head, b.OrderingKey, b.LastError)
 			}
+			opMu.Lock()
+			opErr = err
+			opMu.Unlock()
 		}
 	}()
 
@@ -414,8 +418,15 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w after %s: %d pending, %d processing, %d dead heads not skipped", ErrNotDrained, o.DrainTimeout,
+			err := fmt.Errorf("%w after %s: %d pending, %d processing, %d dead heads not skipped", ErrNotDrained, o.DrainTimeout,
 				ts.Pending, ts.Processing, unskipped)
+			opMu.Lock()
+			why := opErr
+			opMu.Unlock()
+			if why != nil {
+				err = fmt.Errorf("%w; the operator failed: %w", err, why)
+			}
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
