@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -408,5 +409,36 @@ func TestDrainTimeoutNamesTheOperatorsError(t *testing.T) {
 	})
 	if !errors.Is(err, app.ErrNotDrained) || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("run: %v; want ErrNotDrained naming the operator's permission error", err)
+	}
+}
+
+// A role's DSN is the administrative one with the role's user and password:
+// the rest of it (TLS above all) is kept, in either DSN form. It was
+// rebuilt from host, port and database with sslmode=disable, so a
+// DATABASE_URL that requires TLS could not be used.
+func TestRoleDSNKeepsTheBaseSettings(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	for _, base := range []string{
+		"postgres://admin:secret@db.example:6543/ledger?sslmode=require&application_name=payments",
+		"host=db.example port=6543 dbname=ledger user=admin password=secret sslmode=require application_name=payments",
+	} {
+		roles, err := app.Setup(t.Context(), tdb.Provider.Pool, base) // the base DSN is only kept, not used
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = roles.Drop(context.Background(), tdb.Provider.Pool) })
+		dsn, err := roles.DSN(roles.API)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Host != "db.example" || cfg.Port != 6543 || cfg.Database != "ledger" || cfg.User != roles.API ||
+			cfg.Password == "" || cfg.Password == "secret" || cfg.TLSConfig == nil || cfg.RuntimeParams["application_name"] != "payments" {
+			t.Errorf("%s: the API role's DSN is %s@%s:%d/%s, TLS %v, params %v; want the base's settings as %s",
+				base, cfg.User, cfg.Host, cfg.Port, cfg.Database, cfg.TLSConfig != nil, cfg.RuntimeParams, roles.API)
+		}
 	}
 }

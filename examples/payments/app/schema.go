@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -62,14 +63,21 @@ type Roles struct {
 	baseDSN  string
 }
 
-// DSN returns the DSN of role: the base DSN with its user and password.
+// DSN returns the DSN of role: the base DSN, every setting of it (TLS
+// included) kept, with role's user and password.
 func (r *Roles) DSN(role string) (string, error) {
-	cfg, err := pgx.ParseConfig(r.baseDSN)
-	if err != nil {
+	if _, err := pgx.ParseConfig(r.baseDSN); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("host='%s' port=%d dbname='%s' user='%s' password='%s' sslmode=disable",
-		cfg.Host, cfg.Port, cfg.Database, role, r.password), nil
+	if u, err := url.Parse(r.baseDSN); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Del("user")
+		q.Del("password")
+		u.User, u.RawQuery = url.UserPassword(role, r.password), q.Encode()
+		return u.String(), nil
+	}
+	// The keyword/value form: a later keyword overrides an earlier one.
+	return fmt.Sprintf("%s user='%s' password='%s'", r.baseDSN, role, r.password), nil
 }
 
 // Setup migrates the outbox and the example's tables as the administrative
