@@ -69,7 +69,10 @@ func TestScenarioReconcilesWithAKilledDispatcher(t *testing.T) {
 		t.Fatalf("accepted %d, delivered %d, dead %d, rail payments %d; want %d, %d, %d, %d",
 			sum.Accepted, sum.Delivered, len(sum.Dead), sum.RailPayments, n, n-invalid, invalid, n-invalid)
 	}
-	if sum.Kill.PID == "" || sum.LeaseExpired == 0 {
+	// A victim killed with a payment in flight held a lease, which another
+	// dispatcher must take over. (On a loaded machine the kill may come at
+	// two thirds paid with nothing in flight, and leave no lease behind.)
+	if sum.Kill.PID == "" || sum.Kill.InFlight > 0 && sum.LeaseExpired == 0 {
 		t.Fatalf("kill %+v, lease_expired entries %d: the kill must be taken over", sum.Kill, sum.LeaseExpired)
 	}
 	// Every payment whose answer was lost was retried and answered with
