@@ -58,7 +58,9 @@ func run() int {
 	sum, err := app.Run(ctx, opts)
 	switch {
 	case err != nil && ctx.Err() != nil:
-		out.Warn("interrupted: the app stopped cleanly")
+		// err says how the run ended: the interruption, and any error of
+		// stopping the app.
+		out.Warn("interrupted", "error", err)
 		return 130
 	case err != nil:
 		out.Error("demo failed", "error", err)
