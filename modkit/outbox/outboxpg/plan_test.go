@@ -2,6 +2,7 @@ package outboxpg_test
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -597,3 +598,163 @@ func TestSettledReadsTheSettledIndex(t *testing.T) {
 		}
 	}
 }
+
+// keepDelivered fills the table as a retention leaves it: n delivered
+// events of two topics, enqueued over the last three hours (in pairs that
+// share an enqueue time) and delivered 1 to 50 seconds later, two of them
+// delivered an hour from now (a test clock's outcomes), and a few events in
+// each other state: pending (due or not), leased, dead, and the events of
+// an ordering key held behind its dead head, one of them leased and one
+// dead. A tenth have a tenant. It returns the database's time, which the
+// times above are relative to.
+func keepDelivered(t *testing.T, pool *pgxpool.Pool, n int) time.Time {
+	t.Helper()
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	insert := func(label string, n int, from, step time.Duration) {
+		t.Helper()
+		mustExec(t, pool, `INSERT INTO modkit_outbox_events (id, namespace, topic, tenant_id, payload, created_at, next_attempt_at)
+			SELECT gen_random_uuid(), 'test', CASE WHEN i % 3 = 0 THEN 'other' ELSE 'events' END,
+				CASE WHEN i % 10 = 0 THEN '11111111-1111-1111-1111-111111111111'::uuid END,
+				jsonb_build_object($4::text, i), $1::timestamptz + (i / 2) * $2::float8 * interval '1 second',
+				$1::timestamptz + (i / 2) * $2::float8 * interval '1 second'
+			FROM generate_series(1, $3::int) AS i`, now.Add(from), step.Seconds(), n, label)
+	}
+	// The delivered events.
+	insert("kept", n, -3*time.Hour, 3*time.Hour/time.Duration(n/2+1))
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'delivered', attempts = 1, ledger_seq = 1,
+		updated_at = created_at + (1 + (payload->>'kept')::int % 50) * interval '1 second'`)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET updated_at = $1::timestamptz + interval '1 hour'
+		WHERE (payload->>'kept')::int IN (7, 8)`, now)
+	// Pending, of which 10 not yet due; leased; dead: enqueued in the last
+	// 40 minutes, among the last of the delivered events.
+	insert("live", 60, -40*time.Minute, 20*time.Second)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET next_attempt_at = $1::timestamptz + interval '10 minutes', attempts = 1
+		WHERE (payload->>'live')::int % 6 = 1`, now)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'processing', attempts = 1, locked_by = gen_random_uuid(),
+		lease_token = gen_random_uuid(), claimed_at = $1::timestamptz, locked_until = $1::timestamptz + interval '1 minute'
+		WHERE (payload->>'live')::int % 6 = 2`, now)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'dead', attempts = 3, ledger_seq = 3, last_error = 'gave up',
+		updated_at = created_at + interval '5 minutes'
+		WHERE (payload->>'live')::int % 6 = 3`)
+	// An ordering key of 6 events: its head dead, the rest held behind it,
+	// the third leased (a link of a chain) and the fourth dead.
+	mustExec(t, pool, `WITH q AS (
+			INSERT INTO modkit_outbox_sequences (namespace, topic, ordering_key, last_seq) VALUES ('test', 'events', 'k', 6)
+			RETURNING stream_id)
+		INSERT INTO modkit_outbox_events (id, namespace, topic, payload, created_at, ordering_key, ordering_seq, ordering_stream, held)
+		SELECT gen_random_uuid(), 'test', 'events', jsonb_build_object('seq', s), $1::timestamptz - interval '30 minutes' + s * interval '1 minute',
+			'k', s, q.stream_id, s > 1
+		FROM q CROSS JOIN generate_series(1, 6) AS s`, now)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'dead', attempts = 3, last_error = 'gave up', updated_at = created_at
+		WHERE ordering_key = 'k' AND ordering_seq IN (1, 4)`)
+	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'processing', attempts = 1, locked_by = gen_random_uuid(),
+		lease_token = gen_random_uuid(), claimed_at = $1::timestamptz, locked_until = $1::timestamptz + interval '1 minute'
+		WHERE ordering_key = 'k' AND ordering_seq = 3`, now)
+	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+	return now
+}
+
+// resultOf returns the rows q returns, in order, each as its values.
+func resultOf(t *testing.T, tx pgx.Tx, q string, args ...any) [][]any {
+	t.Helper()
+	rs, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+	if err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return out
+}
+
+// scansOf reads the transaction's statistics: the sequential scans of the
+// events table, and the scans of each named index of it.
+func scansOf(t *testing.T, tx pgx.Tx, indexes ...string) (seq int64, idx []int64) {
+	t.Helper()
+	if err := tx.QueryRow(ctx, "SELECT pg_stat_get_xact_numscans('modkit_outbox_events'::regclass)").Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range indexes {
+		var n int64
+		if err := tx.QueryRow(ctx, "SELECT pg_stat_get_xact_numscans($1::regclass)", name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		idx = append(idx, n)
+	}
+	return seq, idx
+}
+
+// seriesBefore is modkit_outbox_series as migration 0004 wrote it, which
+// filtered on status and updated_at ($1 the window, $2 the bucket, $3 the
+// clock).
+const seriesBefore = `WITH w AS (
+        SELECT coalesce($3::timestamptz, now()) AS now,
+            date_bin($2::interval, coalesce($3::timestamptz, now()) - $1::interval, timestamptz 'epoch') AS start)
+    SELECT w.now, e.namespace, e.topic, date_bin($2::interval, e.updated_at, timestamptz 'epoch') AS bucket,
+        count(*),
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.updated_at - e.created_at))::float8,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.updated_at - e.created_at))::float8,
+        max(extract(epoch FROM e.updated_at - e.created_at))::float8
+    FROM modkit_outbox_events e CROSS JOIN w
+    WHERE e.status = 'delivered' AND e.updated_at >= w.start AND e.updated_at <= w.now
+    GROUP BY GROUPING SETS ((w.now, bucket), (w.now, e.namespace, e.topic, bucket))
+    ORDER BY bucket, e.namespace NULLS FIRST, e.topic NULLS FIRST`
+
+// The delivery series (Admin.Series, the dashboard's chart on every load of
+// its overview) reads the window's deliveries from the settled index, and
+// never the whole table: until migration 0024 it filtered on status and
+// updated_at, which no index holds, and took 300 ms a call with 1,000,000
+// delivered events kept, whatever the window held. It returns what the
+// statement it replaced returns, for every window, bucket and clock tried.
+// Sequential scans are turned off so that the small table's costs do not
+// decide.
+func TestSeriesReadsTheSettledIndex(t *testing.T) {
+	_, tdb := newStore(t)
+	const kept = 2000
+	now := keepDelivered(t, tdb.Provider.Pool, kept)
+
+	tx := ownTx(t, tdb)
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+		t.Fatal(err)
+	}
+	var buckets int
+	err := tx.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_series('10 minutes', '1 minute', $1)", now).Scan(&buckets)
+	if err != nil || buckets == 0 {
+		t.Fatalf("the series of the last 10 minutes has %d rows: %v", buckets, err)
+	}
+	seq, idx := scansOf(t, tx, "modkit_outbox_events_settled_idx")
+	read := tableReads(t, tx, "modkit_outbox_events")
+	if seq != 0 || idx[0] == 0 || read > kept/4 {
+		t.Errorf("the series of the last 10 minutes made %d sequential scans of the events and %d of the settled index, "+
+			"and read %d rows and index entries of a table keeping %d delivered events; want no sequential scan, "+
+			"a range of the settled index, and the window's events only", seq, idx[0], read, kept)
+	}
+	t.Logf("the series of the last 10 minutes read %d rows and index entries of a table keeping %d delivered events", read, kept)
+
+	// The same rows as before, for every window, bucket and clock (planned
+	// with sequential scans allowed: with them turned off, each statement
+	// that must read the table is costed high enough to be compiled).
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = on"); err != nil {
+		t.Fatal(err)
+	}
+	var compared, rows int
+	for _, window := range []string{"0", "10 minutes", "1 hour", "3 hours", "5 hours"} {
+		for _, bucket := range []string{"1 second", "1 minute", "7 minutes", "1 hour"} {
+			for _, clock := range []*time.Time{nil, ptr(now.Add(-time.Hour)), ptr(now.Add(2 * time.Hour))} {
+				want := resultOf(t, tx, seriesBefore, window, bucket, clock)
+				got := resultOf(t, tx, `SELECT * FROM modkit_outbox_series($1, $2, $3)`, window, bucket, clock)
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("the series of %s by %s at %v:\n got %v\nwant %v", window, bucket, clock, got, want)
+				}
+				compared, rows = compared+1, rows+len(want)
+			}
+		}
+	}
+	t.Logf("%d series compared with the statement they replace, %d rows", compared, rows)
+}
+
+func ptr[T any](v T) *T { return &v }
