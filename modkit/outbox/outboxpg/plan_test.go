@@ -653,7 +653,9 @@ func keepDelivered(t *testing.T, pool *pgxpool.Pool, n int) time.Time {
 	mustExec(t, pool, `UPDATE modkit_outbox_events SET status = 'processing', attempts = 1, locked_by = gen_random_uuid(),
 		lease_token = gen_random_uuid(), claimed_at = $1::timestamptz, locked_until = $1::timestamptz + interval '1 minute'
 		WHERE ordering_key = 'k' AND ordering_seq = 3`, now)
-	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+	// As autovacuum leaves it: the delivered events' entries of the claim
+	// index, made when they were enqueued, gone.
+	mustExec(t, pool, "VACUUM ANALYZE modkit_outbox_events")
 	return now
 }
 
@@ -758,3 +760,124 @@ func TestSeriesReadsTheSettledIndex(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// listBefore is modkit_outbox_list_rows as migration 0004 wrote it, which
+// read every row whatever the status ($1 to $10 its parameters: payloads,
+// status, namespace, topic, tenant, created after, created before, the
+// cursor's time and id, limit).
+const listBefore = `SELECT e.id, e.namespace, e.topic, e.tenant_id, e.dedupe_key, CASE WHEN $1::boolean THEN e.payload END, e.status,
+        e.attempts, e.next_attempt_at, e.locked_by, e.locked_until, e.last_error, e.created_at, e.updated_at,
+        CASE WHEN $1::boolean THEN e.headers END, e.ordering_key, e.ordering_seq
+    FROM modkit_outbox_events e
+    WHERE ($2::text IS NULL OR e.status = $2::text)
+      AND ($3::text IS NULL OR e.namespace = $3::text)
+      AND ($4::text IS NULL OR e.topic = $4::text)
+      AND ($5::uuid IS NULL OR e.tenant_id = $5::uuid)
+      AND ($6::timestamptz IS NULL OR e.created_at >= $6::timestamptz)
+      AND ($7::timestamptz IS NULL OR e.created_at < $7::timestamptz)
+      AND ($8::timestamptz IS NULL OR (e.created_at, e.id) > ($8::timestamptz, $9::uuid))
+    ORDER BY e.created_at, e.id
+    LIMIT $10::int`
+
+// The lists of pending, leased and dead events (Admin.List, the dashboard's
+// and the CLI's lists, and Admin.ReplayDead by filter) read the indexes
+// that hold those events, and never the whole table: until migration 0024
+// every list read every row and sorted them by enqueue time, 220-260 ms a
+// page with 1,000,000 delivered events kept. Lists of every status or of
+// delivered events still read the table (no index holds events by enqueue
+// time). For every status, filter, cursor and limit tried, a list returns
+// what the statement it replaced returns. Sequential scans are turned off
+// so that the small table's costs do not decide.
+func TestListReadsTheIndexesOfItsStatus(t *testing.T) {
+	_, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	const kept = 2000
+	now := keepDelivered(t, pool, kept)
+
+	for _, c := range []struct {
+		status, q string
+		indexes   []string
+	}{
+		{"pending", "SELECT count(*) FROM modkit_outbox_list('pending', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100)",
+			[]string{"modkit_outbox_events_claim_idx", "modkit_outbox_events_held_idx"}},
+		{"processing", "SELECT count(*) FROM modkit_outbox_list_payloads('processing', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 100)",
+			[]string{"modkit_outbox_events_claim_idx", "modkit_outbox_events_held_idx"}},
+		{"dead", "SELECT count(*) FROM modkit_outbox_list('dead', 'test', NULL, NULL, NULL, NULL, NULL, NULL, 100)",
+			[]string{"modkit_outbox_events_settled_idx"}},
+		{"dead", "SELECT count(*) FROM modkit_outbox_replay_filter('dead', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 10000, 'test')",
+			[]string{"modkit_outbox_events_settled_idx"}},
+	} {
+		var want int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events WHERE status = $1", c.status).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		tx := ownTx(t, tdb)
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if err := tx.QueryRow(ctx, c.q).Scan(&n); err != nil || n != want {
+			t.Fatalf("%s: %d events, want %d: %v", c.q, n, want, err)
+		}
+		seq, idx := scansOf(t, tx, c.indexes...)
+		read := tableReads(t, tx, "modkit_outbox_events")
+		for i, name := range c.indexes {
+			if idx[i] == 0 {
+				t.Errorf("%s: no scan of %s", c.q, name)
+			}
+		}
+		if seq != 0 || read > kept/4 {
+			t.Errorf("%s: %d sequential scans of the events, %d rows and index entries read in a table keeping %d delivered events; "+
+				"want none, and the %d %s events and their neighbours in the indexes only", c.q, seq, read, kept, want, c.status)
+		}
+		t.Logf("%s: %d events, %d rows and index entries read", c.q, n, read)
+	}
+
+	// The same rows as before, in the same order, for every input tried: each
+	// filter alone and together, a first page and the pages after it (by a
+	// cursor with and without its id).
+	tx := ownTx(t, tdb)
+	tenant := uuid.MustParse("11111111-1111-1111-1111-111111111111")
+	var compared, rows int
+	for _, status := range []any{nil, "pending", "processing", "dead", "delivered", "bogus"} {
+		for _, ns := range []any{nil, "test"} {
+			for _, topic := range []any{nil, "events"} {
+				for _, tn := range []any{nil, tenant} {
+					for _, after := range []any{nil, now.Add(-2 * time.Hour)} {
+						for _, before := range []any{nil, now.Add(-20 * time.Minute)} {
+							for _, limit := range []int{3, 1000} {
+								payloads := compared%2 == 0
+								args := []any{payloads, status, ns, topic, tn, after, before, nil, nil, limit}
+								first := sameList(t, tx, args)
+								rows += len(first)
+								compared++
+								if len(first) < 2 {
+									continue
+								}
+								at, id := first[1][12], first[1][0]
+								for _, cursor := range [][2]any{{at, id}, {at, nil}} {
+									args[7], args[8] = cursor[0], cursor[1]
+									rows += len(sameList(t, tx, args))
+									compared++
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d lists compared with the statement they replace, %d rows", compared, rows)
+}
+
+// sameList fails the test unless modkit_outbox_list_rows returns what
+// listBefore returns for args, and returns it.
+func sameList(t *testing.T, tx pgx.Tx, args []any) [][]any {
+	t.Helper()
+	want := resultOf(t, tx, listBefore, args...)
+	got := resultOf(t, tx, `SELECT * FROM modkit_outbox_list_rows($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`, args...)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("list %v:\n got %v\nwant %v", args, got, want)
+	}
+	return want
+}
