@@ -67,8 +67,10 @@ type Series struct {
 
 // Series returns throughput and delivery latency over the last q.Window,
 // per topic and in total, from the delivered events still in the table (a
-// topic's retention shorter than the window leaves gaps). It scans the
-// delivered history: call it from dashboards every few seconds at most.
+// topic's retention shorter than the window leaves gaps). It reads the
+// window's deliveries from the settled index (before migration 0024, every
+// delivered event kept), so its cost grows with the deliveries in the
+// window: a dashboard may call it every few seconds.
 func (a *Admin) Series(ctx context.Context, q SeriesQuery) (Series, error) {
 	if q.Window == 0 {
 		q.Window = seriesWindowDefault

@@ -11,9 +11,10 @@ import (
 )
 
 // The operator statements behind Admin.Series, Admin.Settled and
-// Admin.SettledPage. They read delivered history, which no index of the
-// outbox table covers: they scan the table and are meant for dashboards
-// refreshing every few seconds, not for tight loops. $1 (Series), $3
+// Admin.SettledPage. They read delivered history from the settled index
+// (settled_status, settled_at), from the start of their window or page on
+// (migrations 0023 and 0024; before, the whole table), so their cost grows
+// with the outcomes in that window, not with those kept. $1 (Series), $3
 // (Settled) and $5 (a settled page after a cursor) are the clock: the test
 // clock, or NULL for the database's.
 const (
