@@ -306,7 +306,11 @@ func (f EventFilter) toDriver(limitDefault, limitMax int) (driver.ListFilter, er
 	return out, nil
 }
 
-// List returns events matching f, oldest first, a page at a time.
+// List returns events matching f, oldest first, a page at a time. A list
+// of pending, processing or dead events reads the indexes of its status
+// (migration 0024); a list of delivered events, or of every status, reads
+// the whole table, as no index holds events by enqueue time: with millions
+// of delivered events kept, filter by status where you can.
 func (a *Admin) List(ctx context.Context, f EventFilter) (EventPage, error) {
 	df, err := f.toDriver(listLimitDefault, listLimitMax)
 	if err != nil {
