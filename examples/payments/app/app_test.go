@@ -258,10 +258,10 @@ func TestPublisherRefusesAnInvalidPaymentBeforeSending(t *testing.T) {
 	}
 }
 
-// A payment whose answer is lost: the publish fails at its hard timeout
-// (retryable, not permanent), and the retry is answered with the first
-// result instead of paying again.
-func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
+// lostAnswerRail starts a rail that drops every answer, and returns it, a
+// publisher to it, a valid payment and its delivery.
+func lostAnswerRail(t *testing.T) (*app.Rail, outbox.Publisher, app.Payment, outbox.Delivery) {
+	t.Helper()
 	rail, err := app.StartRail(app.Faults{LostResponse: 1}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -274,8 +274,16 @@ func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
 		Destination: "DE12345678901234567890"}
 	payload, _ := json.Marshal(p)
 	d := outbox.Delivery{ID: uuid.New(), Payload: payload, Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}}
+	return rail, pub, p, d
+}
+
+// A payment whose answer is lost: the publish fails at its hard timeout
+// (retryable, not permanent), and the retry is answered with the first
+// result instead of paying again.
+func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
+	rail, pub, p, d := lostAnswerRail(t)
 	// t.Context() has no deadline: DeadlineExceeded is the hard timeout's.
-	err = pub.Publish(t.Context(), d)
+	err := pub.Publish(t.Context(), d)
 	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("first publish: %v, want a retryable timeout", err)
 	}
@@ -289,7 +297,7 @@ func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
 	// A payment of a participant that arrives after a later one is flagged.
 	late := p
 	late.InstructionID, late.Seq = uuid.NewString(), 0
-	payload, _ = json.Marshal(late)
+	payload, _ := json.Marshal(late)
 	_ = pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
 		Headers: map[string]string{app.HeaderIdempotencyKey: late.InstructionID}})
 	if v := rail.Stats().OrderViolations; len(v) != 1 {
@@ -303,22 +311,9 @@ func TestLostAnswerIsRetriedWithoutASecondPayment(t *testing.T) {
 // made the concurrency check fail runs in which no dispatcher was over its
 // cap.
 func TestLostAnswerIsNotInFlight(t *testing.T) {
-	rail, err := app.StartRail(app.Faults{LostResponse: 1}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rail.Close() })
-	client := &http.Client{Transport: &http.Transport{}}
-	t.Cleanup(client.CloseIdleConnections)
-	pub := app.RailPublisher(rail.URL(), client)
-	p := app.Payment{InstructionID: uuid.NewString(), Participant: "P1", Seq: 1, AmountMinor: 100, Currency: "EUR",
-		Destination: "DE12345678901234567890"}
-	payload, _ := json.Marshal(p)
+	rail, pub, _, d := lostAnswerRail(t)
 	published := make(chan error, 1)
-	go func() {
-		published <- pub.Publish(t.Context(), outbox.Delivery{ID: uuid.New(), Payload: payload,
-			Headers: map[string]string{app.HeaderIdempotencyKey: p.InstructionID}})
-	}()
+	go func() { published <- pub.Publish(t.Context(), d) }()
 	inFlight := -1
 	if err := rail.WaitFor(t.Context(), func(paid int, by map[string]int) bool {
 		inFlight = 0
