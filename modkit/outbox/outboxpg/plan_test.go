@@ -3,6 +3,7 @@ package outboxpg_test
 import (
 	"context"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -880,4 +881,71 @@ func sameList(t *testing.T, tx pgx.Tx, args []any) [][]any {
 		t.Fatalf("list %v:\n got %v\nwant %v", args, got, want)
 	}
 	return want
+}
+
+// The dispatchers' purge from a watermark (migration 0025) reads the
+// settled index from the watermark on: another topic's delivered events
+// kept past the cutoff (a longer retention, or kept forever), which the
+// purge from the oldest event walks through on every pass, are not read.
+// From NULL, it deletes exactly what modkit_outbox_purge deletes.
+func TestPurgeFromReadsPastTheWatermarkOnly(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	// 2,000 events of an audit topic kept forever, delivered two to three
+	// hours ago; of the purged topic, 20 delivered two and a half hours
+	// ago (below the watermark), 20 from 75 to 61 minutes ago (past the
+	// one-hour retention, above the watermark) and 20 half an hour ago
+	// (within it).
+	mustExec(t, pool, `INSERT INTO modkit_outbox_events (id, namespace, topic, payload, status, attempts, ledger_seq, created_at, updated_at)
+		SELECT gen_random_uuid(), 'test', tp, '{}', 'delivered', 1, 1, at, at
+		FROM (SELECT 'audit' AS tp, now() - interval '2 hours' - i * interval '1 second' AS at FROM generate_series(1, 2000) AS i
+			UNION ALL SELECT 'events', now() - interval '150 minutes' - i * interval '1 second' FROM generate_series(1, 20) AS i
+			UNION ALL SELECT 'events', now() - interval '61 minutes' - i * interval '40 seconds' FROM generate_series(1, 20) AS i
+			UNION ALL SELECT 'events', now() - interval '30 minutes' - i * interval '1 second' FROM generate_series(1, 20) AS i) AS e`)
+	mustExec(t, pool, "ANALYZE modkit_outbox_events")
+
+	// Each purge in a transaction of its own, rolled back: how many events
+	// it deleted, how many entries of the settled index it read, and the
+	// events of the purged topic left.
+	purge := func(q string) (n, read int, left []string) {
+		t.Helper()
+		tx := ownTx(t, tdb)
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		err := tx.QueryRow(ctx, `SELECT pg_stat_get_xact_tuples_returned('modkit_outbox_events_settled_idx'::regclass),
+			(SELECT coalesce(array_agg(id::text ORDER BY id), '{}') FROM modkit_outbox_events WHERE topic = 'events')`).Scan(&read, &left)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil { // its locks would hide the rows from the next purge
+			t.Fatal(err)
+		}
+		return n, read, left
+	}
+	n, read, _ := purge(`SELECT purged FROM modkit_outbox_purge_from('{test:events}', '1 hour', 1000, now() - interval '75 minutes')`)
+	if n != 20 || read > 100 {
+		t.Errorf("purge from the watermark: %d events deleted, %d index entries read; want the 20 above it, and not the 2,000 kept ones", n, read)
+	}
+	n, read, _ = purge(`SELECT modkit_outbox_purge('{test:events}', '1 hour', 1000)`)
+	if n != 40 || read < 2000 {
+		t.Errorf("purge from the oldest event: %d events deleted, %d index entries read; want 40, and the 2,000 kept ones read (else this test shows nothing)", n, read)
+	}
+
+	// From NULL: the same events go as with modkit_outbox_purge, and the
+	// cutoff is the clock minus the retention.
+	_, _, leftOld := purge(`SELECT modkit_outbox_purge('{test:events}', '1 hour', 1000)`)
+	_, _, leftNew := purge(`SELECT purged FROM modkit_outbox_purge_from('{test:events}', '1 hour', 1000, NULL)`)
+	if len(leftOld) != 20 || !slices.Equal(leftOld, leftNew) {
+		t.Errorf("from NULL, %d events left, against %d by modkit_outbox_purge (want the same 20)", len(leftNew), len(leftOld))
+	}
+	var cutoff, want time.Time
+	err := pool.QueryRow(ctx, `SELECT cutoff, '2026-01-01T12:00:00Z'::timestamptz - interval '1 hour'
+		FROM modkit_outbox_purge_from('{test:events}', '1 hour', 1000, NULL, '2026-01-01T12:00:00Z')`).Scan(&cutoff, &want)
+	if err != nil || !cutoff.Equal(want) {
+		t.Errorf("cutoff at a test clock: %v, %v; want %v", cutoff, err, want)
+	}
 }
