@@ -387,11 +387,11 @@ func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...To
 		}
 		keys[i] = t.key()
 	}
-	n, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch, Recorded: true})
+	res, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch, Recorded: true})
 	if err != nil {
-		return n, a.wrapErr(err, "purge delivered")
+		return res.Purged, a.wrapErr(err, "purge delivered")
 	}
-	return n, nil
+	return res.Purged, nil
 }
 
 func encodeCursor(at time.Time, id uuid.UUID) string {

@@ -88,7 +88,13 @@ type DispatcherConfig struct {
 	// them, for the topics whose Publisher.Retention is zero. Purging ends
 	// an event's dedupe window. Default 7 days; negative keeps them
 	// forever. Only this dispatcher's topics are purged, each with its own
-	// retention.
+	// retention. A purge reads the settled index from the previous pass's
+	// cutoff minus a margin of at least ten minutes on (migration 0025),
+	// not the delivered events other topics keep longer; it reads from the
+	// oldest event on the dispatcher's first pass and at least once an
+	// hour (maintenance.go). An event may thus outlive its retention by up
+	// to an hour when its outcome committed more than the margin after its
+	// time stamp.
 	Retention time.Duration
 	// StopTimeout bounds a graceful stop: in-flight publishes get until
 	// 80% of it, then their contexts are cancelled; at 85% those still
@@ -185,6 +191,10 @@ type Dispatcher struct {
 	// onMaintenance, if set, is called after each maintenance pass with
 	// the roles held (tests).
 	onMaintenance func(held []string)
+	// purgeMarks are the purge watermarks of the topics this dispatcher
+	// maintains ("namespace:topic"), read and written by its maintenance
+	// goroutine only (maintenance.go).
+	purgeMarks map[string]purgeMark
 }
 
 // NewDispatcher builds a Dispatcher for pubs, one Publisher per topic. It

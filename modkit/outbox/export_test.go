@@ -21,3 +21,7 @@ func (a *AtomicTime) Store(t time.Time) { a.v.Store(&t) }
 
 // Load returns the time.
 func (a *AtomicTime) Load() time.Time { return *a.v.Load() }
+
+// PurgeMargin is how far below a topic's purge watermark d's next purge
+// starts.
+func PurgeMargin(d *Dispatcher) time.Duration { return d.purgeMargin() }

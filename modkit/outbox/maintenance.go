@@ -23,6 +23,86 @@ import (
 // two dispatchers never sweep or purge one topic at once. A dispatcher only
 // maintains its own topics, with its own MaxAttempts and retentions.
 
+// Purging from a watermark. Delivered events are found for the purge in the
+// settled index (settled_status, settled_at), which holds every topic's: no
+// index is led by topic, as each delivery would have to write it. Walked
+// from its oldest entry, a purge also reads every delivered event that
+// other topics keep past its cutoff (a longer retention, a topic kept
+// forever, another service's topics in the table): 575 ms a pass with
+// 860,000 of them, every SweepInterval, and growing for ever with a topic
+// that keeps its events. So each pass starts where the last one ended:
+//
+//   - A purge that completed (its last statement deleted fewer than its
+//     limit) returns its cutoff, clock - retention, in the database's clock
+//     (or the test clock): every delivered event of its topics settled
+//     before it that the purge could see and lock is gone. The dispatcher
+//     keeps it per topic, as the topic's watermark.
+//   - The next purge of a retention's topics walks from the lowest of their
+//     watermarks minus purgeMargin (PurgeParams.From). What settles below
+//     a watermark after its purge is an event whose settled_at was stamped
+//     before its transaction committed: the outcome write takes the clock
+//     when its statement starts, and a transactional handler's
+//     (Publisher.HandleTx) commits with the handler's transaction, inside
+//     the claim's lease; or an event written under a test clock
+//     (Config.Now) moved back; or one another transaction held locked
+//     (the purge skips locked rows). The margin covers the first, with
+//     room for commits that wait; an event delivered again after a replay
+//     is stamped anew, above the watermark.
+//   - A topic without a watermark (the dispatcher's first pass, or leading
+//     it again after another dispatcher did), or whose last walk from the
+//     oldest event is purgeFullWalkEvery old, is purged from the oldest
+//     event: that full walk catches whatever the margin missed.
+//   - A purge that failed or was cut short (the pass's deadline after
+//     statements that deleted their whole limit) leaves the watermarks as
+//     they were; so does a schema without migration 0025, where purges
+//     return no cutoff and every pass walks from the oldest event.
+const (
+	purgeMarginMin     = 10 * time.Minute
+	purgeFullWalkEvery = time.Hour
+)
+
+// purgeMark is what the dispatcher knows of a topic's purge.
+type purgeMark struct {
+	cutoff   time.Time // of its last complete purge, in the database's (or test) clock
+	fullWalk time.Time // when its last complete purge from the oldest event began (time.Now)
+}
+
+// purgeMargin is how far below a watermark the next purge starts: four
+// leases of this dispatcher (an outcome commits within its claim's lease,
+// also for replicas whose lease is up to four times longer), and at least
+// purgeMarginMin, for commits that wait on a slow disk or a synchronous
+// standby. The walk it adds reads the deliveries of that span only.
+func (d *Dispatcher) purgeMargin() time.Duration {
+	return max(purgeMarginMin, 4*min(d.cfg.LeaseDuration, math.MaxInt64/4))
+}
+
+// purgeFrom is where the purge of topics starts: zero (from the oldest
+// event) unless each has a watermark and a full walk within
+// purgeFullWalkEvery of now.
+func (d *Dispatcher) purgeFrom(topics []string, now time.Time) time.Time {
+	var low time.Time
+	for _, t := range topics {
+		m, ok := d.purgeMarks[t]
+		if !ok || now.Sub(m.fullWalk) >= purgeFullWalkEvery {
+			return time.Time{}
+		}
+		if low.IsZero() || m.cutoff.Before(low) {
+			low = m.cutoff
+		}
+	}
+	return low.Add(-d.purgeMargin())
+}
+
+// keepPurgeMarks forgets the watermarks of the topics not led now: when
+// this dispatcher leads one again, its first purge walks from the oldest.
+func (d *Dispatcher) keepPurgeMarks(topics []string) {
+	for t := range d.purgeMarks {
+		if !slices.Contains(topics, t) {
+			delete(d.purgeMarks, t)
+		}
+	}
+}
+
 // maintenanceTTL is how long an elected lease lasts: long enough to survive
 // a missed renewal, short enough for a quick takeover.
 // (Capped so that no SweepInterval overflows it, or its two thirds below.)
@@ -77,6 +157,7 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string) {
 	if ctx.Err() != nil {
 		return // stopping: the resign follows
 	}
+	d.keepPurgeMarks(topicsOf(held))
 	if len(held) > 0 {
 		d.metrics.setLeading(topicsOf(held))
 		// Stay inside the lease, with a margin for clock drift.
@@ -141,13 +222,32 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
 	}
 	slices.Sort(retentions)
 	for _, r := range retentions {
-		n, err := d.c.store.Purge(ctx, driver.PurgeParams{Topics: byRetention[r], Retention: r, Limit: purgeBatch})
+		group := byRetention[r]
+		began := time.Now()
+		from := d.purgeFrom(group, began)
+		res, err := d.c.store.Purge(ctx, driver.PurgeParams{Topics: group, Retention: r, Limit: purgeBatch, From: from})
 		if err != nil {
 			if ctx.Err() == nil {
-				d.log.Warn("purge of delivered events failed", "error", err, "topics", byRetention[r])
+				d.log.Warn("purge of delivered events failed", "error", err, "topics", group)
 			}
-		} else if n > 0 {
-			d.log.Info("purged delivered events", "count", n, "retention", r, "topics", byRetention[r])
+			continue
+		}
+		if res.Purged > 0 {
+			d.log.Info("purged delivered events", "count", res.Purged, "retention", r, "topics", group)
+		}
+		if res.Cutoff.IsZero() {
+			continue // not from migration 0025's function: no watermark
+		}
+		if d.purgeMarks == nil {
+			d.purgeMarks = map[string]purgeMark{}
+		}
+		for _, t := range group {
+			m := d.purgeMarks[t]
+			m.cutoff = res.Cutoff
+			if from.IsZero() {
+				m.fullWalk = began
+			}
+			d.purgeMarks[t] = m
 		}
 	}
 	d.metrics.refreshDepth(ctx, d.c.store, false)

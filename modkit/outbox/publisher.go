@@ -99,7 +99,9 @@ type Publisher struct {
 	// Retention keeps this topic's delivered events this long before the
 	// dispatcher's maintenance purges them (and with them their dedupe
 	// keys). Zero takes DispatcherConfig.Retention; negative keeps them
-	// forever.
+	// forever. Since migration 0025, events kept longer than other topics'
+	// retentions are read by those topics' purges only on their full walk,
+	// once an hour (see DispatcherConfig.Retention).
 	Retention time.Duration
 	// DeleteOnDelivery deletes each of this topic's events in the write
 	// that records its delivery, instead of keeping it as delivered until

@@ -121,9 +121,12 @@ type Store interface {
 	// events whose attempts reached MaxAttempts and that no live lease
 	// holds. It returns each event it changed.
 	Sweep(ctx context.Context, p SweepParams) ([]Swept, error)
-	// Purge deletes delivered events of the topics older than Retention,
-	// Limit rows per statement, and returns how many.
-	Purge(ctx context.Context, p PurgeParams) (int64, error)
+	// Purge deletes delivered events of the topics older than Retention
+	// (and settled at or after p.From, when it is set), Limit rows per
+	// statement, until a statement deletes fewer than Limit; it returns
+	// how many, and the cutoff that last statement purged below (see
+	// PurgeResult).
+	Purge(ctx context.Context, p PurgeParams) (PurgeResult, error)
 	// Elect takes or renews the leases of the named roles for holder and
 	// returns the roles the holder leads after the call.
 	Elect(ctx context.Context, p ElectParams) ([]string, error)
@@ -318,8 +321,28 @@ type PurgeParams struct {
 	Limit     int
 	// Recorded: an operator's purge, recorded in each purged event's
 	// history with the database session user (the dispatchers' own
-	// retention purge is not).
+	// retention purge is not). It walks from the oldest event: From must
+	// be zero, and its result has no Cutoff.
 	Recorded bool
+	// From starts the walk: only events settled at or after it are
+	// deleted, and the events settled before it are not read. Zero walks
+	// from the oldest. The dispatcher passes a watermark, the Cutoff of
+	// its previous complete purge minus a margin (maintenance.go).
+	From time.Time
+}
+
+// PurgeResult is what Store.Purge did.
+type PurgeResult struct {
+	// Purged counts the deleted events.
+	Purged int64
+	// Cutoff is the time (in the database's clock, or the test clock)
+	// before which the last statement deleted the topics' delivered
+	// events settled at or after From: every one it could see and lock.
+	// Zero when the purge did not complete (it failed, or was cut short
+	// after a statement that deleted Limit events), for a Recorded purge,
+	// and on a schema without migration 0025, where the purge walks from
+	// the oldest event whatever From says.
+	Cutoff time.Time
 }
 
 // ElectParams asks for leadership of roles.

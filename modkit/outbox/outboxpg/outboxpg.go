@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -69,11 +70,15 @@ func (d *Driver) Open(opts driver.Options) (driver.Store, error) {
 type store struct {
 	// noPayloads: this role may not read payloads (the reader role).
 	noPayloads atomic.Bool
-	pool       *pgxpool.Pool
-	poolQ      db.Querier
-	opts       driver.Options
-	sql        queries
-	table      pgx.Identifier // for COPY
+	// noPurgeFrom: the schema lacks modkit_outbox_purge_from (migration
+	// 0025); purges walk from the oldest event, as before it, until the
+	// store is opened again.
+	noPurgeFrom atomic.Bool
+	pool        *pgxpool.Pool
+	poolQ       db.Querier
+	opts        driver.Options
+	sql         queries
+	table       pgx.Identifier // for COPY
 }
 
 // args appends the test clock, when there is one, to a statement's
@@ -447,21 +452,42 @@ func (s *store) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept
 	}
 }
 
-// Purge implements driver.Store.
-func (s *store) Purge(ctx context.Context, p driver.PurgeParams) (int64, error) {
-	var total int64
+// Purge implements driver.Store. The dispatchers' purge (not Recorded)
+// runs modkit_outbox_purge_from, which starts at p.From and reports its
+// cutoff; on a schema without it (migration 0025 not applied), the store
+// falls back to modkit_outbox_purge for good, which walks from the oldest
+// event and reports no cutoff, so that a dispatcher upgraded before its
+// schema keeps purging.
+func (s *store) Purge(ctx context.Context, p driver.PurgeParams) (driver.PurgeResult, error) {
+	var res driver.PurgeResult
+	if p.Recorded && !p.From.IsZero() {
+		return res, errors.New("outboxpg: a recorded purge walks from the oldest event; PurgeParams.From must be zero")
+	}
 	for {
 		var n int64
-		q := s.sql.purge
-		if p.Recorded {
-			q = s.sql.purgeRecorded
+		var cutoff time.Time
+		var err error
+		switch {
+		case p.Recorded:
+			err = s.pool.QueryRow(ctx, s.sql.purgeRecorded, s.args(p.Topics, p.Retention, p.Limit)...).Scan(&n)
+		case !s.noPurgeFrom.Load():
+			from := pgtype.Timestamptz{Time: p.From, Valid: !p.From.IsZero()}
+			err = s.pool.QueryRow(ctx, s.sql.purgeFrom, s.args(p.Topics, p.Retention, p.Limit, from)...).Scan(&n, &cutoff)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42883" && strings.Contains(pgErr.Message, "modkit_outbox_purge_from") {
+				s.noPurgeFrom.Store(true)
+				continue
+			}
+		default:
+			err = s.pool.QueryRow(ctx, s.sql.purge, s.args(p.Topics, p.Retention, p.Limit)...).Scan(&n)
 		}
-		if err := s.pool.QueryRow(ctx, q, s.args(p.Topics, p.Retention, p.Limit)...).Scan(&n); err != nil {
-			return total, err
+		if err != nil {
+			return driver.PurgeResult{Purged: res.Purged}, err
 		}
-		total += n
+		res.Purged += n
 		if n < int64(p.Limit) {
-			return total, nil
+			res.Cutoff = cutoff
+			return res, nil
 		}
 	}
 }

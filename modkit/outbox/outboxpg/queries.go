@@ -82,6 +82,9 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 
 	qPurge         = `SELECT {{fn}}modkit_outbox_purge($1::text[], $2::interval, $3, {{now}})`
 	qPurgeRecorded = `SELECT {{fn}}modkit_outbox_purge_recorded($1::text[], $2::interval, $3, {{now}})`
+	// The dispatchers' purge from a watermark (migration 0025); without
+	// the function, qPurge serves (store.Purge).
+	qPurgeFrom = `SELECT purged, cutoff FROM {{fn}}modkit_outbox_purge_from($1::text[], $2::interval, $3, $4::timestamptz, {{now}})`
 
 	qElect = `SELECT r FROM {{fn}}modkit_outbox_elect($1::text[], $2, $3::interval, {{now}}) AS r`
 
@@ -144,7 +147,7 @@ type queries struct {
 	insertMany                              string
 	claim, complete, completeAsync          string
 	completeOne, sweep, purge, elect        string
-	purgeRecorded                           string
+	purgeRecorded, purgeFrom                string
 	resign, stats, depth, list, listPayload string
 	get, getPayload, history                string
 	replayIDs, replayFilter                 string
@@ -184,6 +187,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		sweep:               bind(qSweep, "4", ""),
 		purge:               bind(qPurge, "4", ""),
 		purgeRecorded:       bind(qPurgeRecorded, "4", ""),
+		purgeFrom:           bind(qPurgeFrom, "5", ""),
 		elect:               bind(qElect, "4", ""),
 		resign:              bind(qResign, "", ""),
 		stats:               bind(qStats, "1", ""),

@@ -138,6 +138,12 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if _, err := disp.Depth(ctx, []string{topic}); err != nil {
 		t.Fatalf("dispatcher depth: %v", err)
 	}
+	// From a watermark (migration 0025), keeping the delivered event: a
+	// cutoff comes back only from modkit_outbox_purge_from, not from the
+	// fallback to modkit_outbox_purge.
+	if res, err := disp.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: time.Hour, Limit: 10, From: time.Now().Add(-2 * time.Hour)}); err != nil || res.Purged != 0 || res.Cutoff.IsZero() {
+		t.Fatalf("dispatcher purge from a watermark: %+v, %v (want nothing purged, and a cutoff)", res, err)
+	}
 	_, err = dispPool.Exec(ctx, "UPDATE modkit_outbox_events SET status = 'dead' WHERE namespace = 'billing'")
 	denied(t, "dispatcher UPDATE", err)
 	_, err = dispPool.Exec(ctx, "DELETE FROM modkit_outbox_events")
@@ -209,8 +215,8 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if err != nil || len(h) != 2 || h[1].Outcome != "replayed" || h[1].Actor != opUser || !strings.Contains(h[1].Detail, "alice") {
 		t.Fatalf("history after the operator's replay: %+v %v", h, err)
 	}
-	if n, err := op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10, Recorded: true}); err != nil || n != 1 {
-		t.Fatalf("operator purge: %d, %v", n, err)
+	if res, err := op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10, Recorded: true}); err != nil || res.Purged != 1 {
+		t.Fatalf("operator purge: %d, %v", res.Purged, err)
 	}
 	if h, err := op.History(ctx, got[0].ID); err != nil || len(h) != 2 || h[1].Outcome != "purged" || h[1].Actor != opUser {
 		t.Fatalf("history of the purged event: %+v %v", h, err)

@@ -278,8 +278,8 @@ func TestPruneAttempts(t *testing.T) {
 	}
 
 	purged := deliver(3)
-	if n, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10}); err != nil || n != 3 {
-		t.Fatalf("purged %d of 3: %v", n, err)
+	if res, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10}); err != nil || res.Purged != 3 {
+		t.Fatalf("purged %d of 3: %v", res.Purged, err)
 	}
 	kept := deliver(2) // delivered, not purged
 	if got := ledger(); got != 5 {
@@ -556,5 +556,41 @@ func TestDepthAndSweepReadEveryState(t *testing.T) {
 	}
 	if d := depth(); d.Pending != 2 || d.Processing != 1 || d.Dead != 3 || d.Stuck != 0 {
 		t.Fatalf("depth after the sweep %+v, want 2 pending, 1 processing, 3 dead", d)
+	}
+}
+
+// On a schema without migration 0025 the dispatchers' purge still purges,
+// from the oldest event through modkit_outbox_purge, and returns no
+// cutoff, so that the dispatcher keeps walking from the oldest event; with
+// it, a purge returns its cutoff and deletes only what it reaches from
+// From on.
+func TestPurgeWithoutMigration0025(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	deliver := func(n int) {
+		t.Helper()
+		insertN(t, s, pool, "test", "events", n)
+		w := uuid.New()
+		got := claim(t, s, n, 3, w)
+		outcomes := make([]driver.Outcome, len(got))
+		for i, c := range got {
+			outcomes[i] = outcome(c, driver.Delivered)
+		}
+		if done, err := s.Complete(ctx, nil, w, outcomes); err != nil || len(done) != n {
+			t.Fatalf("delivered %d of %d: %v", len(done), n, err)
+		}
+	}
+	deliver(3)
+	// From a minute ahead: nothing reached, a cutoff returned.
+	p := driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 2, From: time.Now().Add(time.Minute)}
+	if res, err := s.Purge(ctx, p); err != nil || res.Purged != 0 || res.Cutoff.IsZero() {
+		t.Fatalf("purge from a minute ahead: %+v, %v; want nothing purged, and a cutoff", res, err)
+	}
+	mustExec(t, pool, "DROP FUNCTION modkit_outbox_purge_from(text[], interval, int, timestamptz, timestamptz)")
+	for _, want := range []int64{3, 2} { // the fallback, then the store remembering it
+		if res, err := s.Purge(ctx, p); err != nil || res.Purged != want || !res.Cutoff.IsZero() {
+			t.Fatalf("purge without migration 0025: %+v, %v; want %d purged from the oldest event, and no cutoff", res, err, want)
+		}
+		deliver(2)
 	}
 }

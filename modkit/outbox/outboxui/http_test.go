@@ -433,8 +433,8 @@ func TestDashboardShowsAPurgedEventsHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := st.Purge(bg, driver.PurgeParams{Topics: []string{orders.Namespace + ":" + orders.Topic}, Limit: 10}); err != nil || n != 1 {
-		t.Fatalf("retention purge: %d %v", n, err)
+	if res, err := st.Purge(bg, driver.PurgeParams{Topics: []string{orders.Namespace + ":" + orders.Topic}, Limit: 10}); err != nil || res.Purged != 1 {
+		t.Fatalf("retention purge: %d %v", res.Purged, err)
 	}
 	body, _ = get(t, jar, base+"events/"+w.pendingOrder.String())
 	if !strings.Contains(body, `id="purged"`) || !strings.Contains(body, "row is gone") || strings.Contains(body, "purged at") {
