@@ -50,7 +50,7 @@ func classify(sql string) queryKind {
 		return kindComplete
 	case strings.Contains(sql, "modkit_outbox_sweep("):
 		return kindSweep
-	case strings.Contains(sql, "modkit_outbox_purge("):
+	case strings.Contains(sql, "modkit_outbox_purge("), strings.Contains(sql, "modkit_outbox_purge_from("):
 		return kindPurge
 	case strings.Contains(sql, "modkit_outbox_depth("):
 		return kindDepth
