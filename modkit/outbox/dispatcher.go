@@ -385,8 +385,14 @@ type Health struct {
 	// normally; Problems says what.
 	Degraded bool
 	// Problems are human sentences, one per problem, naming the topic or
-	// the failing operation.
+	// the failing operation. They quote no error text, which may hold SQL
+	// or the database's address, so that they may be shown to anyone who
+	// can see the health (outboxui.HealthHandler serves them to probes).
 	Problems []string
+	// ClaimError is the error of the last claim, while claims fail (nil
+	// otherwise), for logs and for those allowed to see the database's
+	// error text; the dispatcher also logs each ("claim failed; retrying").
+	ClaimError error
 	// Abandoned counts publish calls abandoned past their deadline that
 	// have not returned yet (their goroutines are still running), while
 	// the dispatcher runs; once it has stopped it reads 0, though such
@@ -437,7 +443,9 @@ func (d *Dispatcher) Health() Health {
 		}
 	}
 	if claimErr != nil {
-		h.Problems = append(h.Problems, fmt.Sprintf("claims failing since %s: %v", claimErrAt.Format(time.RFC3339), claimErr))
+		h.ClaimError = claimErr
+		h.Problems = append(h.Problems, fmt.Sprintf("claims failing since %s (the error is in Health.ClaimError and the dispatcher's log)",
+			claimErrAt.Format(time.RFC3339)))
 	}
 	h.Degraded = len(h.Problems) > 0
 	return h

@@ -46,6 +46,11 @@ func TestHealthReadyAfterFirstClaim(t *testing.T) {
 	if !h.Starting || h.Running || h.State() != "degraded" || !strings.Contains(strings.Join(h.Problems, "\n"), "claims failing") {
 		t.Fatalf("health while claims fail before the first success: %+v (%s)", h, h.State())
 	}
+	// The error is in ClaimError, not quoted in Problems, which anyone
+	// who sees the health may read.
+	if h.ClaimError == nil || strings.Contains(strings.Join(h.Problems, "\n"), h.ClaimError.Error()) {
+		t.Fatalf("health while claims fail: ClaimError %v, problems %q: want the error in ClaimError only", h.ClaimError, h.Problems)
+	}
 	select {
 	case err := <-started:
 		t.Fatalf("Start returned (%v) before any claim succeeded", err)
@@ -58,7 +63,7 @@ func TestHealthReadyAfterFirstClaim(t *testing.T) {
 	if err := recv(t, "Start to return", started); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	if h := d.Health(); !h.Running || h.Starting || h.Degraded || len(h.Problems) != 0 || h.State() != "running" {
+	if h := d.Health(); !h.Running || h.Starting || h.Degraded || len(h.Problems) != 0 || h.ClaimError != nil || h.State() != "running" {
 		t.Fatalf("health after the first claim: %+v (%s)", h, h.State())
 	}
 	if err := d.Stop(ctx); err != nil {

@@ -3,7 +3,6 @@ package outboxui
 import (
 	"encoding/json"
 	"net/http"
-	"strings"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
@@ -18,9 +17,8 @@ import (
 // on the body, instead. Nil dispatchers are skipped (an fx app without
 // publishers has none), and with none it answers 200.
 //
-// A problem "claims failing since …" leaves out the claim's error, which
-// may quote the database's error text: the dispatcher logs it ("claim
-// failed; retrying").
+// Problems quote no error text (see outbox.Health); Health.ClaimError,
+// which may quote the database's, is not served.
 //
 // It shows no events and takes no action, so unlike the dashboard it may
 // be mounted where probes reach it without signing in.
@@ -49,7 +47,10 @@ func HealthHandler(dispatchers ...*outbox.Dispatcher) http.Handler {
 				continue
 			}
 			h := d.Health()
-			problems := publicProblems(h.Problems)
+			problems := h.Problems
+			if problems == nil {
+				problems = []string{}
+			}
 			body.Dispatchers = append(body.Dispatchers, dispatcherHealth{WorkerID: d.Config().WorkerID.String(), State: h.State(),
 				Ready: h.Running, Degraded: h.Degraded, Problems: problems, Abandoned: h.Abandoned})
 			if !h.Running {
@@ -61,24 +62,4 @@ func HealthHandler(dispatchers ...*outbox.Dispatcher) http.Handler {
 		w.WriteHeader(code)
 		_ = json.NewEncoder(w).Encode(body)
 	})
-}
-
-// claimsFailing begins the Health problem of failing claims, "claims
-// failing since <RFC 3339 time>: <error>".
-const claimsFailing = "claims failing since "
-
-// publicProblems returns Health.Problems fit to show anyone who reaches the
-// dashboard or the health handler (never nil): the claim's error is left
-// out of "claims failing since …", as it may quote SQL or the database's
-// address. The dispatcher logs that error itself.
-func publicProblems(problems []string) []string {
-	out := make([]string, len(problems))
-	for i, p := range problems {
-		if since, ok := strings.CutPrefix(p, claimsFailing); ok {
-			since, _, _ = strings.Cut(since, ": ") // an RFC 3339 time has no ": "
-			p = claimsFailing + since + " (the dispatcher's log has the error: \"claim failed; retrying\")"
-		}
-		out[i] = p
-	}
-	return out
 }

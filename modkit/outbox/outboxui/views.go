@@ -86,7 +86,6 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 			continue // an fx app without publishers has no dispatcher
 		}
 		hl := disp.Health()
-		hl.Problems = publicProblems(hl.Problems)
 		d.Dispatchers = append(d.Dispatchers, dispatcherRow{WorkerID: disp.Config().WorkerID.String(), State: hl.State(), Health: hl})
 	}
 	h.render(w, http.StatusOK, "overview.html", h.newPage(w, r, "Outbox", d))
