@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
@@ -184,5 +185,39 @@ func TestServe(t *testing.T) {
 	r := cli(t, f.dsn, "serve", "--token", "short", "--addr", "127.0.0.1:0")
 	if r.code != exitUsage || !strings.Contains(r.stderr, "too short") {
 		t.Fatalf("weak token: %+v", r)
+	}
+}
+
+// A dead event replayed and delivered soon after (within tail's overlap)
+// is printed twice: dead, then delivered. Its second outcome is not taken
+// for the first one read again.
+func TestTailReplayedSoonAfter(t *testing.T) {
+	f := newFixture(t)
+	out, ended, stop := background(t, f.dsn, "tail", "--interval", "100ms", "--json")
+	f.enqueue(t, orders, 1)
+	dead := f.settle(t, orders, 1, driver.Dead, 0)[0]
+	out.waitFor(t, `"status":"dead"`, ended)
+	if done, err := f.client.Admin().ReplayDead(bg, "test", outbox.EventFilter{}, dead); err != nil || len(done) != 1 {
+		t.Fatalf("replay: %v %v", done, err)
+	}
+	if got := f.settle(t, orders, 1, driver.Delivered, 0); len(got) != 1 || got[0] != dead {
+		t.Fatalf("delivered %v, want the replayed %s", got, dead)
+	}
+	guard := time.After(30 * time.Second) // a hang guard, not a timed assertion
+	for !strings.Contains(out.String(), `"status":"delivered"`) {
+		select {
+		case <-out.wrote:
+		case code := <-ended:
+			t.Fatalf("tail ended (exit %d)", code)
+		case <-guard:
+			stop()
+			t.Fatalf("tail never printed the replayed event's delivery; it printed:\n%s", out.String())
+		}
+	}
+	if code := stop(); code != exitOK {
+		t.Fatalf("tail ended with %d", code)
+	}
+	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 {
+		t.Fatalf("tail printed:\n%s", out.String())
 	}
 }

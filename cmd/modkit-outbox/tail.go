@@ -79,14 +79,14 @@ type tailer struct {
 	filter outbox.EventFilter
 	json   bool
 	from   time.Time
-	seen   map[uuid.UUID]time.Time // printed ids, by updated_at, within the overlap
+	seen   map[uuid.UUID]time.Time // printed ids, with the updated_at of the outcome printed, within the overlap
 }
 
 func (t *tailer) poll(ctx context.Context) error {
 	// Each poll reads again from tailOverlap before the last outcome
 	// printed, page by page after an (outcome time, id) cursor, so that
 	// however many outcomes share one timestamp none is skipped; the ids
-	// seen are not printed twice.
+	// seen are not printed twice (unless with a later outcome).
 	q := outbox.SettledQuery{Since: t.from.Add(-tailOverlap), Limit: tailPage}
 	for {
 		page, err := t.a.SettledPage(ctx, q)
@@ -94,7 +94,10 @@ func (t *tailer) poll(ctx context.Context) error {
 			return err
 		}
 		for _, ev := range page.Events {
-			if _, ok := t.seen[ev.ID]; ok {
+			// The same outcome read again has the same time; a later one
+			// of the same event (dead, replayed, then delivered within the
+			// overlap) is new and printed.
+			if at, ok := t.seen[ev.ID]; ok && at.Equal(ev.UpdatedAt) {
 				continue
 			}
 			t.seen[ev.ID] = ev.UpdatedAt
