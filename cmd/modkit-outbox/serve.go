@@ -24,6 +24,10 @@ const serveExamples = `  modkit-outbox serve                                  # 
   # replay is recorded under that login.
   #   CREATE ROLE outbox_ui LOGIN PASSWORD '…' IN ROLE modkit_outbox_reader;
   DATABASE_URL=postgres://outbox_ui@db.internal/app modkit-outbox serve
+
+  # Each serve signs its sign-ins and forms with a key of its own: run one,
+  # or route each browser to the same one (sticky sessions) behind a load
+  # balancer, or forms posted to another are refused as stale.
 `
 
 func runServe(ctx context.Context, e env, args []string) error {

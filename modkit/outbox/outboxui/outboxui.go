@@ -32,6 +32,15 @@
 //     signs in with that token may replay dead events and purge delivered
 //     ones. The sign-in sets an HttpOnly, SameSite=Strict cookie valid
 //     until the handler is rebuilt (a restart signs everyone out).
+//   - The sign-in cookie, the CSRF tokens and the messages after an action
+//     are signed with a random key that New makes for its handler and
+//     that never leaves the process. Several replicas behind a load
+//     balancer (the dashboard mounted in each instance of an app, say) do
+//     not share it: route each browser to one replica (sticky sessions),
+//     or serve the dashboard from one process. Otherwise a form posted to
+//     another replica than its page came from is refused as stale, a
+//     sign-in holds on one replica only, and the message after an action
+//     is dropped by the replica that shows the next page.
 //   - Every POST must carry the CSRF token of the page it came from (bound
 //     to a per-browser cookie with an HMAC); a POST whose Origin is another
 //     host is refused too.
@@ -128,7 +137,7 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 type handler struct {
 	admin *outbox.Admin
 	opts  Options
-	key   []byte // signs CSRF tokens and operator sessions; new per handler
+	key   []byte // signs CSRF tokens, operator sessions and flash messages; new per handler, not shared by replicas
 	mux   *http.ServeMux
 	log   *slog.Logger
 }
