@@ -189,9 +189,7 @@ func New(cfg Config) (*Publisher, error) {
 			return nil, fmt.Errorf("%w: outboxamqp: set URL or Dial", outbox.ErrInvalidConfig)
 		}
 		if _, err := amqp.ParseURI(cfg.URL); err != nil {
-			// The parser's message quotes the URL, password and all.
-			msg := strings.ReplaceAll(err.Error(), cfg.URL, redactPassword(cfg.URL))
-			return nil, fmt.Errorf("%w: outboxamqp: URL: %s", outbox.ErrInvalidConfig, msg)
+			return nil, fmt.Errorf("%w: outboxamqp: URL: %s", outbox.ErrInvalidConfig, uriError(cfg.URL, err))
 		}
 		url := cfg.URL
 		cfg.Dial = func() (*amqp.Connection, error) {
@@ -553,25 +551,45 @@ func (s *session) forget(id string) {
 	s.mu.Unlock()
 }
 
+// uriError describes err, the parse error of the URL raw, without raw's
+// password. The parser's message quotes the URL, password and all, and
+// pieces of it, such as what it took for the port: in a password with a
+// character that ends the URL's authority (/ ? #), the password's
+// beginning. So the message is that of the URL with its password
+// replaced, which quotes no piece of the password; if that URL parses,
+// the fault is in the part replaced, and the message says so. (That part
+// may be more than the password: "amqp://host:port/v@x" has none, but
+// cannot be told from "amqp://user:pass/word@x".)
+func uriError(raw string, err error) string {
+	redacted := redactPassword(raw)
+	if redacted == raw {
+		return err.Error() // no password
+	}
+	if _, err := amqp.ParseURI(redacted); err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("parse %q: the part hidden as xxxxx does not parse (a password's reserved characters, such as / ? # @ %%, must be percent-encoded)", redacted)
+}
+
 // redactPassword replaces the password of a URL's user information with
-// "xxxxx", also in a URL that does not parse.
+// "xxxxx", also in a URL that does not parse. The user information is
+// taken to end at the URL's last "@", past the first "/", "?" or "#",
+// which a password that is not percent-encoded may hold.
 func redactPassword(raw string) string {
-	scheme, rest, ok := strings.Cut(raw, "://")
+	scheme, rest, ok := strings.Cut(raw, ":")
 	if !ok {
 		return raw
 	}
-	authority, path, hasPath := strings.Cut(rest, "/")
-	at := strings.LastIndex(authority, "@")
+	slashes := len(rest) - len(strings.TrimLeft(rest, "/"))
+	prefix := scheme + ":" + rest[:slashes]
+	rest = rest[slashes:]
+	at := strings.LastIndex(rest, "@")
 	if at < 0 {
 		return raw
 	}
-	user, _, hasPassword := strings.Cut(authority[:at], ":")
+	user, _, hasPassword := strings.Cut(rest[:at], ":")
 	if !hasPassword {
 		return raw
 	}
-	out := scheme + "://" + user + ":xxxxx" + authority[at:]
-	if hasPath {
-		out += "/" + path
-	}
-	return out
+	return prefix + user + ":xxxxx" + rest[at:]
 }

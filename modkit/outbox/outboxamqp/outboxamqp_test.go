@@ -262,10 +262,16 @@ func TestConfig(t *testing.T) {
 	if _, err := outboxamqp.New(outboxamqp.Config{URL: "http://x"}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Errorf("bad URL: got %v", err)
 	}
-	// The error of a URL that does not parse names it without its password.
-	for _, bad := range []string{"amqp://user:s3cr3t@host:notaport/", "amqps://user:s3cr3t@host/%zz"} {
+	// The error of a URL that does not parse names it without its password,
+	// or any piece of it: also a password with a character that ends the
+	// URL's authority (/ ? #), which the parser takes for the port or
+	// the end of the URL and quotes, or a bad escape, which it quotes.
+	for _, bad := range []string{"amqp://user:s3cr3t@host:notaport/", "amqps://user:s3cr3t@host/%zz",
+		"amqp://user:s3cr3t/tail@host:5672/", "amqp://user:s3cr3t?tail@host:notaport/", "amqp://user:s3cr3t#tail@host/",
+		"amqp://user:s3%zztail@host/", "amqp:/user:s3cr3t@host/%zz"} {
 		_, err := outboxamqp.New(outboxamqp.Config{URL: bad})
-		if !errors.Is(err, outbox.ErrInvalidConfig) || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "user:xxxxx@host") {
+		if !errors.Is(err, outbox.ErrInvalidConfig) || strings.Contains(err.Error(), "s3") || strings.Contains(err.Error(), "tail") ||
+			!strings.Contains(err.Error(), "user:xxxxx@host") {
 			t.Errorf("URL %q: got %v, want ErrInvalidConfig naming the URL without its password", bad, err)
 		}
 	}
