@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -475,5 +477,25 @@ func TestDeadSkipHead(t *testing.T) {
 	}
 	if heads := f.blockedHeads(t); len(heads) != 0 {
 		t.Fatalf("blocked heads after skipping both: %v", heads)
+	}
+}
+
+// A confirmation whose stdin ends without an answer (/dev/null passes for
+// a terminal: systemd, docker run without -i) aborts saying to pass --yes,
+// as when stdin is not a terminal.
+func TestConfirmWithoutAnswer(t *testing.T) {
+	var errOut strings.Builder
+	e := env{stdin: strings.NewReader(""), stdout: io.Discard, stderr: &errOut, interactive: true}
+	err := confirm(e, "Skip it?")
+	var x *exitError
+	if !errors.As(err, &x) || x.code != exitAborted || !strings.Contains(err.Error(), "--yes") {
+		t.Fatalf("confirm on an ended stdin: %v, want exit %d saying to pass --yes", err, exitAborted)
+	}
+	if err := confirm(env{stdin: strings.NewReader("no\n"), stdout: io.Discard, stderr: io.Discard, interactive: true}, "Skip it?"); err == nil ||
+		!strings.Contains(err.Error(), "aborted") {
+		t.Fatalf("confirm answered no: %v", err)
+	}
+	if err := confirm(env{stdin: strings.NewReader("yes"), stdout: io.Discard, stderr: io.Discard, interactive: true}, "Skip it?"); err != nil {
+		t.Fatalf("confirm answered yes without a newline: %v", err)
 	}
 }

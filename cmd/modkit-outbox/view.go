@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -91,7 +92,13 @@ func confirm(e env, question string) error {
 		return withCode(exitAborted, fmt.Errorf("%s\nnot confirmed: stdin is not a terminal; pass --yes to go ahead", question))
 	}
 	fmt.Fprintf(e.stderr, "%s Type yes to go ahead: ", question)
-	line, _ := bufio.NewReader(e.stdin).ReadString('\n')
+	line, err := bufio.NewReader(e.stdin).ReadString('\n')
+	if err != nil && strings.TrimSpace(line) == "" {
+		// No answer: stdin ended (/dev/null, which passes for a terminal
+		// under systemd, docker run without -i, cron).
+		fmt.Fprintln(e.stderr)
+		return withCode(exitAborted, errors.New("not confirmed: stdin ended without an answer; pass --yes to go ahead; nothing was changed"))
+	}
 	if strings.TrimSpace(line) != "yes" {
 		return withCode(exitAborted, fmt.Errorf("aborted: nothing was changed"))
 	}
