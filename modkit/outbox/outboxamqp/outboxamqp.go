@@ -393,13 +393,17 @@ func (p *Publisher) open() (*session, error) {
 	return s, nil
 }
 
-// dialSafely calls the Dial function, turning a panic into an error: it
-// runs in a goroutine of the Publisher's, where a panic would end the
-// program.
+// dialSafely calls the Dial function, turning a panic into an error (that
+// wraps the panic's value if it is an error): it runs in a goroutine of
+// the Publisher's, where a panic would end the program.
 func (p *Publisher) dialSafely() (conn *amqp.Connection, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			conn, err = nil, fmt.Errorf("outboxamqp: Dial panicked: %v", r)
+			if e, ok := r.(error); ok {
+				conn, err = nil, fmt.Errorf("outboxamqp: Dial panicked: %w", e)
+			} else {
+				conn, err = nil, fmt.Errorf("outboxamqp: Dial panicked: %v", r)
+			}
 		}
 	}()
 	return p.dial()

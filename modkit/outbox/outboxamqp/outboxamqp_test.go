@@ -550,6 +550,13 @@ func TestDialPanic(t *testing.T) {
 	if got := dials.Load(); got != 2 {
 		t.Fatalf("%d dials, want 2", got)
 	}
+
+	// A panic with an error: the publish's error matches it.
+	errNoBroker := errors.New("no broker today")
+	withErr := newPublisher(t, outboxamqp.Config{Dial: func() (*amqp.Connection, error) { panic(errNoBroker) }})
+	if err := withErr.Publish(ctx, event()); !errors.Is(err, outboxamqp.ErrNotConfirmed) || !errors.Is(err, errNoBroker) || outbox.IsPermanent(err) {
+		t.Fatalf("a Dial panicking with an error: got %v, want ErrNotConfirmed to retry, matching the error", err)
+	}
 }
 
 // TestAbandonedMarksSettled: the mark a publish abandoned on its context
