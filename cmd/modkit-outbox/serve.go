@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,9 +27,11 @@ const serveExamples = `  modkit-outbox serve                                  # 
   #   CREATE ROLE outbox_ui LOGIN PASSWORD '…' IN ROLE modkit_outbox_reader;
   DATABASE_URL=postgres://outbox_ui@db.internal/app modkit-outbox serve
 
-  # Each serve signs its sign-ins and forms with a key of its own: run one,
-  # or route each browser to the same one (sticky sessions) behind a load
-  # balancer, or forms posted to another are refused as stale.
+  # Several serves behind a load balancer: give each the same signing key,
+  # or forms posted to another than their page came from are refused as
+  # stale and sign-ins hold on one only (without it, use sticky sessions).
+  openssl rand -hex 32 > /etc/modkit/ui.key
+  modkit-outbox serve --signing-key-file /etc/modkit/ui.key
 `
 
 func runServe(ctx context.Context, e env, args []string) error {
@@ -35,6 +39,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 	addr := f.String("addr", "127.0.0.1:8080", "address to listen on; the dashboard has no accounts, so keep it private")
 	token := f.String("token", "", "operator token that enables replay and purge (default $MODKIT_OUTBOX_TOKEN; prefer the variable: flags show in ps)")
 	payloads := f.Bool("show-payloads", false, "show event payloads (they may hold personal data)")
+	keyFile := f.String("signing-key-file", "", "file holding the key that signs sign-ins and forms, the same for every replica behind a load balancer; "+
+		"at least 32 bytes, a final newline is not part of it (default: the key in $MODKIT_OUTBOX_SIGNING_KEY; none: a random key per serve)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
@@ -44,6 +50,10 @@ func runServe(ctx context.Context, e env, args []string) error {
 	}
 	if *token == "" {
 		*token = e.getenv("MODKIT_OUTBOX_TOKEN")
+	}
+	key, err := signingKey(e, *keyFile)
+	if err != nil {
+		return err
 	}
 	c, pool, err := f.client(ctx)
 	if err != nil {
@@ -70,8 +80,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 		*payloads = false
 	}
 	ui, err := outboxui.New(c.Admin(), outboxui.Options{OperatorToken: *token, ShowPayloads: *payloads,
-		By: "modkit-outbox serve", Logger: logger})
-	if errors.Is(err, outboxui.ErrWeakToken) {
+		By: "modkit-outbox serve", Logger: logger, SigningKey: key})
+	if errors.Is(err, outboxui.ErrWeakToken) || errors.Is(err, outboxui.ErrWeakSigningKey) {
 		return withCode(exitUsage, err)
 	}
 	if err != nil {
@@ -102,6 +112,31 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// signingKey reads the dashboard's signing key from path, else from
+// $MODKIT_OUTBOX_SIGNING_KEY, less a final newline; nil when neither is
+// set. Never from a flag's value, which other users see in ps.
+func signingKey(e env, path string) ([]byte, error) {
+	what := "$MODKIT_OUTBOX_SIGNING_KEY"
+	var key []byte
+	if path != "" {
+		what = "--signing-key-file " + path
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, usageErr("--signing-key-file: %v", err)
+		}
+		key = b
+	} else if v := e.getenv("MODKIT_OUTBOX_SIGNING_KEY"); v != "" {
+		key = []byte(v)
+	} else {
+		return nil, nil
+	}
+	key = bytes.TrimSuffix(bytes.TrimSuffix(key, []byte("\n")), []byte("\r"))
+	if len(key) < outboxui.SigningKeyMinLen {
+		return nil, usageErr("%s holds a signing key of %d bytes: use at least %d (openssl rand -hex 32)", what, len(key), outboxui.SigningKeyMinLen)
+	}
+	return key, nil
 }
 
 // rights is what the database lets the dashboard's role do; nil when it

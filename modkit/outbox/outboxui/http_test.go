@@ -3,6 +3,7 @@ package outboxui_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"io"
@@ -449,5 +450,111 @@ func TestDashboardShowsAPurgedEventsHistory(t *testing.T) {
 	}
 	if body, _ := get(t, jar, base+"events/"+w.deadOrder.String()); strings.Contains(body, `id="purged"`) || !strings.Contains(body, `id="detail"`) {
 		t.Fatalf("the page of an event that was not purged:\n%s", body)
+	}
+}
+
+// Replicas behind a load balancer that share Options.SigningKey accept
+// each other's CSRF tokens, sign-ins and messages: a browser whose every
+// request may land on either (two servers on one host share its cookies,
+// as replicas behind one address do) signs in and acts. Without a shared
+// key each still refuses what the other signed.
+func TestDashboardReplicasShareASigningKey(t *testing.T) {
+	w := newWorld(t)
+	key := []byte("0123456789abcdef0123456789abcdef") // SigningKeyMinLen bytes
+	a := serve(t, w, outboxui.Options{OperatorToken: token, SigningKey: key})
+	b := serve(t, w, outboxui.Options{OperatorToken: token, SigningKey: append([]byte(nil), key...)})
+	jar := newJar()
+	// redirected posts form to base+path and returns the redirect's path
+	// and query, to be fetched from either replica.
+	redirected := func(base, path string, form url.Values) string {
+		t.Helper()
+		resp, err := jar.PostForm(base+path, form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		to, err := resp.Location()
+		if resp.StatusCode != http.StatusSeeOther || err != nil {
+			t.Fatalf("POST %s%s: %d %v\n%s", base, path, resp.StatusCode, err, body)
+		}
+		return strings.TrimPrefix(to.RequestURI(), "/outbox/")
+	}
+
+	_, csrf := get(t, jar, a)
+	to := redirected(b, "login", url.Values{"csrf": {csrf}, "token": {token}}) // a's form, posted to b
+	body, csrfB := get(t, jar, a+to)                                           // b's message, shown by a
+	if got := flashOf(body); got != "Signed in as operator." {
+		t.Fatalf("a shows the message of b's sign-in as %q", got)
+	}
+	if !strings.Contains(body, `id="operator"`) {
+		t.Fatal("a does not honour the sign-in made on b")
+	}
+	to = redirected(a, "replay", url.Values{"csrf": {csrfB}, "id": {w.deadOrder.String()}}) // b's page's token, posted to a
+	if body, _ := get(t, jar, b+to); flashOf(body) != "Event replayed: it is pending again." || !strings.Contains(body, `id="operator"`) {
+		t.Fatalf("b after a replay made on a: message %q\n%s", flashOf(body), body)
+	}
+	if s := w.status(t, w.deadOrder); s != outbox.StatusPending {
+		t.Fatalf("after the replay the event is %s", s)
+	}
+
+	// Each with a key of its own (a random one, or another SigningKey):
+	// refused as before.
+	for name, keys := range map[string][2][]byte{
+		"random keys":    {nil, nil},
+		"different keys": {key, []byte("fedcba9876543210fedcba9876543210")},
+	} {
+		a := serve(t, w, outboxui.Options{OperatorToken: token, SigningKey: keys[0]})
+		b := serve(t, w, outboxui.Options{OperatorToken: token, SigningKey: keys[1]})
+		jar = newJar()
+		_, csrf := get(t, jar, a)
+		if code, body := post(t, jar, b+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusForbidden || !strings.Contains(body, "stale") {
+			t.Fatalf("%s: a's form posted to b: %d\n%s", name, code, body)
+		}
+		to := redirected(a, "login", url.Values{"csrf": {csrf}, "token": {token}})
+		if body, _ := get(t, jar, b+to); flashOf(body) != "" || strings.Contains(body, `id="operator"`) {
+			t.Fatalf("%s: b shows a's message %q or honours its sign-in", name, flashOf(body))
+		}
+		_, csrfB := get(t, jar, b)
+		if code, body := post(t, jar, b+"replay", url.Values{"csrf": {csrfB}, "id": {w.deadMail.String()}}, ""); code != http.StatusForbidden || !strings.Contains(body, "Sign in") {
+			t.Fatalf("%s: b replays for a browser signed in on a: %d\n%s", name, code, body)
+		}
+	}
+	if s := w.status(t, w.deadMail); s != outbox.StatusDead {
+		t.Fatalf("the refused replays left the event %s", s)
+	}
+}
+
+// A SigningKey shorter than SigningKeyMinLen, an empty one included, is
+// refused, with an error that matches outbox.ErrInvalidConfig too.
+func TestDashboardRefusesAShortSigningKey(t *testing.T) {
+	w := newWorld(t)
+	for _, key := range [][]byte{{}, []byte("0123456789abcdef0123456789abcde")} {
+		_, err := outboxui.New(w.client.Admin(), outboxui.Options{SigningKey: key})
+		if !errors.Is(err, outboxui.ErrWeakSigningKey) || !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Fatalf("a signing key of %d bytes: %v", len(key), err)
+		}
+	}
+	if _, err := outboxui.New(w.client.Admin(), outboxui.Options{SigningKey: make([]byte, outboxui.SigningKeyMinLen)}); err != nil {
+		t.Fatalf("a signing key of %d bytes: %v", outboxui.SigningKeyMinLen, err)
+	}
+}
+
+// A sign-in made with a SigningKey, which outlives the handler, ends when
+// the operator token changes.
+func TestDashboardSignInEndsWithItsToken(t *testing.T) {
+	w := newWorld(t)
+	key := []byte("0123456789abcdef0123456789abcdef")
+	a := serve(t, w, outboxui.Options{OperatorToken: token, SigningKey: key})
+	jar := newJar()
+	_, csrf := get(t, jar, a)
+	if code, body := post(t, jar, a+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d\n%s", code, body)
+	}
+	if body, _ := get(t, jar, serve(t, w, outboxui.Options{OperatorToken: token, SigningKey: key})); !strings.Contains(body, `id="operator"`) {
+		t.Fatal("a handler rebuilt with the same key and token does not honour the sign-in")
+	}
+	if body, _ := get(t, jar, serve(t, w, outboxui.Options{OperatorToken: token + "-rotated", SigningKey: key})); strings.Contains(body, `id="operator"`) {
+		t.Fatal("a sign-in outlived a change of operator token")
 	}
 }

@@ -30,17 +30,23 @@
 //
 //   - Read-only by default. With Options.OperatorToken set, an operator who
 //     signs in with that token may replay dead events and purge delivered
-//     ones. The sign-in sets an HttpOnly, SameSite=Strict cookie valid
-//     until the handler is rebuilt (a restart signs everyone out).
+//     ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
+//     valid until the handler is rebuilt (a restart signs everyone out)
+//     unless Options.SigningKey is set, as below.
 //   - The sign-in cookie, the CSRF tokens and the messages after an action
-//     are signed with a random key that New makes for its handler and
-//     that never leaves the process. Several replicas behind a load
-//     balancer (the dashboard mounted in each instance of an app, say) do
-//     not share it: route each browser to one replica (sticky sessions),
-//     or serve the dashboard from one process. Otherwise a form posted to
-//     another replica than its page came from is refused as stale, a
-//     sign-in holds on one replica only, and the message after an action
-//     is dropped by the replica that shows the next page.
+//     are signed with a key that never leaves the process: by default a
+//     random one that New makes for its handler. Several replicas behind a
+//     load balancer (the dashboard mounted in each instance of an app, say)
+//     must share one: give each the same Options.SigningKey (at least
+//     SigningKeyMinLen random bytes, from your secret store). Without it,
+//     route each browser to one replica (sticky sessions) or serve the
+//     dashboard from one process; otherwise a form posted to another
+//     replica than its page came from is refused as stale, a sign-in holds
+//     on one replica only, and the message after an action is dropped by
+//     the replica that shows the next page. With a SigningKey a sign-in
+//     also outlives restarts: it holds until the browser closes, or the
+//     key or the operator token changes (change either to sign everyone
+//     out).
 //   - Every POST must carry the CSRF token of the page it came from (bound
 //     to a per-browser cookie with an HMAC); a POST whose Origin is another
 //     host is refused too.
@@ -90,6 +96,13 @@ const TokenMinLen = 16
 // TokenMinLen.
 var ErrWeakToken = fmt.Errorf("outboxui: the operator token is too short: use at least %d random characters (openssl rand -hex 16)", TokenMinLen)
 
+// SigningKeyMinLen is the shortest Options.SigningKey New accepts, in bytes.
+const SigningKeyMinLen = 32
+
+// ErrWeakSigningKey is returned by New for an Options.SigningKey shorter
+// than SigningKeyMinLen. It matches outbox.ErrInvalidConfig too.
+var ErrWeakSigningKey = fmt.Errorf("%w: outboxui: the signing key is too short: use at least %d random bytes (openssl rand -hex 32)", outbox.ErrInvalidConfig, SigningKeyMinLen)
+
 // Options configures the dashboard. The zero value is a read-only
 // dashboard that hides payloads.
 type Options struct {
@@ -112,6 +125,19 @@ type Options struct {
 	// *outbox.Dispatcher of its graph, which is nil when it registers no
 	// publisher.
 	Dispatchers []*outbox.Dispatcher
+	// SigningKey, when set, is the secret that signs the sign-in cookie,
+	// the CSRF tokens and the messages after an action, instead of a
+	// random key of the handler's own. Give replicas behind a load
+	// balancer the same key so that each accepts what another signed. At
+	// least SigningKeyMinLen bytes, random (openssl rand -hex 32), kept
+	// secret: whoever holds it can forge those tokens (though not sign in
+	// without the operator token). The dashboard derives its own key from
+	// it, so a key shared with other uses yields different signatures;
+	// New copies what it needs, so the slice may be reused afterwards.
+	// Nil: a random key per handler. An empty but non-nil key (an unset
+	// variable read into it, say) is refused like any short one, rather
+	// than falling back to a random key that replicas would not share.
+	SigningKey []byte
 }
 
 //go:embed assets
@@ -137,7 +163,7 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 type handler struct {
 	admin *outbox.Admin
 	opts  Options
-	key   []byte // signs CSRF tokens, operator sessions and flash messages; new per handler, not shared by replicas
+	key   []byte // signs CSRF tokens, operator sessions and flash messages: derived from Options.SigningKey, else random per handler
 	mux   *http.ServeMux
 	log   *slog.Logger
 }
@@ -150,16 +176,29 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	if opts.OperatorToken != "" && len(opts.OperatorToken) < TokenMinLen {
 		return nil, ErrWeakToken
 	}
+	if opts.SigningKey != nil && len(opts.SigningKey) < SigningKeyMinLen {
+		return nil, ErrWeakSigningKey
+	}
 	if opts.By == "" {
 		opts.By = "outboxui"
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &handler{admin: admin, opts: opts, key: make([]byte, 32), mux: http.NewServeMux(), log: opts.Logger}
-	if _, err := rand.Read(h.key); err != nil {
-		return nil, err
+	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger}
+	if opts.SigningKey != nil {
+		// A key of the dashboard's own, so that a key the application also
+		// uses elsewhere never signs the same bytes for both.
+		m := hmac.New(sha256.New, opts.SigningKey)
+		m.Write([]byte("modkit-go outboxui signing key v1"))
+		h.key = m.Sum(nil)
+	} else {
+		h.key = make([]byte, 32)
+		if _, err := rand.Read(h.key); err != nil {
+			return nil, err
+		}
 	}
+	h.opts.SigningKey = nil // h.key is all the handler needs
 	h.mux.HandleFunc("GET /{$}", h.overview)
 	h.mux.HandleFunc("GET /events", h.events)
 	h.mux.HandleFunc("GET /events/{id}", h.event)
@@ -189,6 +228,14 @@ func (h *handler) sign(parts ...string) string {
 	m := hmac.New(sha256.New, h.key)
 	m.Write([]byte(strings.Join(parts, "\x00")))
 	return hex.EncodeToString(m.Sum(nil))
+}
+
+// operatorSig is the operator cookie's value for browser. It is bound to
+// the operator token too, so that with a lasting Options.SigningKey a
+// change of token still signs everyone out.
+func (h *handler) operatorSig(browser string) string {
+	t := sha256.Sum256([]byte(h.opts.OperatorToken))
+	return h.sign("operator", browser, hex.EncodeToString(t[:]))
 }
 
 // browserID returns the per-browser CSRF cookie, setting one when the
@@ -222,7 +269,7 @@ func (h *handler) isOperator(r *http.Request, browser string) bool {
 		return false
 	}
 	c, err := r.Cookie(operatorCookie)
-	return err == nil && hmac.Equal([]byte(c.Value), []byte(h.sign("operator", browser)))
+	return err == nil && hmac.Equal([]byte(c.Value), []byte(h.operatorSig(browser)))
 }
 
 // page is what every template gets.
@@ -346,7 +393,7 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, _ := r.Cookie(csrfCookie)
-	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.sign("operator", c.Value), Path: cookiePath(r), HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.operatorSig(c.Value), Path: cookiePath(r), HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	h.redirect(w, r, "./", "Signed in as operator.")
 }
