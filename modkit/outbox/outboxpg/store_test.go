@@ -43,6 +43,25 @@ func newStore(t *testing.T) (driver.Store, *pgtest.DB) {
 	return open(t, tdb.Provider.Pool, driver.Options{}), tdb
 }
 
+// deliverNew enqueues n events of test/events, claims them and records
+// their delivery; it returns the claims.
+func deliverNew(t *testing.T, s driver.Store, pool *pgxpool.Pool, n int) []driver.Claimed {
+	t.Helper()
+	if _, err := s.Insert(ctx, pool, rows(n, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	w := uuid.New()
+	got := claim(t, s, n, 3, w)
+	outcomes := make([]driver.Outcome, len(got))
+	for i, c := range got {
+		outcomes[i] = outcome(c, driver.Delivered)
+	}
+	if done, err := s.Complete(ctx, nil, w, outcomes); err != nil || len(done) != n {
+		t.Fatalf("delivered %d of %d: %v", len(done), n, err)
+	}
+	return got
+}
+
 func insertN(t *testing.T, s driver.Store, pool *pgxpool.Pool, ns, tp string, n int) []uuid.UUID {
 	t.Helper()
 	rows := make([]driver.InsertRow, n)
@@ -246,22 +265,6 @@ func TestCompleteMixedOutcomes(t *testing.T) {
 func TestPruneAttempts(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	w := uuid.New()
-	deliver := func(n int) []driver.Claimed {
-		t.Helper()
-		if _, err := s.Insert(ctx, pool, rows(n, "test", "events"), nil); err != nil {
-			t.Fatal(err)
-		}
-		got := claim(t, s, n, 3, w)
-		outcomes := make([]driver.Outcome, len(got))
-		for i, c := range got {
-			outcomes[i] = outcome(c, driver.Delivered)
-		}
-		if done, err := s.Complete(ctx, nil, w, outcomes); err != nil || len(done) != n {
-			t.Fatalf("delivered %d of %d: %v", len(done), n, err)
-		}
-		return got
-	}
 	ledger := func() (rows int) {
 		t.Helper()
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_attempts").Scan(&rows); err != nil {
@@ -277,11 +280,11 @@ func TestPruneAttempts(t *testing.T) {
 		return n
 	}
 
-	purged := deliver(3)
+	purged := deliverNew(t, s, pool, 3)
 	if res, err := s.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10}); err != nil || res.Purged != 3 {
 		t.Fatalf("purged %d of 3: %v", res.Purged, err)
 	}
-	kept := deliver(2) // delivered, not purged
+	kept := deliverNew(t, s, pool, 2) // delivered, not purged
 	if got := ledger(); got != 5 {
 		t.Fatalf("%d ledger rows, want 5", got)
 	}
@@ -567,20 +570,7 @@ func TestDepthAndSweepReadEveryState(t *testing.T) {
 func TestPurgeWithoutMigration0025(t *testing.T) {
 	s, tdb := newStore(t)
 	pool := tdb.Provider.Pool
-	deliver := func(n int) {
-		t.Helper()
-		insertN(t, s, pool, "test", "events", n)
-		w := uuid.New()
-		got := claim(t, s, n, 3, w)
-		outcomes := make([]driver.Outcome, len(got))
-		for i, c := range got {
-			outcomes[i] = outcome(c, driver.Delivered)
-		}
-		if done, err := s.Complete(ctx, nil, w, outcomes); err != nil || len(done) != n {
-			t.Fatalf("delivered %d of %d: %v", len(done), n, err)
-		}
-	}
-	deliver(3)
+	deliverNew(t, s, pool, 3)
 	// From a minute ahead: nothing reached, a cutoff returned.
 	p := driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 2, From: time.Now().Add(time.Minute)}
 	if res, err := s.Purge(ctx, p); err != nil || res.Purged != 0 || res.Cutoff.IsZero() {
@@ -591,6 +581,6 @@ func TestPurgeWithoutMigration0025(t *testing.T) {
 		if res, err := s.Purge(ctx, p); err != nil || res.Purged != want || !res.Cutoff.IsZero() {
 			t.Fatalf("purge without migration 0025: %+v, %v; want %d purged from the oldest event, and no cutoff", res, err, want)
 		}
-		deliver(2)
+		deliverNew(t, s, pool, 2)
 	}
 }
