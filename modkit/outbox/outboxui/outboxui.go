@@ -93,8 +93,8 @@ import (
 const TokenMinLen = 16
 
 // ErrWeakToken is returned by New for an operator token shorter than
-// TokenMinLen.
-var ErrWeakToken = fmt.Errorf("outboxui: the operator token is too short: use at least %d random characters (openssl rand -hex 16)", TokenMinLen)
+// TokenMinLen. It matches outbox.ErrInvalidConfig too.
+var ErrWeakToken = fmt.Errorf("%w: outboxui: the operator token is too short: use at least %d random characters (openssl rand -hex 16)", outbox.ErrInvalidConfig, TokenMinLen)
 
 // SigningKeyMinLen is the shortest Options.SigningKey New accepts, in bytes.
 const SigningKeyMinLen = 32
