@@ -370,8 +370,16 @@ func (c *Client) enqueueError(what string, err error) error {
 }
 
 func (c *Client) shouldNotify(namespace, topic string) bool {
-	return !c.cfg.DisableNotify && c.notify.allow(namespace+":"+topic, time.Now().UnixNano(), c.cfg.NotifyInterval)
+	return !c.cfg.DisableNotify && c.notify.allow(namespace+":"+topic, monotonicNanos(), c.cfg.NotifyInterval)
 }
+
+// gateEpoch is the origin of monotonicNanos.
+var gateEpoch = time.Now()
+
+// monotonicNanos reads the monotonic clock, in nanoseconds since gateEpoch
+// plus one (never 0): a wall clock set back would stop a gate that compares
+// wall-clock readings from announcing anything until it caught up.
+func monotonicNanos() int64 { return int64(time.Since(gateEpoch)) + 1 }
 
 // notifyRefreshFactor: during a burst (enqueues of a topic less than
 // NotifyInterval apart) a client announces the topic again once per this
@@ -388,7 +396,7 @@ const notifyRefreshFactor = 10
 // NOTIFY costs its commit a database-wide lock (see Config.NotifyInterval).
 type notifyGate struct{ topics sync.Map } // key -> *notifyTimes
 
-// notifyTimes are one key's last enqueue and last NOTIFY (unix nanos).
+// notifyTimes are one key's last enqueue and last NOTIFY (monotonicNanos).
 type notifyTimes struct{ enqueued, notified atomic.Int64 }
 
 func (g *notifyGate) allow(key string, now int64, interval time.Duration) bool {
