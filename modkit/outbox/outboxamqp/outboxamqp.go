@@ -48,7 +48,11 @@
 // a broker that has stopped reading the socket (RabbitMQ blocks publishing
 // connections during a memory or disk alarm) or a stalled network may
 // hold back for long. Publishes meanwhile go on, on the next connection,
-// and Close waits for these closes too.
+// and Close waits for these closes too. A publish still being written when
+// its ctx ends (such a broker's socket buffers full: the client library
+// writes without a deadline) gives its connection up at once, failing
+// the other publishes waiting on it for their confirmation (to retry),
+// instead of blocking them all until heartbeats fail (about 30s).
 package outboxamqp
 
 import (
@@ -57,6 +61,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -276,7 +281,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 			return err
 		}
 	}
-	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	dc, err := s.publish(ctx, exchange, key, msg)
 	if err != nil {
 		p.drop(s)
 		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, err)
@@ -361,6 +366,36 @@ func (p *Publisher) connect(a *attempt) {
 	default:
 		a.sess = s
 	}
+}
+
+// publish sends msg on the session's channel. amqp091-go ignores the
+// context and writes without a deadline, so a publish written to a broker
+// that has stopped reading its socket (a memory or disk alarm, a stalled
+// network) would block, and every publish on the channel behind it, until
+// heartbeats gave the connection up (about 30s). If ctx was live when the
+// publish began and ends while it is still being written, the connection
+// is closed with a deadline in the past: the write fails at once, the
+// publish returns its error, and the caller gives the session up.
+// Publishes on the connection that were waiting for their confirmation
+// fail too (ErrNotConfirmed, to be retried).
+func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+	if ctx.Err() != nil { // sent and then abandoned, as before
+		return s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	}
+	var writing atomic.Bool
+	writing.Store(true)
+	stop := context.AfterFunc(ctx, func() {
+		if writing.Load() {
+			_ = s.conn.CloseDeadline(time.Now())
+		}
+	})
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	writing.Store(false)
+	stop()
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w (the write did not finish before it: %w)", ended(ctx), err)
+	}
+	return dc, err
 }
 
 // ended is the error of a ctx that has ended: ctx.Err(), and its cause

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,6 +34,9 @@ type stallProxy struct {
 	// sends: the client has taken the channel for closed before it sends
 	// it.
 	channelsClosed chan struct{}
+	// filled receives a value for each frozen link that has read its
+	// budget (see FreezeAfter).
+	filled chan struct{}
 
 	mu      sync.Mutex
 	changed *sync.Cond // a flow, a link's stall or ended changed
@@ -45,6 +49,10 @@ type stallProxy struct {
 type link struct {
 	down, up net.Conn
 	stalled  bool
+	// frozen: no more than budget more bytes are read from the client,
+	// whose writes block once the sockets' buffers are full.
+	frozen bool
+	budget int
 }
 
 // flow is one direction of a link: what was read from its source and not
@@ -60,7 +68,7 @@ func newStallProxy(t *testing.T, target string) *stallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &stallProxy{ln: ln, target: target, closes: make(chan struct{}, 16), channelsClosed: make(chan struct{}, 16)}
+	p := &stallProxy{ln: ln, target: target, closes: make(chan struct{}, 16), channelsClosed: make(chan struct{}, 16), filled: make(chan struct{}, 16)}
 	p.changed = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
@@ -81,12 +89,25 @@ func (p *stallProxy) Stall() {
 	}
 }
 
+// FreezeAfter stops reading what the clients of the connections open now
+// send once it has read n more bytes from each, as a broker that stopped
+// reading its socket: once the sockets' buffers are full, a client's
+// writes block. Each link that has read its n bytes reports on filled.
+// Release ends it.
+func (p *stallProxy) FreezeAfter(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		l.frozen, l.budget = true, n
+	}
+}
+
 // Release delivers what was held and forwards again.
 func (p *stallProxy) Release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, l := range p.links {
-		l.stalled = false
+		l.stalled, l.frozen = false, false
 	}
 	p.changed.Broadcast()
 }
@@ -115,23 +136,44 @@ func (p *stallProxy) accept() {
 		p.wg.Add(4)
 		p.mu.Unlock()
 		toBroker, toClient := &flow{}, &flow{}
-		go p.read(down, toBroker, &methodScanner{})
+		go p.read(l, down, toBroker, &methodScanner{})
 		go p.write(l, up, toBroker)
-		go p.read(up, toClient, nil)
+		go p.read(nil, up, toClient, nil)
 		go p.write(l, down, toClient)
 	}
 }
 
 // read queues what src sends on f until src ends, reporting the
 // connection.close and channel.close-ok methods scan finds in it, if scan
-// is set.
-func (p *stallProxy) read(src net.Conn, f *flow, scan *methodScanner) {
+// is set. It reads nothing while client, the link src is the client of
+// (nil for a broker's side), is frozen.
+func (p *stallProxy) read(client *link, src net.Conn, f *flow, scan *methodScanner) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := src.Read(buf)
+		into := buf
+		if client != nil {
+			p.mu.Lock()
+			for client.frozen && client.budget <= 0 && !p.ended {
+				p.changed.Wait()
+			}
+			if client.frozen && client.budget < len(into) {
+				into = into[:max(client.budget, 1)] // 1 once ended: read to the end
+			}
+			p.mu.Unlock()
+		}
+		n, err := src.Read(into)
+		if client != nil && n > 0 {
+			p.mu.Lock()
+			if client.frozen && client.budget > 0 {
+				if client.budget -= n; client.budget <= 0 {
+					report(p.filled)
+				}
+			}
+			p.mu.Unlock()
+		}
 		if n > 0 {
-			chunk := bytes.Clone(buf[:n])
+			chunk := bytes.Clone(into[:n])
 			if scan != nil {
 				for _, m := range scan.scan(chunk) {
 					switch m {
@@ -445,4 +487,47 @@ func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
 	}
 	await(t, r.proxy.closes, "the publisher to close the stalled connection")
 	r.closeStalled(t, conns+1)
+}
+
+// TestStalledWriteEndsWithItsContext: a publish whose message the broker
+// stops reading (its socket's buffers full, as when RabbitMQ blocks a
+// publishing connection during a memory or disk alarm) ends with its
+// context instead of blocking until heartbeats give the connection up
+// (amqp091-go writes without a deadline and ignores the context): the
+// connection is given up, and the next publish goes out on a new one.
+func TestStalledWriteEndsWithItsContext(t *testing.T) {
+	noLeaks(t)
+	queue, _ := declareQueue(t, brokerURL(t))
+	r := newStallRig(t, outboxamqp.Config{Route: toQueue(queue)}, false)
+	p := r.p
+	if err := p.Publish(ctx, event()); err != nil {
+		t.Fatal(err)
+	}
+	// The proxy reads 1 MiB more of what the client sends, then nothing.
+	r.proxy.FreezeAfter(1 << 20)
+
+	// Far more than the sockets between the client and the proxy buffer.
+	big := event()
+	big.Payload = []byte(`"` + strings.Repeat("x", 64<<20) + `"`)
+	bigCtx, cancelBig := context.WithCancel(ctx)
+	t.Cleanup(cancelBig)
+	blocked := publishAsync(p, bigCtx, big)
+	// Once the proxy has read its mebibyte, the publish is writing the
+	// message, and cannot finish: the rest is more than the sockets hold.
+	await(t, r.proxy.filled, "the publish to write its first mebibyte")
+	cancelBig()
+	err := awaitWithin(t, blocked, stallBound, "a publish stuck writing to a broker that stopped reading, its context cancelled")
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
+		t.Fatalf("a publish whose context ended during its write: got %v, want ErrNotConfirmed to retry, matching context.Canceled", err)
+	}
+	r.proxy.Release()
+	if err := awaitWithin(t, publishAsync(p, ctx, event()), stallBound, "a publish on the next connection"); err != nil {
+		t.Fatalf("a publish on the next connection: %v", err)
+	}
+	r.mu.Lock()
+	conns := len(r.conns)
+	r.mu.Unlock()
+	if conns != 2 {
+		t.Fatalf("%d connections opened, want 2 (the stuck one given up, a new one for the next publish)", conns)
+	}
 }
