@@ -1,6 +1,9 @@
 package outboxamqp
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // AwaitAbandoned waits until every publish abandoned on p's current
 // session has its confirmation (or the channel closed), or ctx ends.
@@ -36,4 +39,12 @@ func AbandonedMarks(p *Publisher) (ids, queued int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.abandoned), len(s.marks)
+}
+
+// SetCloseWait sets how long closing a connection waits for the broker's
+// answer, until the test ends.
+func SetCloseWait(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := closeWait
+	closeWait = d
+	t.Cleanup(func() { closeWait = old })
 }

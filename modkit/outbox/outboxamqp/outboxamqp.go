@@ -48,7 +48,7 @@
 // a broker that has stopped reading the socket (RabbitMQ blocks publishing
 // connections during a memory or disk alarm) or a stalled network may
 // hold back for long. Publishes meanwhile go on, on the next connection,
-// and Close waits for these closes too. A publish still being written when
+// and Close waits for these closes too, each at most 5s. A publish still being written when
 // its ctx ends (such a broker's socket buffers full: the client library
 // writes without a deadline) gives its connection up at once, failing
 // the other publishes waiting on it for their confirmation (to retry),
@@ -216,8 +216,11 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 
 // Close closes the connection. If a connection attempt is in progress, it
 // waits for it to end and closes the connection it opened; it also waits
-// for the connections given up before to finish closing. Publishes after
-// it fail with ErrClosed. Call it once the dispatchers using the Publisher
+// for the connections given up before to finish closing. Each close waits
+// at most 5s for the broker's answer (a broker that stopped reading its
+// socket may not give one); a close that was not answered is reported as
+// Close's error, the connection closed all the same. Publishes after it
+// fail with ErrClosed. Call it once the dispatchers using the Publisher
 // have stopped.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
@@ -418,7 +421,7 @@ func (p *Publisher) open() (*session, error) {
 		err = ch.Confirm(false)
 	}
 	if err != nil {
-		_ = conn.Close()
+		_ = conn.CloseDeadline(time.Now().Add(closeWait))
 		return nil, err
 	}
 	s := &session{conn: conn, ch: ch, returns: make(chan amqp.Return), barrier: make(chan struct{}),
@@ -444,13 +447,24 @@ func (p *Publisher) dialSafely() (conn *amqp.Connection, err error) {
 	return p.dial()
 }
 
-// close closes the session's connection and waits for its return reader
-// to exit. An already closed connection is no error.
+// closeWait bounds how long closing a connection waits for the broker's
+// answer: a broker that has stopped reading its socket may not answer
+// before heartbeats fail (about 30s), longer than a service's shutdown
+// may take. (A variable for the tests.)
+var closeWait = 5 * time.Second
+
+// close closes the session's connection, waiting for the broker's answer
+// no longer than closeWait, and waits for its return reader to exit. An
+// already closed connection is no error.
 func (s *session) close() error {
-	err := s.conn.Close()
+	deadline := time.Now().Add(closeWait)
+	err := s.conn.CloseDeadline(deadline)
 	<-s.done
-	if errors.Is(err, amqp.ErrClosed) {
-		err = nil
+	switch {
+	case err == nil || errors.Is(err, amqp.ErrClosed):
+		return nil
+	case !time.Now().Before(deadline):
+		return fmt.Errorf("outboxamqp: the broker did not answer the close of its connection within %v (closed without its answer): %w", closeWait, err)
 	}
 	return err
 }

@@ -531,3 +531,32 @@ func TestStalledWriteEndsWithItsContext(t *testing.T) {
 		t.Fatalf("%d connections opened, want 2 (the stuck one given up, a new one for the next publish)", conns)
 	}
 }
+
+// TestStalledCloseEndsWithinItsWait: Close on a connection whose broker
+// does not answer (stalled) gives up waiting for the answer after the
+// close wait, reports that, and has closed the connection, instead of
+// holding a service's shutdown until heartbeats fail (about 30s).
+func TestStalledCloseEndsWithinItsWait(t *testing.T) {
+	noLeaks(t)
+	outboxamqp.SetCloseWait(t, 200*time.Millisecond)
+	queue, _ := declareQueue(t, brokerURL(t))
+	r := newStallRig(t, outboxamqp.Config{Route: toQueue(queue)}, false)
+	if err := r.p.Publish(ctx, event()); err != nil {
+		t.Fatal(err)
+	}
+	r.proxy.Stall()
+	closed := make(chan error, 1)
+	go func() { closed <- r.p.Close() }()
+	await(t, r.proxy.closes, "Close to send the connection's close")
+	err := awaitWithin(t, closed, stallBound, "Close, the broker not answering")
+	if err == nil || !strings.Contains(err.Error(), "did not answer the close") {
+		t.Fatalf("Close on a stalled broker: got %v, want an error saying the broker did not answer the close", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, c := range r.conns {
+		if !c.IsClosed() {
+			t.Errorf("connection %d left open after Close", i)
+		}
+	}
+}
