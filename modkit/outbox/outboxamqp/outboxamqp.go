@@ -48,10 +48,12 @@
 // a broker that has stopped reading the socket (RabbitMQ blocks publishing
 // connections during a memory or disk alarm) or a stalled network may
 // hold back for long. Publishes meanwhile go on, on the next connection,
-// and Close waits for these closes too, each at most 5s. A publish still being written when
-// its ctx ends (such a broker's socket buffers full: the client library
-// writes without a deadline) gives its connection up at once, failing
-// the other publishes waiting on it for their confirmation (to retry),
+// and Close waits for these closes too, each for about 5s at most (see
+// Close). A publish whose ctx ends while the client library still holds it
+// (writing it, or queued on the channel behind a publish being written:
+// the library writes without a deadline, so a broker whose socket buffers
+// are full blocks it) gives its connection up at once, failing the other
+// publishes waiting on that connection for their confirmation (to retry),
 // instead of blocking them all until heartbeats fail (about 30s).
 package outboxamqp
 
@@ -81,7 +83,10 @@ type Config struct {
 	// own, never twice at once; the publishes waiting for it give up at
 	// the end of their ctx, but Close waits for it to return, so it must
 	// end on its own (as a dial with a timeout does). A panic in it fails
-	// the publishes waiting for it.
+	// the publishes waiting for it. Its connection should run over a
+	// net.Conn, as amqp.Dial's do: the Publisher sets the socket's deadline
+	// to end a publish stuck in its write and to bound a close the broker
+	// does not answer.
 	Dial func() (*amqp.Connection, error)
 	// Route maps an event to the exchange and routing key it is
 	// published with. Default: DefaultRoute.
@@ -217,9 +222,11 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 // Close closes the connection. If a connection attempt is in progress, it
 // waits for it to end and closes the connection it opened; it also waits
 // for the connections given up before to finish closing. Each close waits
-// at most 5s for the broker's answer (a broker that stopped reading its
-// socket may not give one); a close that was not answered is reported as
-// Close's error, the connection closed all the same. Publishes after it
+// about 5s at most for the broker's answer (a broker that stopped reading
+// its socket may not give one; one that still sends heartbeats meanwhile
+// can make it wait until the client's next heartbeat fails to go out, up
+// to 10s more); a close that was not answered is reported as Close's
+// error, the connection closed all the same. Publishes after it
 // fail with ErrClosed. Call it once the dispatchers using the Publisher
 // have stopped.
 func (p *Publisher) Close() error {
@@ -376,9 +383,11 @@ func (p *Publisher) connect(a *attempt) {
 // that has stopped reading its socket (a memory or disk alarm, a stalled
 // network) would block, and every publish on the channel behind it, until
 // heartbeats gave the connection up (about 30s). If ctx was live when the
-// publish began and ends while it is still being written, the connection
-// is closed with a deadline in the past: the write fails at once, the
-// publish returns its error, and the caller gives the session up.
+// publish began and ends while the library still holds it (writing it, or
+// waiting for the channel behind another publish being written), the
+// connection is closed with a deadline in the past: the write fails at
+// once, the publish returns its error, and the caller gives the session
+// up.
 // Publishes on the connection that were waiting for their confirmation
 // fail too (ErrNotConfirmed, to be retried).
 func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
@@ -482,8 +491,8 @@ func (p *Publisher) drop(s *session) {
 // retire unsets s, the current session, and closes it in a goroutine of
 // its own, which Close waits for. Closing waits for the broker's
 // close-ok, which a broker that has stopped reading the socket (blocked
-// by a resource alarm, or behind a stalled network) may not send for
-// long: under p.mu, every publish would wait for it whatever its ctx;
+// by a resource alarm, or behind a stalled network) may not send before
+// the close gives up (closeWait): under p.mu, every publish would wait for it whatever its ctx;
 // ahead of the next connection attempt, the publishes waiting for that
 // attempt would. Call it with p.mu held and p not closed.
 func (p *Publisher) retire(s *session) {
