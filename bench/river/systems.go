@@ -132,7 +132,7 @@ func since(base time.Time) int64 { return int64(time.Since(base)) + 1 }
 // workloads send NOTIFY.
 func (b *bench) notifyNote() string {
 	if b.opts.notifyInterval > 0 {
-		return fmt.Sprintf("NOTIFY for the first enqueue of a burst (a gap of %v or more) and once per 10 × that within it, per client and topic (-notify-interval)", b.opts.notifyInterval)
+		return fmt.Sprintf("NOTIFY at most every %v per client and topic (-notify-interval)", b.opts.notifyInterval)
 	}
-	return "NOTIFY for the first enqueue of a burst (a gap of 1ms or more) and once per 10ms within it, per client and topic (Config.NotifyInterval default)"
+	return "NOTIFY at most every 1ms per client and topic (Config.NotifyInterval default)"
 }

@@ -166,7 +166,7 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 	measure := fmt.Sprintf("1 event/tx, %d producers, %v per round", producers, dur)
 	r := roundsRow("enqueue", measure, rates[0], rates[1], 0.9)
 	r.Note = "Baseline: the same row (same columns, dedupe key and tenant) by a plain INSERT in the same BEGIN; INSERT; COMMIT. " +
-		"The library sends NOTIFY inside the enqueue statement for the first enqueue of a burst (one at least Config.NotifyInterval, default " + notifyIntervalDefault + ", after the client's previous one of the topic) and then once per 10 × NotifyInterval." +
+		"The library sends NOTIFY at most once per Config.NotifyInterval (default " + notifyIntervalDefault + ") per client, inside the enqueue statement." +
 		roundsNote(rates[0], rates[1])
 	b.add(r)
 	b.add(roundsRow("enqueue", "same, Config.DisableNotify", rates[2], rates[1], 0))

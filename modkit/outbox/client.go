@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -34,20 +33,21 @@ type Config struct {
 	// ErrorMaxLen caps the publish error stored in last_error, in bytes.
 	// Default 2048; at least 64.
 	ErrorMaxLen int
-	// NotifyInterval sets how a client announces new events of a
-	// (namespace, topic) with NOTIFY: an enqueue announces its topic when
-	// the client's previous enqueue of that topic was at least
-	// NotifyInterval earlier (the start of a burst), and during a burst
-	// (enqueues closer together) once per 10 × NotifyInterval. A woken
-	// dispatcher keeps claiming while its claims find events and re-checks
-	// for DispatcherConfig.WakeWindow (which must exceed 10 × this), so the
-	// rest of a burst needs no NOTIFY; and a transaction that sent NOTIFY
-	// holds a database-wide lock from just before its commit until after
-	// it, so notifying commits are serialised (BENCHMARKS.md, "A NOTIFY
-	// for the start of a burst"). When the transaction that announced a
-	// burst commits long after the events that follow it, or rolls back,
-	// those events wait for the dispatcher's next re-check, the burst's
-	// next announcement or the dispatcher's poll. Default 1ms.
+	// NotifyInterval is the least time between two NOTIFYs this client
+	// sends for one (namespace, topic). A transaction that sent NOTIFY holds
+	// a database-wide lock from just before its commit until after it, so
+	// notifying commits are serialised; a busy producer therefore announces
+	// a burst once rather than per event, and a woken dispatcher keeps
+	// re-checking for DispatcherConfig.WakeWindow (which must exceed this).
+	// Events of a transaction that commits long after its enqueue, or after
+	// a rolled-back transaction took the NOTIFY slot, may wait for the
+	// dispatcher's poll. Default 1ms (it was 10ms: at 500 events/s, 1ms
+	// gave a p50 of 1.9ms from commit to publish against 2.6ms). Where
+	// commits are slow (a few milliseconds each), notifying commits queue
+	// behind each other: eight producers enqueueing as fast as they could
+	// made about a fifth fewer commits with 1ms than with 10ms on such a
+	// machine. A service that enqueues heavily and can wait a few
+	// milliseconds more for delivery may raise it (BENCHMARKS.md).
 	NotifyInterval time.Duration
 	// DisableNotify stops enqueues from sending NOTIFY at all: dispatchers
 	// then rely on polling alone.
@@ -381,36 +381,15 @@ var gateEpoch = time.Now()
 // wall-clock readings from announcing anything until it caught up.
 func monotonicNanos() int64 { return int64(time.Since(gateEpoch)) + 1 }
 
-// notifyRefreshFactor: during a burst (enqueues of a topic less than
-// NotifyInterval apart) a client announces the topic again once per this
-// many NotifyIntervals (10ms by default), for a dispatcher that missed
-// the burst's first NOTIFY (it was reconnecting, or that commit came late).
-const notifyRefreshFactor = 10
-
-// notifyGate decides which enqueues announce their topic: the first of a
-// burst, an enqueue that comes at least interval after the topic's
-// previous one from this client; and, while a burst goes on, one per
-// notifyRefreshFactor × interval. A dispatcher woken by the first keeps
-// claiming while its claims find events and re-checks within its
-// WakeWindow, so the rest of a burst need not announce itself; and every
-// NOTIFY costs its commit a database-wide lock (see Config.NotifyInterval).
-type notifyGate struct{ topics sync.Map } // key -> *notifyTimes
-
-// notifyTimes are one key's last enqueue and last NOTIFY (monotonicNanos).
-type notifyTimes struct{ enqueued, notified atomic.Int64 }
+// notifyGate lets at most one NOTIFY per key through per interval.
+type notifyGate struct{ last sync.Map } // key -> *atomic.Int64 (monotonicNanos of the last NOTIFY, 0 before the first)
 
 func (g *notifyGate) allow(key string, now int64, interval time.Duration) bool {
-	v, ok := g.topics.Load(key)
+	v, ok := g.last.Load(key)
 	if !ok {
-		v, _ = g.topics.LoadOrStore(key, new(notifyTimes))
+		v, _ = g.last.LoadOrStore(key, new(atomic.Int64))
 	}
-	t := v.(*notifyTimes)
-	previous := t.enqueued.Swap(now) // 0 for the key's first enqueue
-	notified := t.notified.Load()
-	refresh := int64(math.MaxInt64) // an interval too long to multiply
-	if int64(interval) <= math.MaxInt64/notifyRefreshFactor {
-		refresh = notifyRefreshFactor * int64(interval)
-	}
-	due := previous == 0 || now-previous >= int64(interval) || now-notified >= refresh
-	return due && t.notified.CompareAndSwap(notified, now)
+	last := v.(*atomic.Int64)
+	prev := last.Load()
+	return (prev == 0 || now-prev >= int64(interval)) && last.CompareAndSwap(prev, now)
 }

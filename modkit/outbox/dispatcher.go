@@ -70,9 +70,8 @@ type DispatcherConfig struct {
 	PollOnly bool
 	// WakeWindow: after a wake-up, and after any claim that found events,
 	// the dispatcher keeps re-checking for this long, because producers
-	// announce a burst with its first event's NOTIFY and then one per 10 ×
-	// Config.NotifyInterval rather than one per event. Keep it above 10 ×
-	// the producers' NotifyInterval.
+	// announce a burst with one NOTIFY per Config.NotifyInterval rather
+	// than one per event. Keep it above the producers' NotifyInterval.
 	// Default 50ms.
 	WakeWindow time.Duration
 	// WakeRecheck is the first re-check interval inside the wake window; it

@@ -359,10 +359,9 @@ func TestEnqueueBatchFirstOfAKeyWins(t *testing.T) {
 }
 
 // Enqueue announces new events on outboxpg.NotifyChannel; DisableNotify
-// stays quiet, and a client announces a topic for the first enqueue of a
-// burst only (the gate's timing is TestNotifyGateAnnouncesTheStartOfABurst's).
-// Notifications arrive in commit order, so an enqueue that wrongly notified
-// would be seen before the ones after it.
+// stays quiet, and a client sends at most one NOTIFY per topic per
+// NotifyInterval. Notifications arrive in commit order, so an enqueue that
+// wrongly notified would be seen before the ones after it.
 func TestEnqueueNotifies(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -391,8 +390,8 @@ func TestEnqueueNotifies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A batch announces each of its topics once; a topic this client
-	// enqueued less than the interval before stays quiet.
+	// A batch announces each of its topics once; topics already announced
+	// within the interval stay quiet.
 	if _, err := loud.EnqueueBatch(ctx, pool, []outbox.Message{topic("v"), topic("t"), topic("v"), topic("w")}); err != nil {
 		t.Fatal(err)
 	}

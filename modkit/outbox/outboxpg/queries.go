@@ -47,9 +47,9 @@ ON CONFLICT DO NOTHING
 RETURNING pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
 
 	// qInsertPlain is qInsertDirect without the announcement, for the
-	// enqueues that need none (most: a client announces a topic at the
-	// start of a burst, see Config.NotifyInterval): a bare INSERT whose
-	// row count says whether it inserted.
+	// enqueues that need none (most: a client announces a topic at most
+	// once per Config.NotifyInterval): a bare INSERT whose row count says
+	// whether it inserted.
 	qInsertPlain = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
 ON CONFLICT DO NOTHING`
