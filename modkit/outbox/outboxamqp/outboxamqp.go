@@ -226,9 +226,9 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 // its socket may not give one; one that still sends heartbeats meanwhile
 // can make it wait until the client's next heartbeat fails to go out, up
 // to 10s more); a close that was not answered is reported as Close's
-// error, the connection closed all the same. Publishes after it
-// fail with ErrClosed. Call it once the dispatchers using the Publisher
-// have stopped.
+// error, the connection closed all the same. Publishes after it fail with
+// ErrClosed. Call it once the dispatchers using the Publisher have
+// stopped.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	s, a := p.sess, p.dialing
@@ -387,9 +387,8 @@ func (p *Publisher) connect(a *attempt) {
 // waiting for the channel behind another publish being written), the
 // connection is closed with a deadline in the past: the write fails at
 // once, the publish returns its error, and the caller gives the session
-// up.
-// Publishes on the connection that were waiting for their confirmation
-// fail too (ErrNotConfirmed, to be retried).
+// up. Publishes on the connection that were waiting for their
+// confirmation fail too (ErrNotConfirmed, to be retried).
 func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
 	if ctx.Err() != nil { // sent and then abandoned, as before
 		return s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
@@ -492,9 +491,9 @@ func (p *Publisher) drop(s *session) {
 // its own, which Close waits for. Closing waits for the broker's
 // close-ok, which a broker that has stopped reading the socket (blocked
 // by a resource alarm, or behind a stalled network) may not send before
-// the close gives up (closeWait): under p.mu, every publish would wait for it whatever its ctx;
-// ahead of the next connection attempt, the publishes waiting for that
-// attempt would. Call it with p.mu held and p not closed.
+// the close gives up (closeWait): under p.mu, every publish would wait
+// for it whatever its ctx; ahead of the next connection attempt, the
+// publishes waiting for that attempt would. Call it with p.mu held and p not closed.
 func (p *Publisher) retire(s *session) {
 	p.sess = nil
 	p.retiring.Add(1)
