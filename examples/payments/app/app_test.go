@@ -106,6 +106,68 @@ func TestScenarioReconcilesWithAKilledDispatcher(t *testing.T) {
 	}
 }
 
+// A run interrupted after accepting its instructions (Ctrl-C, a crash)
+// leaves their events undelivered in a database that outlives it
+// (DATABASE_URL). The next run's dispatchers deliver them, its operator
+// skips their dead heads, and its reconciliation checks each payment
+// against the earlier run's ledger row instead of failing on a payment
+// that is "no instruction of this run".
+func TestRunDeliversWhatAnInterruptedRunLeft(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	ctx, admin := t.Context(), tdb.Provider.Pool
+	roles, err := app.Setup(ctx, admin, tdb.DSN) // the tables, as the interrupted run created them
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roles.Drop(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	client, err := outbox.New(outboxpg.New(admin), outbox.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier, participant := uuid.New(), "E01-interrupted"
+	if _, err := admin.Exec(ctx, "INSERT INTO payments_participants (id, run_id, name) VALUES ($1, $2, 'earlier')",
+		participant, earlier); err != nil {
+		t.Fatal(err)
+	}
+	api := app.NewAPI(admin, client)
+	const left = 5 // the second invalid: it dies and holds the three after it until the operator skips it
+	for i := range left {
+		in := app.Instruction{ID: uuid.New(), Participant: participant, AmountMinor: int64(100 + i), Currency: "EUR",
+			Destination: "DE001234567890123456"}
+		if i == 1 {
+			in.AmountMinor = app.MaxAmountMinor + 1
+		}
+		if _, err := api.Accept(ctx, earlier, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	const n, invalid = 30, 1
+	sum, err := app.Run(ctx, app.Options{
+		DSN: tdb.DSN, Instructions: n, Participants: 3, Invalid: invalid, Dispatchers: 2,
+		Seed: 7, Spawn: func() *exec.Cmd { return exec.Command(os.Args[0]) },
+		DrainTimeout: time.Minute, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := sum.Print(&out); err != nil {
+		t.Fatal(err)
+	}
+	if !sum.Reconciled || sum.EarlierPaid != left-1 || sum.EarlierSkipped != 1 ||
+		sum.RailPayments != n-invalid || sum.Skipped != invalid || sum.Rail.Paid != n-invalid+left-1 {
+		t.Fatalf("reconciled %v, earlier paid %d and skipped %d, rail payments of this run %d, skipped %d, rail paid %d; "+
+			"want true, %d, 1, %d, %d, %d:\n%s", sum.Reconciled, sum.EarlierPaid, sum.EarlierSkipped, sum.RailPayments,
+			sum.Skipped, sum.Rail.Paid, left-1, n-invalid, invalid, n-invalid+left-1, out.String())
+	}
+	if !strings.Contains(out.String(), "earlier runs") {
+		t.Fatalf("the report does not mention the earlier run's instructions:\n%s", out.String())
+	}
+}
+
 // Each job's login role may do its job only: the API may not read events,
 // the dispatcher and the operator may not read the ledger, the report may
 // not write it.

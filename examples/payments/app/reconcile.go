@@ -33,16 +33,23 @@ type DeadInstruction struct {
 
 // Summary is the reconciliation of a run.
 type Summary struct {
-	Elapsed      time.Duration
-	Roles        Roles
-	Accepted     int
-	Delivered    int
-	Dead         []DeadInstruction
-	Skipped      int
-	Kill         KillReport
-	Dispatchers  int
-	Rail         RailStats
+	Elapsed     time.Duration
+	Roles       Roles
+	Accepted    int
+	Delivered   int
+	Dead        []DeadInstruction
+	Skipped     int
+	Kill        KillReport
+	Dispatchers int
+	Rail        RailStats
+	// RailPayments counts the rail's payments of this run's instructions.
 	RailPayments int
+	// EarlierPaid counts the rail's payments of instructions that an
+	// earlier run accepted and left undelivered (it was interrupted): this
+	// run's dispatchers deliver them too, and each is checked against its
+	// own run's ledger row. EarlierSkipped counts the dead heads of
+	// earlier runs the operator skipped.
+	EarlierPaid, EarlierSkipped int
 	// LedgerTotals and RailTotals are the amounts per currency (minor
 	// units) of the delivered instructions and of the rail's payments.
 	LedgerTotals, RailTotals map[string]int64
@@ -79,7 +86,7 @@ type reconcileInput struct {
 // them with what the rail paid.
 func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	s := &Summary{Elapsed: in.elapsed, Roles: *in.roles, Kill: in.kill, Dispatchers: in.dispatchers,
-		Skipped: len(in.skipped), LedgerTotals: map[string]int64{}, RailTotals: map[string]int64{}}
+		LedgerTotals: map[string]int64{}, RailTotals: map[string]int64{}}
 	s.Roles.password, s.Roles.baseDSN, s.Roles.names = "", "", nil // names only
 	bad := func(format string, args ...any) { s.Mismatches = append(s.Mismatches, fmt.Sprintf(format, args...)) }
 
@@ -124,14 +131,15 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	paid := in.rail.Payments()
 	railOrder := in.rail.Order()
 	s.Rail = in.rail.Stats()
-	s.RailPayments = len(paid)
 	ours := map[string]bool{}
+	ourEvents := map[uuid.UUID]bool{}
 	wantOrder := map[string][]int64{}
 	participants := map[string]bool{}
 	for _, a := range ledger {
 		participants[a.Participant] = true
 		key := a.ID.String()
 		ours[key] = true
+		ourEvents[a.EventID] = true
 		e, ok := status[a.EventID]
 		p, isPaid := paid[key]
 		switch {
@@ -181,12 +189,24 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	if len(s.Dead) != in.invalid {
 		bad("%d instructions dead, want the %d invalid ones", len(s.Dead), in.invalid)
 	}
+	var others []string
 	for key, p := range paid {
 		if !ours[key] {
-			bad("the rail paid %s (%s), which is no accepted instruction of this run", key, p.Reference)
+			others = append(others, key)
 			continue
 		}
+		s.RailPayments++
 		s.RailTotals[p.Currency] += p.AmountMinor
+	}
+	if err := reconcileEarlier(ctx, in, paid, others, s, bad); err != nil {
+		return nil, err
+	}
+	for _, head := range in.skipped {
+		if ourEvents[head] {
+			s.Skipped++
+		} else {
+			s.EarlierSkipped++
+		}
 	}
 	if s.RailPayments != s.Delivered {
 		bad("the rail made %d payments for %d delivered instructions", s.RailPayments, s.Delivered)
@@ -226,6 +246,59 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	return s, nil
 }
 
+// reconcileEarlier checks the rail's payments of keys that are no
+// instruction of this run: each must be an instruction an earlier run
+// accepted (and left undelivered when it was interrupted; the outbox
+// delivers it whichever run's dispatcher is running), paid as that run's
+// ledger has it.
+func reconcileEarlier(ctx context.Context, in reconcileInput, paid map[string]Payment, keys []string, s *Summary, bad func(string, ...any)) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, 0, len(keys))
+	for _, key := range keys {
+		if id, err := uuid.Parse(key); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	rows, err := in.pool.Query(ctx, `SELECT id::text, participant_id, seq, amount_minor, currency, destination
+		FROM payments_instructions WHERE id = ANY($1) AND run_id <> $2`, ids, in.runID)
+	if err != nil {
+		return fmt.Errorf("read the ledger of earlier runs: %w", err)
+	}
+	earlier := map[string]Payment{}
+	for rows.Next() {
+		var key string
+		var a Payment
+		if err := rows.Scan(&key, &a.Participant, &a.Seq, &a.AmountMinor, &a.Currency, &a.Destination); err != nil {
+			rows.Close()
+			return err
+		}
+		earlier[key] = a
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
+		p := paid[key]
+		a, ok := earlier[key]
+		switch {
+		case !ok:
+			bad("the rail paid %s (%s), which is no accepted instruction of this run or an earlier one", key, p.Reference)
+		case p.Participant != a.Participant || p.Seq != a.Seq || p.AmountMinor != a.AmountMinor ||
+			p.Currency != a.Currency || p.Destination != a.Destination:
+			bad("instruction %s of an earlier run paid as %s #%d %s %s -> %s, accepted as %s #%d %s %s -> %s", key,
+				p.Participant, p.Seq, money(p.AmountMinor), p.Currency, p.Destination,
+				a.Participant, a.Seq, money(a.AmountMinor), a.Currency, a.Destination)
+		default:
+			s.EarlierPaid++
+		}
+	}
+	return nil
+}
+
 // Print writes the reconciliation.
 func (s *Summary) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
@@ -249,6 +322,10 @@ func (s *Summary) Print(w io.Writer) error {
 		p("  total %s\tledger %s, rail %s", c, money(s.LedgerTotals[c]), money(s.RailTotals[c]))
 	}
 	p("  dead instructions\t%d (operator skipped %d dead heads)", len(s.Dead), s.Skipped)
+	if s.EarlierPaid+s.EarlierSkipped > 0 {
+		p("  earlier runs\t%d instructions an interrupted run left undelivered paid now, each as its run accepted it; %d of their dead heads skipped",
+			s.EarlierPaid, s.EarlierSkipped)
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

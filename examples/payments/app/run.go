@@ -258,6 +258,19 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 
+	// An interrupted run leaves events behind in a database that outlives
+	// it (DATABASE_URL): this run's dispatchers deliver them too, and the
+	// reconciliation checks them against their own run's ledger rows.
+	before, err := reportClient.Admin().Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range before.Topics {
+		if t.Topic == Topic && t.Pending+t.Processing > 0 {
+			o.Progress("%d instructions of earlier runs are still undelivered; this run delivers them too", t.Pending+t.Processing)
+		}
+	}
+
 	rail, err := StartRail(o.Faults, o.Seed)
 	if err != nil {
 		return nil, err
