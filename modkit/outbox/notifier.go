@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -33,7 +34,8 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		// signal once listening: anything enqueued while we were not.
-		err := d.c.store.Listen(ctx, signal, onNotify)
+		var listening atomic.Bool
+		err := d.c.store.Listen(ctx, func() { listening.Store(true); signal() }, onNotify)
 		if ctx.Err() != nil {
 			return
 		}
@@ -41,8 +43,20 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 			d.log.Info("the database has no notifications; polling only")
 			return
 		}
-		delay = min(max(2*delay, 100*time.Millisecond), 5*time.Second)
+		delay = reconnectDelay(delay, listening.Load())
 		d.metrics.listenerReconnects.Add(ctx, 1)
 		d.log.Warn("notification listener lost; polling continues, reconnecting", "error", err, "retry_in", delay)
 	}
+}
+
+// reconnectDelay is the wait before the listener's next reconnect, after
+// one that waited prev and then listened (or failed to): it doubles from
+// 100 ms up to 5 s while reconnects fail, and a listen that worked ends the
+// run of failures, so the next reconnect starts from the shortest delay
+// again rather than from where the failures of an hour ago left it.
+func reconnectDelay(prev time.Duration, listened bool) time.Duration {
+	if listened {
+		prev = 0
+	}
+	return min(max(2*prev, 100*time.Millisecond), 5*time.Second)
 }

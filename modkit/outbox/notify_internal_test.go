@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -64,5 +65,25 @@ func TestNotifyGateConcurrent(t *testing.T) {
 	wg.Wait()
 	if announced != 1 {
 		t.Fatalf("%d of 16 concurrent enqueues announced the topic, want 1", announced)
+	}
+}
+
+// The listener's reconnect delay grows while reconnects fail and starts
+// again from the shortest once a listen worked: it never reset, so after
+// six drops in a process's life every reconnect waited 5 s.
+func TestReconnectDelay(t *testing.T) {
+	var delays []time.Duration
+	d := time.Duration(0)
+	for range 8 {
+		d = reconnectDelay(d, false)
+		delays = append(delays, d)
+	}
+	want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond,
+		1600 * time.Millisecond, 3200 * time.Millisecond, 5 * time.Second, 5 * time.Second}
+	if !slices.Equal(delays, want) {
+		t.Fatalf("delays while failing %v, want %v", delays, want)
+	}
+	if got := reconnectDelay(5*time.Second, true); got != 100*time.Millisecond {
+		t.Fatalf("after a listen that worked: %v, want 100ms", got)
 	}
 }
