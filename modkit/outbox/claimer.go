@@ -41,7 +41,23 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 	var hotUntil time.Time // end of the wake window
 	recheckIn := d.cfg.WakeRecheck
 	isReady, wantClaim, errDelay := false, true, time.Duration(0)
+	// Held events are released once per PollInterval by the clock, not
+	// by the poll timer, which every claim that is not full pushes back
+	// (under steady traffic it would never fire). The first release, once
+	// the dispatcher is ready, repairs what an earlier process left held;
+	// later ones run when this dispatcher has claimed ordered events.
+	var releaseAt time.Time
+	releasedOnce := false
 	for {
+		if now := time.Now(); isReady && !now.Before(releaseAt) {
+			releaseAt = now.Add(d.cfg.PollInterval)
+			if !releasedOnce || d.sawOrdered.Load() {
+				releasedOnce = true
+				if d.releaseHeld(ctx) > 0 {
+					wantClaim = true
+				}
+			}
+		}
 		topics, chains, room, capacity := pool.room()
 		if wantClaim && len(topics) > 0 && room >= max(1, capacity/2) {
 			claimStart := time.Now()
@@ -49,7 +65,12 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			switch {
 			case ctx.Err() != nil:
 				if len(got) > 0 {
-					d.giveBack(context.WithoutCancel(ctx), got)
+					// Bounded as a claim is, so that the stop's stages
+					// start however slow the database is; events not
+					// given back return when their lease ends.
+					gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+					d.giveBack(gctx, got)
+					cancel()
 				}
 				return nil
 			case err != nil:
@@ -123,9 +144,6 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 		case <-poll.C:
 			wantClaim = true
 			resetTimer(poll, d.cfg.PollInterval)
-			if d.sawOrdered.Load() {
-				d.releaseHeld(ctx)
-			}
 		}
 	}
 }
@@ -152,16 +170,19 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, l
 const releaseHeldMax = 1000
 
 // releaseHeld repairs events held behind an ordering predecessor that has
-// settled (see driver.Store.ReleaseHeld): the predecessor's outcome frees
-// its successor in the same statement, unless the successor's enqueue was
-// still committing then. Run on the poll timer by dispatchers that have
-// claimed ordered events.
-func (d *Dispatcher) releaseHeld(ctx context.Context) {
+// settled (see driver.Store.ReleaseHeld) and returns how many it let into
+// the claim: a delivery frees its successor in the same statement, unless
+// the successor's enqueue was still committing then, and a dead head of a
+// SkipDeadHeads topic frees none. Run by the claimer once per PollInterval
+// (see claimer).
+func (d *Dispatcher) releaseHeld(ctx context.Context) int64 {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
 	defer cancel()
-	if _, err := d.c.store.ReleaseHeld(ctx, d.reg.keys, d.reg.skipDead, releaseHeldMax); err != nil && ctx.Err() == nil {
-		d.log.Warn("releasing ordered events held behind settled ones failed; retrying at the next poll", "error", err)
+	n, err := d.c.store.ReleaseHeld(ctx, d.reg.keys, d.reg.skipDead, releaseHeldMax)
+	if err != nil && ctx.Err() == nil {
+		d.log.Warn("releasing ordered events held behind settled ones failed; retrying in a PollInterval", "error", err)
 	}
+	return n
 }
 
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {

@@ -211,6 +211,10 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) 
 		r := &batch[i]
 		switch r.kind {
 		case ackedInTx:
+			if r.c.d.OrderingKey != "" {
+				// The handler's commit freed the next event of the key.
+				due.add(time.Now())
+			}
 			d.record(*r, Outcome{Status: StatusDelivered})
 			continue
 		case lostInTx:

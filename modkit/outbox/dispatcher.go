@@ -51,7 +51,10 @@ type DispatcherConfig struct {
 	LeaseDuration time.Duration
 	// LeaseHeadroom is cut from the lease to get the publish deadline,
 	// leaving time to record the outcome before the lease ends; it also
-	// bounds how long a claim, and each maintenance statement, may take.
+	// bounds how long a claim (and the give-back of one that returns after
+	// a stop), a maintenance election and a release of held events may
+	// take. The maintenance pass's sweep and purge are bounded by the
+	// leadership they run under (two thirds of its term).
 	// Default LeaseDuration/5, at most 5s. Must be at least 20ms and below
 	// LeaseDuration.
 	LeaseHeadroom time.Duration
@@ -177,7 +180,7 @@ type Dispatcher struct {
 	metrics  *metrics
 	hardStop atomic.Bool // publishes were cancelled by a stop
 	// sawOrdered: this dispatcher has claimed events with an ordering key,
-	// so it repairs held ones on its poll timer.
+	// so it repairs held ones once per PollInterval (see claimer).
 	sawOrdered atomic.Bool
 
 	// recordMu makes the outcome writers record (metrics, OnOutcome,

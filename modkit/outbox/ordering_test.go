@@ -522,6 +522,146 @@ func TestSkipDeadHeadsPolicy(t *testing.T) {
 	}
 }
 
+// Events held behind a dead head of a SkipDeadHeads topic go on while the
+// dispatcher is busy with other events. The dead outcome does not free the
+// held successor; the dispatcher's release of held events does, once per
+// PollInterval. It ran only when the poll timer fired, which every claim
+// that was not full pushed back: under steady traffic (here an unrelated
+// event every 10 ms, five claims a PollInterval), never.
+func TestHeldEventsGoOnUnderSteadyTraffic(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	poison := make(chan uuid.UUID, 1)
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.PollInterval = 50 * time.Millisecond
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, SkipDeadHeads: true,
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			select {
+			case id := <-poison:
+				if d.ID != id {
+					poison <- id
+					break
+				}
+				return outbox.Permanent(errors.New("poison"))
+			default:
+			}
+			return nil
+		}})
+	// Steady traffic, until the test ends.
+	trafficCtx, stopTraffic := context.WithCancel(ctx)
+	trafficDone := make(chan struct{})
+	t.Cleanup(func() { stopTraffic(); <-trafficDone })
+	go func() {
+		defer close(trafficDone)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-trafficCtx.Done():
+				return
+			case <-tick.C:
+			}
+			if _, err := client.Enqueue(trafficCtx, pool, msg(1000+i)); err != nil && trafficCtx.Err() == nil {
+				t.Errorf("traffic: %v", err)
+				return
+			}
+		}
+	}()
+	log.waitFor(t, "the traffic flowing", finalCount(outbox.StatusDelivered, 1))
+
+	// The key's head and two successors in one transaction: the successors
+	// are held behind the head from the start.
+	msgs := []outbox.Message{msg(0), msg(1), msg(2)}
+	for i := range msgs {
+		msgs[i].OrderingKey = "k"
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	var ids []uuid.UUID
+	for _, m := range msgs {
+		res, err := client.Enqueue(ctx, tx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	poison <- ids[0]
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log.waitFor(t, "the key's successors delivered past its dead head", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		for _, id := range ids[1:] {
+			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != outbox.StatusDelivered {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// An event left held behind a settled predecessor by an earlier process
+// (its enqueue committed while the predecessor's delivery did, so the
+// delivery could not free it) is released by a dispatcher that starts
+// afterwards, even though that dispatcher claims no other ordered event.
+// The release ran only after a dispatcher had claimed an ordered event, so
+// a key whose only remaining events were held stayed held for ever.
+func TestHeldEventLeftByAnEarlierProcessGoesOn(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var ids []uuid.UUID
+	for i := range 2 {
+		m := msg(i)
+		m.OrderingKey = "k"
+		res, err := client.Enqueue(ctx, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	// The head delivered behind the library's back, as if its outcome had
+	// committed before the second's enqueue: the second stays held.
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'delivered' WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT held FROM modkit_outbox_events WHERE id = $1`, ids[1]).Scan(&held); err != nil || !held {
+		t.Fatalf("the second event held: %v, %v; the test needs it held", held, err)
+	}
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic,
+		Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	log.waitFor(t, "the held event delivered", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		os := m[ids[1]]
+		return len(os) > 0 && os[len(os)-1].Status == outbox.StatusDelivered
+	})
+}
+
+// A HandleTx handler's commit frees the next event of its key, and the
+// dispatcher claims it at once, as it does after a publish's delivery. It
+// waited for a re-check of the wake window or, past the window (here a
+// nanosecond), for the poll (here longer than the test's guard).
+func TestHandleTxFreesTheNextEventOfItsKeyAtOnce(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	msgs := []outbox.Message{msg(0), msg(1)}
+	for i := range msgs {
+		msgs[i].OrderingKey = "k"
+	}
+	if _, err := client.EnqueueBatch(ctx, pool, msgs); err != nil {
+		t.Fatal(err)
+	}
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.LeaseDuration, cfg.PollInterval, cfg.WakeWindow = 4*guard, guard+time.Second, time.Nanosecond
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic,
+		HandleTx: func(context.Context, pgx.Tx, outbox.Delivery) error { return nil }})
+	log.waitFor(t, "both events of the key delivered", finalCount(outbox.StatusDelivered, 2))
+}
+
 // A dispatcher that knows its publish pace claims a key's due events
 // together and publishes them one after another; when one fails, the rest
 // go back unpublished with their attempt undone, and follow it in order
