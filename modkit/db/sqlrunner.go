@@ -16,6 +16,12 @@ import (
 // bun handles are unwrapped to the database/sql handle they embed, so bun's
 // own ? formatting never touches it.
 //
+// The handle must be on pgx's database/sql driver (github.com/jackc/pgx/v5/stdlib),
+// as Provider's SQL and Bun are: modkit passes pgx's array types as
+// arguments (outbox EnqueueBatch, for example) and tells errors apart by
+// pgx's *pgconn.PgError, which other drivers (lib/pq, bun's pgdriver)
+// neither take nor return.
+//
 // The result serves modkit calls (outbox Enqueue, for example). Used
 // directly, its Query rows implement what database/sql can: FieldDescriptions
 // carries column names only, and RawValues, Conn and TypeMap are nil.

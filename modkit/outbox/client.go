@@ -25,10 +25,15 @@ type Config struct {
 	// creates them there; every enqueue, dispatcher and Admin call of the
 	// client uses it.
 	Schema string
-	// MaxPayloadBytes caps Message.Payload. Default 1 MiB. The database
-	// refuses a payload whose stored (binary jsonb) size exceeds 4 MiB on
-	// its own: above about 2 MiB here, raise that too with
-	// SELECT <schema>.modkit_outbox_set_payload_limit(bytes) as the owner.
+	// MaxPayloadBytes caps Message.Payload, its JSON text. Default 1 MiB.
+	// The database refuses a payload whose stored (binary jsonb) form
+	// exceeds 4 MiB on its own, unless the owner raises that limit with
+	// SELECT <schema>.modkit_outbox_set_payload_limit(bytes). The stored
+	// form of an object of strings is about its text's size; of an array
+	// of small numbers, up to six times it (a 700 KB payload of them can
+	// pass this check and fail the database's). Such a refusal also
+	// matches ErrPayloadTooLarge, but it comes from the INSERT, which
+	// aborts the caller's transaction.
 	MaxPayloadBytes int
 	// ErrorMaxLen caps the publish error stored in last_error, in bytes.
 	// Default 2048; at least 64.
@@ -352,6 +357,18 @@ func pgCode(err error) string {
 	return ""
 }
 
+// payloadSizeConstraint is the table's check of a payload's stored size.
+const payloadSizeConstraint = "modkit_outbox_events_payload_size_check"
+
+// pgConstraint returns the constraint a PostgreSQL error names, if any.
+func pgConstraint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.ConstraintName
+	}
+	return ""
+}
+
 // enqueueError turns driver failures into errors that say what to do.
 func (c *Client) enqueueError(what string, err error) error {
 	switch {
@@ -363,6 +380,11 @@ func (c *Client) enqueueError(what string, err error) error {
 		return fmt.Errorf("outbox: %s: %w (an earlier statement of this transaction failed: roll it back and retry the whole transaction)", what, err)
 	case errors.Is(err, driver.ErrInvisibleDuplicate), errors.Is(err, driver.ErrSerialization):
 		return fmt.Errorf("outbox: %s: %w: %w", what, ErrConflict, err)
+	case pgCode(err) == "40P01": // deadlock_detected: two transactions enqueued ordering keys (or dedupe keys) in opposite orders
+		return fmt.Errorf("outbox: %s: %w (enqueue a transaction's ordering keys in one order, sorted say, to avoid it): %w", what, ErrConflict, err)
+	case pgConstraint(err) == payloadSizeConstraint:
+		return fmt.Errorf("outbox: %s: %w: its stored (binary jsonb) form exceeds the database's limit, 4 MiB unless raised "+
+			"with %s.modkit_outbox_set_payload_limit(bytes); see Config.MaxPayloadBytes: %w", what, ErrPayloadTooLarge, c.cfg.Schema, err)
 	case c.store.Fatal(err):
 		return fmt.Errorf("outbox: %s: %w (is the outbox migrated into schema %q, and may this role write it? see Client.Migrate)", what, err, c.cfg.Schema)
 	}

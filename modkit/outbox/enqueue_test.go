@@ -581,6 +581,84 @@ func TestPayloadLimitDefault(t *testing.T) {
 	}
 }
 
+// A payload within MaxPayloadBytes whose stored (binary jsonb) form exceeds
+// the database's 4 MiB, an array of small numbers (800 KB of text, 4.8 MB
+// stored): the database refuses it, and the error matches
+// ErrPayloadTooLarge and names the limit, alone and in a batch (the
+// enqueue function's path). It was a bare check violation.
+func TestPayloadOverTheStoredLimit(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	m := msg(0)
+	m.Payload = json.RawMessage("[" + strings.Repeat("0,", 400_000) + "0]")
+	for name, enqueue := range map[string]func() error{
+		"alone":      func() error { _, err := c.Enqueue(ctx, pool, m); return err },
+		"in a batch": func() error { _, err := c.EnqueueBatch(ctx, pool, []outbox.Message{msg(1), m}); return err },
+	} {
+		err := enqueue()
+		if !errors.Is(err, outbox.ErrPayloadTooLarge) || !strings.Contains(err.Error(), "modkit_outbox_set_payload_limit") {
+			t.Fatalf("%s: %v, want ErrPayloadTooLarge naming the database's limit", name, err)
+		}
+	}
+	if n := countRows(t, pool, "true"); n != 0 {
+		t.Fatalf("%d rows, want none", n)
+	}
+}
+
+// Two transactions that enqueue two ordering keys in opposite orders
+// deadlock on the keys' sequences; the one PostgreSQL aborts gets
+// ErrConflict (retry the whole transaction) with a hint to keep one order,
+// and the other goes on.
+func TestEnqueueDeadlockIsAConflict(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	keyed := func(key string) outbox.Message {
+		m := msg(0)
+		m.OrderingKey = key
+		return m
+	}
+	begin := func() pgx.Tx {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		return tx
+	}
+	tx1, tx2 := begin(), begin()
+	if _, err := c.Enqueue(ctx, tx1, keyed("a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, tx2, keyed("b")); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for _, step := range []struct {
+		tx  pgx.Tx
+		key string
+	}{{tx1, "b"}, {tx2, "a"}} {
+		go func() {
+			_, err := c.Enqueue(ctx, step.tx, keyed(step.key))
+			if err != nil {
+				_ = step.tx.Rollback(ctx) // the victim lets the other go on
+			}
+			errs <- err
+		}()
+	}
+	var conflicts int
+	for range 2 {
+		if err := <-errs; err != nil {
+			if !errors.Is(err, outbox.ErrConflict) || !strings.Contains(err.Error(), "one order") {
+				t.Fatalf("the deadlock's victim: %v, want ErrConflict with the hint", err)
+			}
+			conflicts++
+		}
+	}
+	if conflicts != 1 {
+		t.Fatalf("%d enqueues failed, want the deadlock's one victim", conflicts)
+	}
+}
+
 // Large batches through pgx take the COPY fast path, which falls back to the
 // INSERT when a dedupe key already exists: through every kind of runner the
 // results are the same, duplicates name the original rows, a fallback inside

@@ -23,7 +23,8 @@ var (
 	// PostgreSQL's jsonb refuses (\u0000, unpaired surrogates, numbers out
 	// of range).
 	ErrInvalidPayload = errors.New("outbox: invalid payload")
-	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes.
+	// ErrPayloadTooLarge: the payload exceeds Config.MaxPayloadBytes, or
+	// its stored form the database's limit (see Config.MaxPayloadBytes).
 	ErrPayloadTooLarge = errors.New("outbox: payload too large")
 	// ErrInvalidDedupeKey: the key is empty, blank, too long (as stored),
 	// not UTF-8 or holds a NUL byte.
@@ -95,7 +96,9 @@ var ErrInvalidState = driver.ErrInvalidState
 // REPEATABLE READ or SERIALIZABLE isolation, another transaction committed
 // the same dedupe key after this one began (or the database aborted it with
 // a serialization failure, SQLSTATE 40001), or the row holding the key was
-// just purged. The transaction is aborted; run the whole transaction again.
+// just purged; or the database broke a deadlock with another transaction
+// by aborting this one (SQLSTATE 40P01; see Message.OrderingKey). The
+// transaction is aborted; run the whole transaction again.
 var ErrConflict = errors.New("outbox: enqueue conflicts with a concurrent transaction; retry the whole transaction")
 
 // permanentError marks a publish failure that retrying cannot fix.

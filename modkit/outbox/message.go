@@ -39,8 +39,11 @@ type Message struct {
 	// transactions committed, by a per-key sequence allocated in tx
 	// (gap-free: a rolled-back transaction takes none). Producers of one
 	// key wait for each other's transactions; producers of different keys
-	// never do. At most 256 bytes of UTF-8. Events without a key are not
-	// ordered (see the package documentation).
+	// never do. Two transactions that each enqueue several keys can
+	// therefore deadlock when they take them in opposite orders; the one
+	// PostgreSQL aborts gets ErrConflict, so enqueue a transaction's keys
+	// in one order (sorted, say). At most 256 bytes of UTF-8. Events
+	// without a key are not ordered (see the package documentation).
 	OrderingKey string
 	// Headers is optional metadata carried to the publisher unchanged in
 	// Delivery.Headers (correlation ids, content types): at most 64
