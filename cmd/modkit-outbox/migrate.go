@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,11 +33,25 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		f.printUsage(e.stderr)
 		return usageErr("migrate needs one of up, down, status, sql")
 	}
-	if pos[0] == "sql" {
-		return printMigrations(e, *format, *out)
-	}
-	if pos[0] != "up" && pos[0] != "down" && pos[0] != "status" {
+	if pos[0] != "up" && pos[0] != "down" && pos[0] != "status" && pos[0] != "sql" {
 		return usageErr("migrate %q: use up, down, status or sql", pos[0])
+	}
+	// A flag the subcommand does not use is refused, not ignored: a
+	// schema that sql ignored put the tables in another schema.
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	for name, subcommands := range map[string]string{"steps": "down", "yes": "down", "format": "sql", "out": "sql"} {
+		if set[name] && subcommands != pos[0] {
+			return usageErr("--%s is for migrate %s only", name, subcommands)
+		}
+	}
+	if pos[0] == "sql" {
+		if set["schema"] {
+			return usageErr("migrate sql does not take --schema: the files create the outbox in the first schema of the " +
+				"search_path of the session that runs them; run them with it set (PGOPTIONS='-c search_path=shop' psql …), " +
+				"or use migrate up --schema")
+		}
+		return printMigrations(e, *format, *out)
 	}
 	if pos[0] == "down" && *steps <= 0 {
 		return usageErr("--steps is %d; it must be at least 1", *steps)
