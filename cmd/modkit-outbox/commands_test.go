@@ -283,6 +283,50 @@ func TestDeadReplay(t *testing.T) {
 	cli(t, f.dsn, "dead", "replay", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
 }
 
+// TestDeadPurge: a dry run changes nothing; a purge asks even for one
+// event, deletes the dead events only, and leaves their history with who
+// asked.
+func TestDeadPurge(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 2)
+	dead := f.settle(t, orders, 2, driver.Dead, 0)
+	f.enqueue(t, mails, 1)
+	deadMail := f.settle(t, mails, 1, driver.Dead, 0)[0]
+
+	r := cli(t, f.dsn, "dead", "purge", "--topic", "shop/order_paid", "--dry-run").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dry run: 2 dead event(s) would be purged") {
+		t.Fatalf("dry run:\n%s", r.stdout)
+	}
+	// Even one event, without --yes and no terminal to ask on: refused.
+	r = cli(t, f.dsn, "dead", "purge", dead[0].String()).must(t, exitAborted)
+	if !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("refusal does not say what to do: %s", r.stderr)
+	}
+	for _, id := range append(dead, deadMail) {
+		if s := f.status(t, id); s != outbox.StatusDead {
+			t.Fatalf("after a dry run and a refusal %s is %s", id, s)
+		}
+	}
+	r = cli(t, f.dsn, "dead", "purge", "--topic", "shop/order_paid", "--yes", "--by", "test operator").must(t, exitOK)
+	if !strings.Contains(r.stdout, "purged 2 event(s)") {
+		t.Fatalf("purge:\n%s", r.stdout)
+	}
+	for _, id := range dead {
+		if _, err := f.client.Admin().Get(bg, id); !errors.Is(err, outbox.ErrNotFound) {
+			t.Fatalf("purged %s: %v, want ErrNotFound", id, err)
+		}
+		if h, err := f.client.Admin().History(bg, id); err != nil || len(h) == 0 || h[len(h)-1].Outcome != "purged" ||
+			!strings.Contains(h[len(h)-1].Detail, "test operator") {
+			t.Fatalf("history of the purged event: %+v %v", h, err)
+		}
+	}
+	if s := f.status(t, deadMail); s != outbox.StatusDead {
+		t.Fatalf("the filter purged another topic's event: %s", s)
+	}
+	cli(t, f.dsn, "dead", "purge", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b", "--yes").must(t, exitNotFound)
+	cli(t, f.dsn, "dead", "purge", "--key", "k", "--yes").must(t, exitUsage)
+}
+
 func TestPurge(t *testing.T) {
 	f := newFixture(t)
 	ids := f.enqueue(t, orders, 2)
@@ -316,6 +360,9 @@ func TestExitCodes(t *testing.T) {
 		{f.dsn, []string{"events", "list", "--since", "yesterday"}, exitUsage, "RFC 3339"},
 		{f.dsn, []string{"migrate", "sideways"}, exitUsage, "up, down, status or sql"},
 		{f.dsn, []string{"migrate", "sql", "--format", "flyway"}, exitUsage, "golang-migrate, goose or plain"},
+		{f.dsn, []string{"migrate", "sql", "--schema", "shop"}, exitUsage, "search_path"},
+		{f.dsn, []string{"migrate", "up", "--steps", "2"}, exitUsage, "--steps is for migrate down only"},
+		{f.dsn, []string{"migrate", "status", "--format", "goose"}, exitUsage, "--format is for migrate sql only"},
 		{"", []string{"stats"}, exitUsage, "DATABASE_URL"},
 		{"postgres://nobody@127.0.0.1:1/none?connect_timeout=5", []string{"stats"}, exitUnreachable, "cannot reach the database"},
 		{"host=127.0.0.1 port=1 user=x", []string{"events", "list", "--connect-timeout", "5s"}, exitUnreachable, "cannot reach"},
@@ -400,7 +447,7 @@ func TestDeadSkipHead(t *testing.T) {
 		{[]string{"dead", "skip-head", acct7[0].String(), "--topic", "shop/order_paid", "--key", "acct-7"}, exitUsage, "not both"},
 		{[]string{"dead", "skip-head", "acct-7"}, exitUsage, "not an event id"},
 		{[]string{"dead", "skip-head", acct7[0].String(), acct8[0].String(), "--yes"}, exitUsage, "one event id"},
-		{[]string{"dead", "skip-head", acct7[0].String(), "--since", "1h"}, exitUsage, "--since is for dead replay"},
+		{[]string{"dead", "skip-head", acct7[0].String(), "--since", "1h"}, exitUsage, "--since is for dead replay and purge"},
 		{[]string{"dead", "skip-head", acct7[0].String(), "--by", " ", "--yes"}, exitUsage, "--by"},
 		{[]string{"dead", "replay", "--key", "acct-7"}, exitUsage, "--key is for dead skip-head"},
 		{[]string{"dead", "skip-head", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b", "--yes"}, exitNotFound, "no event"},

@@ -19,41 +19,62 @@ import (
 const deadExamples = `  modkit-outbox dead replay 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b
   modkit-outbox dead replay --topic shop/order_paid --since 1h --dry-run
   modkit-outbox dead replay --topic shop/order_paid --yes --by "alice, after the billing fix"
+  modkit-outbox dead purge 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --by "alice, poison payload"
   modkit-outbox dead skip-head --topic shop/order_paid --key acct-7 --dry-run
   modkit-outbox dead skip-head 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --yes --by "alice, refunded by hand"
 `
 
-// deadUsage is the usage line of dead: its two subcommands.
+// deadUsage is the usage line of dead: its three subcommands.
 const deadUsage = `dead replay [ID...] [flags]
+  modkit-outbox dead purge [ID...] [flags]
   modkit-outbox dead skip-head ID | --topic NAMESPACE/TOPIC --key KEY [flags]`
 
-// replayShowMax is how many of the events to replay are listed before
-// the confirmation.
+// replayShowMax is how many of the events to replay or purge are listed
+// before the confirmation.
 const replayShowMax = 20
+
+// deadAction is what dead replay or dead purge does to the events it
+// selects.
+type deadAction struct {
+	verb, done string // "replay", "replayed"
+	// alwaysAsk: confirm even a single event (without --yes).
+	alwaysAsk bool
+	run       func(a *outbox.Admin, ctx context.Context, by string, ids ...uuid.UUID) ([]uuid.UUID, error)
+}
+
+var deadActions = map[string]deadAction{
+	"replay": {verb: "replay", done: "replayed", run: func(a *outbox.Admin, ctx context.Context, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+		return a.ReplayDead(ctx, by, outbox.EventFilter{}, ids...)
+	}},
+	"purge": {verb: "purge", done: "purged", alwaysAsk: true, run: func(a *outbox.Admin, ctx context.Context, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+		return a.PurgeDead(ctx, by, outbox.EventFilter{}, ids...)
+	}},
+}
 
 func runDead(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "dead", deadUsage, deadExamples)
 	var ff filterFlags
 	ff.register(f)
-	limit := f.Int("limit", 1000, "replay by filter: at most this many events, oldest first (at most 10000)")
+	limit := f.Int("limit", 1000, "replay or purge by filter: at most this many events, oldest first (at most 10000)")
 	key := f.String("key", "", "skip-head: the ordering key whose dead head to skip, with --topic NAMESPACE/TOPIC")
-	dryRun := f.Bool("dry-run", false, "show what would be replayed or skipped and change nothing")
-	yes := f.Bool("yes", false, "do not ask for confirmation (replay asks when replaying more than one event, skip-head always)")
-	by := f.String("by", defaultBy(), "who is acting, recorded in each event's history (its replayed or skipped entry)")
+	dryRun := f.Bool("dry-run", false, "show what would be replayed, purged or skipped and change nothing")
+	yes := f.Bool("yes", false, "do not ask for confirmation (replay asks when replaying more than one event, purge and skip-head always)")
+	by := f.String("by", defaultBy(), "who is acting, recorded in each event's history (its replayed, purged or skipped entry)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) == 0 || (pos[0] != "replay" && pos[0] != "skip-head") {
+	action, isAction := deadActions[pos0(pos)]
+	if !isAction && pos0(pos) != "skip-head" {
 		f.printUsage(e.stderr)
-		return usageErr("dead needs a subcommand: replay or skip-head")
+		return usageErr("dead needs a subcommand: replay, purge or skip-head")
 	}
 	set := map[string]bool{}
 	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	if pos[0] == "skip-head" {
 		for _, name := range []string{"namespace", "tenant", "since", "until", "limit"} {
 			if set[name] {
-				return usageErr("--%s is for dead replay; skip-head takes the dead head's event id, or --topic and --key", name)
+				return usageErr("--%s is for dead replay and purge; skip-head takes the dead head's event id, or --topic and --key", name)
 			}
 		}
 		if strings.TrimSpace(*by) == "" {
@@ -63,10 +84,10 @@ func runDead(ctx context.Context, e env, args []string) error {
 			by: *by, dryRun: *dryRun, yes: *yes})
 	}
 	if set["key"] {
-		return usageErr("--key is for dead skip-head; replay selects events by id or by the filter flags")
+		return usageErr("--key is for dead skip-head; %s selects events by id or by the filter flags", action.verb)
 	}
 	if strings.TrimSpace(*by) == "" {
-		return usageErr("--by is empty; say who is replaying")
+		return usageErr("--by is empty; say who is acting")
 	}
 	var ids []uuid.UUID
 	for _, s := range pos[1:] {
@@ -95,12 +116,12 @@ func runDead(ctx context.Context, e env, args []string) error {
 	defer pool.Close()
 	a := c.Admin()
 
-	targets, err := replayTargets(ctx, e, a, ids, filter, *limit)
+	targets, err := deadTargets(ctx, e, a, action, ids, filter, *limit)
 	if err != nil {
 		return err
 	}
 	if len(targets) == 0 {
-		fmt.Fprintln(e.stdout, "no dead event matches; nothing to replay")
+		fmt.Fprintf(e.stdout, "no dead event matches; nothing to %s\n", action.verb)
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -113,11 +134,15 @@ func runDead(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stdout, "… and %d more\n", len(targets)-replayShowMax)
 	}
 	if *dryRun {
-		fmt.Fprintf(e.stdout, "dry run: %d dead event(s) would be replayed; nothing was changed\n", len(targets))
+		fmt.Fprintf(e.stdout, "dry run: %d dead event(s) would be %s; nothing was changed\n", len(targets), action.done)
 		return nil
 	}
-	if len(targets) > 1 && !*yes {
-		if err := confirm(e, fmt.Sprintf("Replay %d dead events?", len(targets))); err != nil {
+	if (len(targets) > 1 || action.alwaysAsk) && !*yes {
+		question := fmt.Sprintf("%s %d dead event(s)?", strings.ToUpper(action.verb[:1])+action.verb[1:], len(targets))
+		if action.alwaysAsk {
+			question = fmt.Sprintf("Delete %d dead event(s) for good? (their history stays)", len(targets))
+		}
+		if err := confirm(e, question); err != nil {
 			return err
 		}
 	}
@@ -125,30 +150,38 @@ func runDead(ctx context.Context, e env, args []string) error {
 	for i, ev := range targets {
 		targetIDs[i] = ev.ID
 	}
-	replayed, err := a.ReplayDead(ctx, *by, outbox.EventFilter{}, targetIDs...)
+	changed, err := action.run(a, ctx, *by, targetIDs...)
 	if errors.Is(err, outbox.ErrInvalidConfig) {
 		return withCode(exitUsage, err)
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "replayed %d event(s)\n", len(replayed))
-	if n := len(targets) - len(replayed); n > 0 {
+	fmt.Fprintf(e.stdout, "%s %d event(s)\n", action.done, len(changed))
+	if n := len(targets) - len(changed); n > 0 {
 		fmt.Fprintf(e.stdout, "%d event(s) were no longer dead and were left alone\n", n)
 	}
 	return nil
 }
 
-// replayTargets resolves the dead events to replay: the ids given (each
-// must exist; ones not dead are reported and skipped), or those the filter
-// matches, oldest first, at most limit.
-func replayTargets(ctx context.Context, e env, a *outbox.Admin, ids []uuid.UUID, f outbox.EventFilter, limit int) ([]outbox.Event, error) {
+// pos0 is the first positional argument, the subcommand ("" for none).
+func pos0(pos []string) string {
+	if len(pos) == 0 {
+		return ""
+	}
+	return pos[0]
+}
+
+// deadTargets resolves the dead events to replay or purge: the ids given
+// (each must exist; ones not dead are reported and skipped), or those the
+// filter matches, oldest first, at most limit.
+func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction, ids []uuid.UUID, f outbox.EventFilter, limit int) ([]outbox.Event, error) {
 	var out []outbox.Event
 	if len(ids) > 0 {
 		for _, id := range ids {
 			ev, err := a.Get(ctx, id)
 			if errors.Is(err, outbox.ErrNotFound) {
-				return nil, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema); nothing was replayed", id))
+				return nil, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema); nothing was %s", id, action.done))
 			}
 			if err != nil {
 				return nil, err

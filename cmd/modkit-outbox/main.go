@@ -1,8 +1,8 @@
 // Command modkit-outbox operates a modkit transactional outbox from the
 // shell: it migrates the schema, prints the migrations for other tools,
-// shows statistics and events, replays dead events, skips the dead head of
-// an ordering key, purges delivered ones, follows deliveries live and
-// serves the web dashboard.
+// shows statistics and events, replays or purges dead events, skips the
+// dead head of an ordering key, purges delivered ones, follows deliveries
+// live and serves the web dashboard.
 //
 // Install it with
 //
@@ -85,7 +85,7 @@ func commands() []command {
 		{"migrate", "apply, revert, list or print the outbox migrations", runMigrate},
 		{"stats", "count events per namespace, topic and status", runStats},
 		{"events", "list events with filters, or show one", runEvents},
-		{"dead", "replay dead events (by id or filter), or skip an ordering key's dead head", runDead},
+		{"dead", "replay or purge dead events (by id or filter), or skip an ordering key's dead head", runDead},
 		{"purge", "delete delivered events of topics older than a retention", runPurge},
 		{"tail", "follow deliveries and dead letters live", runTail},
 		{"serve", "serve the web dashboard", runServe},

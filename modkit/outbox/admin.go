@@ -92,9 +92,10 @@ type Attempt struct {
 	// Publisher.DeleteOnDelivery deleted the event), retry, dead, released
 	// (given back unpublished), lease_expired (the claim ended without an
 	// outcome: its dispatcher crashed or overran), swept (dead-lettered by
-	// the sweeper: attempts used up), replayed (by an operator), purged (by
-	// an operator's Admin.Purge; the dispatchers' own retention purge
-	// leaves no entry).
+	// the sweeper: attempts used up), replayed (by an operator), skipped
+	// (a dead head an operator skipped, Admin.SkipHead), purged (by an
+	// operator's Admin.Purge or Admin.PurgeDead; the dispatchers' own
+	// retention purge leaves no entry).
 	Outcome string
 	// Attempt is the event's attempt number during the claim this entry
 	// closes; 0 for entries that close no claim.
@@ -254,11 +255,12 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	return out, nil
 }
 
-// EventFilter selects events for Admin.List and Admin.ReplayDead.
+// EventFilter selects events for Admin.List, Admin.ReplayDead and
+// Admin.PurgeDead.
 // Zero fields match anything.
 type EventFilter struct {
-	// Status to list. Replay and purge act on dead events only and refuse
-	// any other Status.
+	// Status to list. ReplayDead and PurgeDead act on dead events only and
+	// refuse any other Status.
 	Status    Status
 	Namespace string
 	Topic     string
@@ -267,7 +269,7 @@ type EventFilter struct {
 	// enqueue time.
 	CreatedAfter, CreatedBefore time.Time
 	// Limit is List's page size: default 100, at most 1000. For
-	// ReplayDead by filter it caps how many events one call
+	// ReplayDead and PurgeDead by filter it caps how many events one call
 	// changes: default and at most 10000.
 	Limit int
 	// After is the NextPage of the previous page; empty for the first.
@@ -347,22 +349,53 @@ func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) Even
 // the error the event died with. Ids that are unknown or not dead are
 // skipped. It returns the ids replayed.
 func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
-	if strings.TrimSpace(by) == "" {
-		return nil, configError("ReplayDead needs a non-empty 'by' (who is replaying) for the audit trail")
-	}
-	if f.Status != "" && f.Status != StatusDead {
-		return nil, configError("ReplayDead replays dead events only; EventFilter.Status is %q", f.Status)
-	}
-	f.Status = StatusDead
-	df, err := f.toDriver(replayFilterLimitMax, replayFilterLimitMax)
+	p, err := deadParams("ReplayDead", "replaying", by, f, ids)
 	if err != nil {
 		return nil, err
 	}
-	replayed, err := a.c.store.Replay(ctx, driver.ReplayParams{IDs: ids, Filter: df, By: sanitizeError(by, replayByMaxLen)})
+	replayed, err := a.c.store.Replay(ctx, p)
 	if err != nil {
 		return nil, a.wrapErr(err, "replay dead")
 	}
 	return replayed, nil
+}
+
+// PurgeDead deletes dead events: the ones in ids or, when ids is empty,
+// those matching f (at most f.Limit, default 10000, oldest first). It is
+// for events that must never be published: a poison payload, an event made
+// obsolete by hand. by names who asked, as for ReplayDead: each event's
+// History keeps a "purged" entry with by, the time and the database
+// session user. Deleting an event frees its dedupe key, and deleting the
+// dead head of an ordering key lets the key's later events go on, as
+// SkipHead does (within a PollInterval of a dispatcher of the topic). Ids
+// that are unknown or not dead are skipped. It returns the ids deleted.
+func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	p, err := deadParams("PurgeDead", "purging", by, f, ids)
+	if err != nil {
+		return nil, err
+	}
+	purged, err := a.c.store.PurgeDead(ctx, p)
+	if err != nil {
+		return nil, a.wrapErr(err, "purge dead")
+	}
+	return purged, nil
+}
+
+// deadParams checks the arguments of ReplayDead and PurgeDead (call; doing,
+// what its caller is doing, for the error) and selects the dead events.
+func deadParams(call, doing, by string, f EventFilter, ids []uuid.UUID) (driver.ReplayParams, error) {
+	if strings.TrimSpace(by) == "" {
+		return driver.ReplayParams{}, configError("%s needs a non-empty 'by' (who is %s) for the audit trail", call, doing)
+	}
+	if f.Status != "" && f.Status != StatusDead {
+		return driver.ReplayParams{}, configError("%s acts on dead events only; EventFilter.Status is %q", call, f.Status)
+	}
+	f.Status = StatusDead
+	df, err := f.toDriver(replayFilterLimitMax, replayFilterLimitMax)
+	if err != nil {
+		return driver.ReplayParams{}, err
+	}
+	return driver.ReplayParams{IDs: ids, Filter: df, By: sanitizeError(by, replayByMaxLen)}, nil
 }
 
 // Purge deletes the delivered events of topics older than retention, in

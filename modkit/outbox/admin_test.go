@@ -482,6 +482,99 @@ func TestReplayDeadByFilter(t *testing.T) {
 	}
 }
 
+// PurgeDead deletes dead events, by id or by filter (oldest first, at most
+// Limit), and nothing else: pending and delivered events and unknown ids
+// are passed over. Each deleted event's history ends with a purged entry
+// naming who asked; its dedupe key is free again. It refuses an empty by
+// and a Status other than dead, changing nothing.
+func TestPurgeDead(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	st := admStore(t, pool, "public", nil)
+	var dead []uuid.UUID
+	for _, m := range []outbox.Message{keyed(0, "poison"), msg(1), msg(2), msg(3)} {
+		res, err := c.Enqueue(ctx, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead = append(dead, res.ID)
+	}
+	if got := admClaimedIDs(admKillAll(t, st, testTopic)); !slices.Equal(got, dead) {
+		t.Fatalf("killed %v, want %v", got, dead)
+	}
+	extra := enqueueN(t, c, pool, 2) // one delivered, one pending
+	admSettle(t, st, driver.Delivered, "", admClaim(t, st, 1)...)
+	total := countRows(t, pool, "true")
+
+	for name, try := range map[string]func() ([]uuid.UUID, error){
+		"empty by": func() ([]uuid.UUID, error) { return c.Admin().PurgeDead(ctx, " ", outbox.EventFilter{}, dead[0]) },
+		"pending status": func() ([]uuid.UUID, error) {
+			return c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Status: outbox.StatusPending})
+		},
+		"limit over the maximum": func() ([]uuid.UUID, error) {
+			return c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Limit: 10001})
+		},
+	} {
+		if got, err := try(); !errors.Is(err, outbox.ErrInvalidConfig) || len(got) != 0 {
+			t.Fatalf("%s: purged %v, %v; want ErrInvalidConfig", name, got, err)
+		}
+	}
+	if n := countRows(t, pool, "true"); n != total {
+		t.Fatalf("%d rows after refused purges, want %d", n, total)
+	}
+
+	// By id: the dead one only.
+	got, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}, dead[0], extra[0], extra[1], uuid.New())
+	if err != nil || !slices.Equal(got, dead[:1]) {
+		t.Fatalf("purged %v, %v; want %v", got, err, dead[:1])
+	}
+	if _, err := c.Admin().Get(ctx, dead[0]); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("the purged event: %v, want ErrNotFound", err)
+	}
+	hist, err := c.Admin().History(ctx, dead[0])
+	if err != nil || len(hist) == 0 {
+		t.Fatalf("history %+v, %v", hist, err)
+	}
+	if last := hist[len(hist)-1]; last.Outcome != "purged" || !strings.Contains(last.Detail, "bob@ops") || last.Actor == "" ||
+		hist[len(hist)-2].Outcome != "dead" {
+		t.Fatalf("history %+v, want dead then purged by bob@ops", hist)
+	}
+	again, err := c.Enqueue(ctx, pool, keyed(9, "poison"))
+	if err != nil || again.AlreadyEnqueued {
+		t.Fatalf("the purged event's dedupe key: %+v, %v; want it free", again, err)
+	}
+
+	// By filter: the oldest dead first, at most Limit.
+	inOrder := func(ids []uuid.UUID) []uuid.UUID {
+		slices.SortFunc(ids, func(a, b uuid.UUID) int { return slices.Index(dead, a) - slices.Index(dead, b) })
+		return ids
+	}
+	if got, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Topic: testTopic.Topic, Limit: 2}); err != nil ||
+		!slices.Equal(inOrder(got), dead[1:3]) {
+		t.Fatalf("purged %v, %v; want %v", got, err, dead[1:3])
+	}
+	if got, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}); err != nil || !slices.Equal(got, dead[3:]) {
+		t.Fatalf("purged %v, %v; want %v", got, err, dead[3:])
+	}
+	if n := countRows(t, pool, "status = 'dead'"); n != 0 {
+		t.Fatalf("%d dead rows left", n)
+	}
+	for _, id := range append(extra, again.ID) {
+		if n := countRows(t, pool, "id = $1", id); n != 1 {
+			t.Fatalf("event %s, not dead, was purged", id)
+		}
+	}
+
+	// A schema without migration 0026: ErrNotMigrated, which says how to
+	// migrate.
+	if _, err := pool.Exec(ctx, "DROP FUNCTION modkit_outbox_purge_dead_filter, modkit_outbox_purge_dead"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("purge dead without migration 0026: %v, want ErrNotMigrated", err)
+	}
+}
+
 // Purge deletes delivered events older than the retention, of the topics it
 // is given only, in batches; it refuses no topics, a bad topic and a
 // negative retention. Time moves by the client's clock.

@@ -121,16 +121,16 @@
 // # Operations
 //
 // Client.Admin has Stats, List (pending, dead, … with filters and paging),
-// Get, ReplayDead (by id or filter), Purge, Series (throughput and delivery
-// latency per bucket, for charts) and Settled (recent outcomes, to follow
-// deliveries). Dispatcher.Health says whether a dispatcher is ready (its
-// first claim succeeded) and whether it is degraded, and why;
-// outboxui.HealthHandler serves it to probes.
+// Get, ReplayDead and PurgeDead (by id or filter), Purge, Series
+// (throughput and delivery latency per bucket, for charts) and Settled
+// (recent outcomes, to follow deliveries). Dispatcher.Health says whether a
+// dispatcher is ready (its first claim succeeded) and whether it is
+// degraded, and why; outboxui.HealthHandler serves it to probes.
 //
 // The command modkit-outbox (go install
 // github.com/modkit-go/modkit/cmd/modkit-outbox@latest) drives Admin from
-// the shell: migrate, stats, events list/show, dead replay, purge, tail,
-// and serve, which runs the dashboard of package
+// the shell: migrate, stats, events list/show, dead replay/purge/skip-head,
+// purge, tail, and serve, which runs the dashboard of package
 // modkit/outbox/outboxui. That dashboard is an http.Handler you can also
 // mount in your own server.
 //

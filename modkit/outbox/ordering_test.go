@@ -662,6 +662,36 @@ func TestHandleTxFreesTheNextEventOfItsKeyAtOnce(t *testing.T) {
 	log.waitFor(t, "both events of the key delivered", finalCount(outbox.StatusDelivered, 2))
 }
 
+// An operator who purges a key's dead head (Admin.PurgeDead) lets the
+// key's later events go on, as skipping it does.
+func TestPurgedDeadHeadLetsItsKeyGoOn(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var ids []uuid.UUID
+	for i := range 3 {
+		m := msg(i)
+		m.OrderingKey = "k"
+		res, err := client.Enqueue(ctx, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic,
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			if d.ID == ids[0] {
+				return outbox.Permanent(errors.New("poison"))
+			}
+			return nil
+		}})
+	log.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
+	if got, err := client.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}, ids[0]); err != nil || len(got) != 1 {
+		t.Fatalf("purge the dead head: %v, %v", got, err)
+	}
+	log.waitFor(t, "the rest of the key delivered", finalCount(outbox.StatusDelivered, 2))
+}
+
 // A dispatcher that knows its publish pace claims a key's due events
 // together and publishes them one after another; when one fails, the rest
 // go back unpublished with their attempt undone, and follow it in order

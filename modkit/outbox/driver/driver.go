@@ -151,6 +151,9 @@ type Store interface {
 	// attempts reset, records who did it in their history, and returns
 	// their ids.
 	Replay(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
+	// PurgeDead deletes the dead events p selects (as Replay selects
+	// them), records who did it in their history, and returns their ids.
+	PurgeDead(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
 	// History returns an event's attempts ledger, oldest first. It is
 	// kept after the event is purged; an unknown id has an empty history.
 	History(ctx context.Context, id uuid.UUID) ([]Attempt, error)
@@ -385,8 +388,9 @@ type ListFilter struct {
 	Limit          int
 }
 
-// ReplayParams selects dead events to replay: by id when IDs is non-empty,
-// otherwise by the filter (Status is ignored: only dead rows are replayed).
+// ReplayParams selects dead events to replay or purge: by id when IDs is
+// non-empty, otherwise by the filter (Status is ignored: only dead rows are
+// replayed or purged). By names who asked, for the events' history.
 type ReplayParams struct {
 	IDs    []uuid.UUID
 	Filter ListFilter

@@ -672,12 +672,23 @@ func (s *store) History(ctx context.Context, id uuid.UUID) ([]driver.Attempt, er
 
 // Replay implements driver.Store.
 func (s *store) Replay(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
+	return s.changeDead(ctx, s.sql.replayIDs, s.sql.replayFilter, p)
+}
+
+// PurgeDead implements driver.Store.
+func (s *store) PurgeDead(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
+	return s.changeDead(ctx, s.sql.purgeDeadIDs, s.sql.purgeDeadFilter, p)
+}
+
+// changeDead runs byIDs (with p's ids) or byFilter (with p's filter), each
+// with p.By, and returns the ids of the dead events it changed.
+func (s *store) changeDead(ctx context.Context, byIDs, byFilter string, p driver.ReplayParams) ([]uuid.UUID, error) {
 	var rows pgx.Rows
 	var err error
 	if len(p.IDs) > 0 {
-		rows, err = s.pool.Query(ctx, s.sql.replayIDs, s.args(p.IDs, p.By)...)
+		rows, err = s.pool.Query(ctx, byIDs, s.args(p.IDs, p.By)...)
 	} else {
-		rows, err = s.pool.Query(ctx, s.sql.replayFilter, s.args(append(filterArgs(p.Filter), p.By)...)...)
+		rows, err = s.pool.Query(ctx, byFilter, s.args(append(filterArgs(p.Filter), p.By)...)...)
 	}
 	if err != nil {
 		return nil, err

@@ -110,6 +110,9 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 	qReplayIDs    = `SELECT id FROM {{fn}}modkit_outbox_replay($1::uuid[], $2, {{now}}) AS id`
 	qReplayFilter = `SELECT id FROM {{fn}}modkit_outbox_replay_filter(` + filterParams + `, $10, {{now}}) AS id`
 
+	qPurgeDeadIDs    = `SELECT id FROM {{fn}}modkit_outbox_purge_dead($1::uuid[], $2, {{now}}) AS id`
+	qPurgeDeadFilter = `SELECT id FROM {{fn}}modkit_outbox_purge_dead_filter(` + filterParams + `, $10, {{now}}) AS id`
+
 	qBlockedKeys = `SELECT namespace, topic, ordering_key, head_id, head_seq, waiting, last_error, dead_since
 FROM {{fn}}modkit_outbox_blocked_keys($1)`
 	qSkipHead    = `SELECT {{fn}}modkit_outbox_skip_head($1, $2, {{now}})`
@@ -151,6 +154,7 @@ type queries struct {
 	resign, stats, depth, list, listPayload string
 	get, getPayload, history                string
 	replayIDs, replayFilter                 string
+	purgeDeadIDs, purgeDeadFilter           string
 	blockedKeys, skipHead, releaseHeld      string
 }
 
@@ -199,5 +203,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		history:             bind(qHistory, "", ""),
 		replayIDs:           bind(qReplayIDs, "3", ""),
 		replayFilter:        bind(qReplayFilter, "11", ""),
+		purgeDeadIDs:        bind(qPurgeDeadIDs, "3", ""),
+		purgeDeadFilter:     bind(qPurgeDeadFilter, "11", ""),
 	}
 }

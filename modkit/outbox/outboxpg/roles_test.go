@@ -152,6 +152,8 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	denied(t, "dispatcher enqueue", err)
 	_, err = disp.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "dispatcher"})
 	denied(t, "dispatcher replay", err)
+	_, err = disp.PurgeDead(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "dispatcher"})
+	denied(t, "dispatcher purge of dead events", err)
 
 	// Reader: stats, lists and history without payloads; nothing else.
 	readPool := loginAs(t, tdb, outboxpg.RoleReader)
@@ -191,6 +193,8 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	denied(t, "reader enqueue", err)
 	_, err = read.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "reader"})
 	denied(t, "reader replay", err)
+	_, err = read.PurgeDead(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "reader"})
+	denied(t, "reader purge of dead events", err)
 	_, err = readPool.Exec(ctx, "SELECT * FROM modkit_outbox_attempts")
 	denied(t, "reader SELECT ledger", err)
 
@@ -223,6 +227,17 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	}
 	_, err = op.Purge(ctx, driver.PurgeParams{Topics: []string{topic}, Retention: 0, Limit: 10})
 	denied(t, "operator's unrecorded purge", err)
+	// Dead again (as the owner), then purged by the operator, recorded.
+	if _, err := tdb.Provider.Pool.Exec(ctx, "UPDATE modkit_outbox_events SET status = 'dead' WHERE id = $1", got[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := op.PurgeDead(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "alice"}); err != nil || len(ids) != 1 {
+		t.Fatalf("operator purge of a dead event: %v, %v", ids, err)
+	}
+	if h, err := op.History(ctx, got[2].ID); err != nil || len(h) != 3 || h[2].Outcome != "purged" || h[2].Actor != opUser ||
+		!strings.Contains(h[2].Detail, "alice") {
+		t.Fatalf("history of the purged dead event: %+v %v", h, err)
+	}
 	_, err = opPool.Exec(ctx, "DELETE FROM modkit_outbox_events")
 	denied(t, "operator DELETE", err)
 
