@@ -54,8 +54,15 @@ func runTail(ctx context.Context, e env, args []string) error {
 	if !*asJSON {
 		fmt.Fprintln(e.stderr, "following delivered and dead events; Ctrl-C stops")
 	}
+	// Outcome times come from the database's clock, so the start does too:
+	// a local clock ahead of it would skip the first outcomes, one behind
+	// it would print old ones.
+	var now time.Time
+	if err := pool.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+		return err
+	}
 	t := &tailer{a: c.Admin(), e: e, filter: filter, json: *asJSON, seen: map[uuid.UUID]time.Time{},
-		from: time.Now().Add(-*since)}
+		from: now.Add(-*since)}
 	ticker := time.NewTicker(*interval)
 	defer ticker.Stop()
 	for {
