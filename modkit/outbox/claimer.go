@@ -174,7 +174,8 @@ const releaseHeldMax = 1000
 // the claim: a delivery frees its successor in the same statement, unless
 // the successor's enqueue was still committing then, and a dead head of a
 // SkipDeadHeads topic frees none. Run by the claimer once per PollInterval
-// (see claimer).
+// (see claimer), and by the completer after it records a dead head of such
+// a topic.
 func (d *Dispatcher) releaseHeld(ctx context.Context) int64 {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
 	defer cancel()

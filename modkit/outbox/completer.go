@@ -244,16 +244,28 @@ func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) 
 			// window when the statement was slow to start, and the retry
 			// then waited for the poll.)
 			end := time.Now()
+			deadHead := false
 			for i, ok := range settled {
 				if !ok {
 					reports[i] = Outcome{LeaseLost: true, Abandoned: reports[i].Abandoned}
 				} else if outcomes[i].Kind == driver.Retry {
 					due.add(end.Add(outcomes[i].Delay))
-				} else if kept[i].c.d.OrderingKey != "" {
+				} else if dl := kept[i].c.d; dl.OrderingKey != "" {
 					// The next event of the key may be claimed now.
 					due.add(end)
+					if outcomes[i].Kind == driver.Dead {
+						p := d.reg.byKey[Topic{dl.Namespace, dl.Topic}.key()]
+						deadHead = deadHead || p != nil && p.SkipDeadHeads
+					}
 				}
 				d.record(*kept[i], reports[i])
+			}
+			// A dead event of a SkipDeadHeads topic does not free its
+			// successor in the outcome's statement (a delivery does): the
+			// release of held events does, now rather than at its next
+			// turn, a PollInterval away.
+			if deadHead && d.releaseHeld(ctx) > 0 {
+				due.add(time.Now())
 			}
 			return
 		}

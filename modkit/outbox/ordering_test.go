@@ -603,6 +603,34 @@ func TestHeldEventsGoOnUnderSteadyTraffic(t *testing.T) {
 	})
 }
 
+// On a SkipDeadHeads topic the events behind a head that dies go on at
+// once: the dispatcher releases them when it records the dead outcome,
+// rather than at its next release (here a PollInterval longer than the
+// test's guard).
+func TestSkipDeadHeadsGoesOnAtOnce(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	msgs := []outbox.Message{msg(0), msg(1), msg(2)}
+	for i := range msgs {
+		msgs[i].OrderingKey = "k"
+	}
+	enq, err := client.EnqueueBatch(ctx, pool, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.LeaseDuration, cfg.PollInterval, cfg.WakeWindow = 4*guard, guard+time.Second, time.Nanosecond
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, SkipDeadHeads: true,
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			if d.ID == enq[0].ID {
+				return outbox.Permanent(errors.New("poison"))
+			}
+			return nil
+		}})
+	log.waitFor(t, "the key's successors delivered past its dead head", finalCount(outbox.StatusDelivered, 2))
+}
+
 // An event left held behind a settled predecessor by an earlier process
 // (its enqueue committed while the predecessor's delivery did, so the
 // delivery could not free it) is released by a dispatcher that starts

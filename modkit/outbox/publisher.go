@@ -120,9 +120,8 @@ type Publisher struct {
 	// one of the key's events becomes dead. By default a dead event holds
 	// its key back (payments must not skip) until an operator skips it
 	// (Admin.SkipHead) or replays it; Admin.BlockedKeys lists such keys.
-	// The events after a dead head go on within a PollInterval of its
-	// death (the dispatcher's release of held events; a delivery frees
-	// the next event at once).
+	// The events after a dead head go on as soon as the dispatcher has
+	// recorded its death.
 	SkipDeadHeads bool
 }
 
