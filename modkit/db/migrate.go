@@ -1,12 +1,14 @@
 package db
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -26,6 +28,13 @@ const MigrationsTable = "modkit_schema_migrations"
 
 // SchemaDefault is the schema a Migrator targets when none is configured.
 const SchemaDefault = "public"
+
+// ErrMigrationConflict: the migrations table does not match the migration
+// set: it records a version under another name (two sets share one table:
+// give each its own MigratorConfig.Table), or, for Down, a version newer
+// than the set knows (the database was migrated by a newer program, which
+// must revert its own migrations first). Nothing is applied or reverted.
+var ErrMigrationConflict = errors.New("modkit/db: the migrations table does not match this migration set")
 
 // ErrInvalidSchema is returned for a schema (or table) name that is not a
 // plain PostgreSQL identifier.
@@ -56,7 +65,9 @@ type MigratorConfig struct {
 	Logger *slog.Logger
 	// Table records the applied versions of this set of migrations.
 	// Default MigrationsTable. Give each independent set (an application's
-	// own tables, say) a table of its own so versions do not collide.
+	// own tables, say) a table of its own so versions do not collide: a
+	// Migrator that finds another set's versions in its table fails with
+	// ErrMigrationConflict.
 	Table string
 }
 
@@ -166,7 +177,7 @@ func readMigrations(fsys fs.FS) ([]Migration, error) {
 		}
 		out = append(out, *m)
 	}
-	slices.SortFunc(out, func(a, b Migration) int { return int(a.Version - b.Version) })
+	slices.SortFunc(out, func(a, b Migration) int { return cmp.Compare(a.Version, b.Version) })
 	return out, nil
 }
 
@@ -193,6 +204,9 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 		if err != nil {
 			return err
 		}
+		if err := m.checkRecorded(done, false); err != nil {
+			return err
+		}
 		for _, mig := range m.migrations {
 			if _, ok := done[mig.Version]; ok {
 				continue
@@ -209,7 +223,8 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 
 // Down reverts the last steps applied migrations, newest first, and returns
 // the ones it reverted. steps must be positive; asking for more than are
-// applied reverts them all.
+// applied reverts them all. It refuses (ErrMigrationConflict) when the
+// database has a migration applied that is newer than the set's newest.
 func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 	if steps <= 0 {
 		return nil, fmt.Errorf("modkit/db: Down needs a positive number of steps (got %d)", steps)
@@ -218,6 +233,9 @@ func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 	err := m.locked(ctx, func(conn *pgx.Conn) error {
 		done, err := m.appliedVersions(ctx, conn)
 		if err != nil {
+			return err
+		}
+		if err := m.checkRecorded(done, true); err != nil {
 			return err
 		}
 		for i := len(m.migrations) - 1; i >= 0 && len(reverted) < steps; i-- {
@@ -243,9 +261,12 @@ func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
 		if err != nil {
 			return err
 		}
+		if err := m.checkRecorded(done, false); err != nil {
+			return err
+		}
 		for _, mig := range m.migrations {
-			at, ok := done[mig.Version]
-			out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: at})
+			rec, ok := done[mig.Version]
+			out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: rec.at})
 		}
 		return nil
 	})
@@ -292,26 +313,56 @@ func (m *Migrator) locked(ctx context.Context, fn func(conn *pgx.Conn) error) er
 	})
 }
 
-func (m *Migrator) appliedVersions(ctx context.Context, conn *pgx.Conn) (map[int64]time.Time, error) {
+// recorded is a row of the migrations table.
+type recorded struct {
+	name string
+	at   time.Time
+}
+
+func (m *Migrator) appliedVersions(ctx context.Context, conn *pgx.Conn) (map[int64]recorded, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.table()).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
 	}
-	done := map[int64]time.Time{}
+	done := map[int64]recorded{}
 	if !exists {
 		return done, nil
 	}
-	rows, err := conn.Query(ctx, "SELECT version, applied_at FROM "+m.table())
+	rows, err := conn.Query(ctx, "SELECT version, name, applied_at FROM "+m.table())
 	if err != nil {
 		return nil, fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
 	}
 	var v int64
-	var at time.Time
-	_, err = pgx.ForEachRow(rows, []any{&v, &at}, func() error { done[v] = at; return nil })
+	var r recorded
+	_, err = pgx.ForEachRow(rows, []any{&v, &r.name, &r.at}, func() error { done[v] = r; return nil })
 	if err != nil {
 		return nil, fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
 	}
 	return done, nil
+}
+
+// checkRecorded checks the migrations table against the set: every version
+// it records that the set knows has the set's name, and, for a Down
+// (newest), none is newer than the set's newest.
+func (m *Migrator) checkRecorded(done map[int64]recorded, newest bool) error {
+	known := make(map[int64]string, len(m.migrations))
+	for _, mig := range m.migrations {
+		known[mig.Version] = mig.Name
+	}
+	versions := slices.Sorted(maps.Keys(done))
+	for _, v := range versions {
+		if name, ok := known[v]; ok && name != done[v].name {
+			return fmt.Errorf("%w: %s records %04d_%s, but this set's %04d is %s: does another set of migrations use "+
+				"this table? give each set its own MigratorConfig.Table", ErrMigrationConflict, m.table(), v, done[v].name, v, name)
+		}
+	}
+	if newest && len(versions) > 0 && len(m.migrations) > 0 {
+		if last, ours := versions[len(versions)-1], m.migrations[len(m.migrations)-1]; last > ours.Version {
+			return fmt.Errorf("%w: %s records %04d_%s, newer than this set's newest (%04d_%s): revert it with the "+
+				"program that applied it first", ErrMigrationConflict, m.table(), last, done[last].name, ours.Version, ours.Name)
+		}
+	}
+	return nil
 }
 
 func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bool) error {

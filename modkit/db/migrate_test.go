@@ -3,8 +3,10 @@ package db_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -142,6 +144,60 @@ func TestMigratorFailedMigrationRollsBack(t *testing.T) {
 	st, _ := m.Status(ctx)
 	if !st[0].Applied || st[1].Applied {
 		t.Fatalf("status: %+v", st)
+	}
+}
+
+// Two migration sets sharing one migrations table: the second sees the
+// first's versions as its own and, before this check, applied nothing and
+// said nothing, so the app started without its tables. Now every call
+// fails with ErrMigrationConflict, naming the table, and changes nothing.
+// A Down by a program that knows fewer migrations than the database has
+// applied is refused too: it would revert an older one under a newer.
+func TestMigratorConflicts(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	set := func(names ...string) fstest.MapFS {
+		fsys := fstest.MapFS{}
+		for i, name := range names {
+			base := fmt.Sprintf("%04d_%s", i+1, name)
+			fsys[base+".up.sql"] = &fstest.MapFile{Data: []byte("CREATE TABLE " + name + " (id int);")}
+			fsys[base+".down.sql"] = &fstest.MapFile{Data: []byte("DROP TABLE " + name + ";")}
+		}
+		return fsys
+	}
+	migrator := func(fsys fstest.MapFS) *db.Migrator {
+		m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_conflict", FS: fsys, Table: "shared_migrations", Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	first := migrator(set("orders", "lines"))
+	if applied, err := first.Up(ctx); err != nil || len(applied) != 2 {
+		t.Fatalf("the first set: applied %d, %v", len(applied), err)
+	}
+	second := migrator(set("users"))
+	if _, err := second.Up(ctx); !errors.Is(err, db.ErrMigrationConflict) || !strings.Contains(err.Error(), "MigratorConfig.Table") {
+		t.Fatalf("a second set on the same table, Up: %v, want ErrMigrationConflict", err)
+	}
+	if _, err := second.Status(ctx); !errors.Is(err, db.ErrMigrationConflict) {
+		t.Fatalf("Status: %v, want ErrMigrationConflict", err)
+	}
+	if _, err := second.Down(ctx, 1); !errors.Is(err, db.ErrMigrationConflict) {
+		t.Fatalf("Down: %v, want ErrMigrationConflict", err)
+	}
+	if tableExists(t, pool, "mk_conflict.users") || !tableExists(t, pool, "mk_conflict.orders") {
+		t.Fatal("a refused call changed the schema")
+	}
+	older := migrator(set("orders"))
+	if _, err := older.Down(ctx, 1); !errors.Is(err, db.ErrMigrationConflict) || !strings.Contains(err.Error(), "0002_lines") {
+		t.Fatalf("Down by a program that knows only 0001: %v, want ErrMigrationConflict naming 0002_lines", err)
+	}
+	if !tableExists(t, pool, "mk_conflict.orders") || !tableExists(t, pool, "mk_conflict.lines") {
+		t.Fatal("the refused Down reverted something")
+	}
+	if _, err := older.Up(ctx); err != nil { // nothing to apply: the newer one's are left alone
+		t.Fatalf("Up by the older program: %v", err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -48,10 +49,11 @@ var Module = fx.Module("modkit-outbox",
 // WithMigrations makes the app apply the outbox's migrations (into
 // Config.Schema) when it starts, followed by the application's own sets
 // given as app (each run by a modkit/db Migrator on the *db.Provider's
-// pool; give each set its own MigratorConfig.Table). They run after the
-// database is reachable and before the start hook of anything built from
-// the outbox *Client, the dispatcher included, whatever order the modules
-// are listed in. Add it once, next to Module:
+// pool; give each set its own MigratorConfig.Table: a set on the outbox's
+// table or on another set's fails the app at construction). They run after
+// the database is reachable and before the start hook of anything built
+// from the outbox *Client, the dispatcher included, whatever order the
+// modules are listed in. Add it once, next to Module:
 //
 //	fx.New(db.Module, outbox.Module, outbox.WithMigrations(db.MigratorConfig{
 //		Schema: "shop", FS: shopMigrations, Table: "shop_schema_migrations",
@@ -97,7 +99,17 @@ func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
 		return nil, err
 	}
 	migrators := make([]*db.Migrator, len(p.App))
+	// Two sets sharing one migrations table would each take the other's
+	// versions for their own (db.ErrMigrationConflict at start): refuse
+	// them at construction.
+	tables := map[string]string{client.cfg.Schema + "." + db.MigrationsTable: "the outbox's migrations"}
 	for i, mc := range p.App {
+		table := cmp.Or(mc.Schema, db.SchemaDefault) + "." + cmp.Or(mc.Table, db.MigrationsTable)
+		if other, ok := tables[table]; ok {
+			return nil, configError("outbox.WithMigrations: app migrations %d use the migrations table %s, as %s do: "+
+				"give each set its own MigratorConfig.Table", i, table, other)
+		}
+		tables[table] = fmt.Sprintf("app migrations %d", i)
 		if mc.Logger == nil {
 			mc.Logger = client.cfg.Logger
 		}

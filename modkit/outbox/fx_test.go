@@ -195,6 +195,30 @@ func TestFxWithMigrationsRunsBeforeAnyStartHook(t *testing.T) {
 	app.RequireStop()
 }
 
+// An app set of migrations on the outbox's migrations table (the default
+// table in the outbox's schema), or on another set's, fails the app at
+// construction with ErrInvalidConfig naming the table: each set would take
+// the other's versions for its own and skip its own migrations.
+func TestFxWithMigrationsRefusesASharedTable(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	appFS := fstest.MapFS{
+		"0001_orders.up.sql":   {Data: []byte("CREATE TABLE orders (id int)")},
+		"0001_orders.down.sql": {Data: []byte("DROP TABLE orders")},
+	}
+	for name, sets := range map[string][]db.MigratorConfig{
+		"the outbox's table":  {{FS: appFS}},
+		"another set's table": {{Schema: "shop", FS: appFS, Table: "t"}, {Schema: "shop", FS: appFS, Table: "t"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			app := fx.New(fx.Supply(tdb.Provider), outbox.Module, outbox.WithMigrations(sets...), fx.NopLogger)
+			err := app.Err()
+			if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "MigratorConfig.Table") {
+				t.Fatalf("app error %v, want ErrInvalidConfig naming MigratorConfig.Table", err)
+			}
+		})
+	}
+}
+
 // A publisher constructor of the wrong shape fails the app at construction,
 // with an error naming it, instead of leaving the topic without publisher.
 func TestFxAsPublisherRejectsWrongShape(t *testing.T) {
