@@ -28,6 +28,18 @@ func newFx(p FxParams) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	p.Lifecycle.Append(fx.Hook{OnStart: prov.Ping, OnStop: func(_ context.Context) error { prov.Close(); return nil }})
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(ctx context.Context) error {
+			// fx runs the stop hooks of the start hooks that succeeded
+			// only: a failed ping closes the pool itself, or its
+			// background goroutines would outlive the app.
+			if err := prov.Ping(ctx); err != nil {
+				prov.Close()
+				return err
+			}
+			return nil
+		},
+		OnStop: func(_ context.Context) error { prov.Close(); return nil },
+	})
 	return prov, nil
 }

@@ -2,6 +2,7 @@ package db_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"go.uber.org/fx"
@@ -30,6 +31,28 @@ func TestFxModule(t *testing.T) {
 	app.RequireStop()
 	if err := prov.Pool.Ping(context.Background()); err == nil {
 		t.Fatal("pool still open after the app stopped")
+	}
+}
+
+// An app whose database cannot be reached fails to start, and its pool is
+// closed: fx runs no stop hook for a start hook that failed, so the pool
+// (and its background goroutines) outlived the app.
+func TestFxModuleClosesThePoolWhenThePingFails(t *testing.T) {
+	var prov *db.Provider
+	app := fx.New(
+		fx.Supply(db.Config{DSN: "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}),
+		db.Module,
+		fx.Populate(&prov),
+		fx.NopLogger,
+	)
+	if err := app.Start(context.Background()); err == nil {
+		t.Fatal("the app started without a database")
+	}
+	if prov.Pool.Stat().TotalConns() != 0 {
+		t.Fatal("connections left open")
+	}
+	if err := prov.Pool.Ping(context.Background()); err == nil || !strings.Contains(err.Error(), "closed pool") {
+		t.Fatalf("ping after the failed start: %v, want the pool closed", err)
 	}
 }
 

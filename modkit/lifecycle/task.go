@@ -245,14 +245,18 @@ func (t *Task) Start(ctx context.Context) error {
 		// It ended, or a concurrent Stop began, right after signalling ready.
 		select {
 		case <-r.done:
-			if r.err != nil && !errors.Is(r.err, context.Canceled) {
-				return fmt.Errorf("lifecycle: task %q failed as it became ready: %w", t.cfg.Name, r.err)
-			}
-			return nil
+			return t.endedAfterReady(r)
 		default:
 			return fmt.Errorf("lifecycle: task %q was stopped while starting", t.cfg.Name)
 		}
 	case <-r.done:
+		select {
+		case <-r.ready:
+			// Both happened before this select ran, and it picked done
+			// (Go picks either): the task became ready, then ended.
+			return t.endedAfterReady(r)
+		default:
+		}
 		if r.err != nil {
 			return fmt.Errorf("lifecycle: task %q failed before it was ready: %w", t.cfg.Name, r.err)
 		}
@@ -264,6 +268,15 @@ func (t *Task) Start(ctx context.Context) error {
 }
 
 // execute runs fn and records how it ended.
+// endedAfterReady is Start's result for a run that signalled ready and then
+// ended before Start saw it ready.
+func (t *Task) endedAfterReady(r *run) error {
+	if r.err != nil && !errors.Is(r.err, context.Canceled) {
+		return fmt.Errorf("lifecycle: task %q failed as it became ready: %w", t.cfg.Name, r.err)
+	}
+	return nil
+}
+
 func (t *Task) execute(ctx context.Context, r *run) {
 	var err error
 	defer func() {
