@@ -88,9 +88,12 @@ type Config struct {
 	// TimeoutDefault (10s); the publish deadline also bounds it.
 	Timeout time.Duration
 	// Client sends the requests. Default: a client of its own (closed by
-	// Close) that does not follow redirects and keeps up to 64 idle
-	// connections per host. A client that follows
-	// redirects turns the POST into a GET on 301–303.
+	// Close) that keeps up to 64 idle connections per host. A Client given
+	// here is used through a copy that does not follow redirects either
+	// (its Transport, Jar and Timeout are shared): a client that follows
+	// them turns the POST into a GET on 301–303, whose 2xx would count as
+	// a delivery of a payload that never arrived, and re-sends the signed
+	// request to wherever a 307 or 308 points.
 	Client *http.Client
 	// Now is the clock of webhook-timestamp. Default time.Now.
 	Now func() time.Time
@@ -208,11 +211,13 @@ func New(cfg Config) (*Publisher, error) {
 		// The dispatcher publishes concurrently, mostly to one host: keep
 		// a connection per publish in flight instead of the default two.
 		tr.MaxIdleConnsPerHost = idleConnsPerHost
-		p.client = &http.Client{
-			Transport:     tr,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
+		p.client = &http.Client{Transport: tr}
+	} else {
+		c := *p.client
+		p.client = &c
 	}
+	// A redirect is the response: a 3xx StatusError, retried.
+	p.client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return p, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -304,6 +305,49 @@ func TestStatuses(t *testing.T) {
 		if outbox.IsPermanent(err) != tc.perm || se.RetryAfter() != tc.retryAfter || se.Body != "status body" {
 			t.Errorf("%s: %v: permanent %v retry-after %v; want %v %v", tc.path, err, outbox.IsPermanent(err), se.RetryAfter(), tc.perm, tc.retryAfter)
 		}
+	}
+}
+
+// A Config.Client that follows redirects (the http.Client default) does
+// not follow them for the Publisher either: a 302 (which such a client
+// turned into a GET of the Location, whose 200 counted as a delivery of a
+// payload that never arrived) and a 307 (which re-sent the signed request)
+// are StatusErrors to retry, and the receiver saw one POST each. The
+// client given is left as it was.
+func TestOwnClientDoesNotFollowRedirects(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		if code, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/")); err == nil && code >= 300 {
+			w.Header().Set("Location", "/elsewhere")
+			w.WriteHeader(code)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	client := &http.Client{Timeout: 5 * time.Second}
+	var path string
+	p := newPublisher(t, outboxhttp.Config{URL: func(outbox.Delivery) string { return srv.URL + path }, Client: client})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+	for _, code := range []string{"302", "307"} {
+		path = "/" + code
+		err := p.Publish(ctx, d)
+		var se *outboxhttp.StatusError
+		if !errors.As(err, &se) || strconv.Itoa(se.StatusCode) != code || outbox.IsPermanent(err) {
+			t.Fatalf("%s: %v, want a StatusError %s to retry", code, err, code)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"POST /302", "POST /307"}; !slices.Equal(seen, want) {
+		t.Fatalf("the receiver saw %q, want %q", seen, want)
+	}
+	if client.CheckRedirect != nil {
+		t.Fatal("the Client given was changed")
 	}
 }
 
