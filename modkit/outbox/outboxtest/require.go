@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -31,12 +33,25 @@ func (m Matcher) String() string { return m.desc }
 
 // Payload matches events whose payload is the JSON encoding of want,
 // compared as JSON values (key order, spacing and number spelling do not
-// matter).
+// matter). JSON text goes to PayloadJSON (or in a json.RawMessage): a
+// string that holds a JSON object or array, and a []byte, which encodes as
+// a base64 string, are refused, since they would match no such payload and
+// RequireNotEnqueued would pass whatever was enqueued.
 func Payload(want any) Matcher {
+	refuse := func(why string) Matcher {
+		return Matcher{desc: fmt.Sprintf("payload %#v", want), bad: why, match: func(outbox.Event) bool { return false }}
+	}
+	switch w := want.(type) {
+	case string:
+		if t := strings.TrimSpace(w); strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[") {
+			return refuse("a string holding JSON text matches a JSON string payload only; compare JSON text with PayloadJSON")
+		}
+	case []byte:
+		return refuse("a []byte encodes as a base64 string; compare JSON text with PayloadJSON or pass a json.RawMessage")
+	}
 	raw, err := json.Marshal(want)
 	if err != nil {
-		return Matcher{desc: fmt.Sprintf("payload %#v", want), bad: fmt.Sprintf("it cannot be encoded as JSON: %v", err),
-			match: func(outbox.Event) bool { return false }}
+		return refuse(fmt.Sprintf("it cannot be encoded as JSON: %v", err))
 	}
 	return payloadJSON(raw)
 }
@@ -67,19 +82,20 @@ func decodeJSON(b []byte) (any, error) {
 	return normaliseNumbers(v), nil
 }
 
-// normaliseNumbers rewrites json.Numbers in a canonical spelling, so that
-// 1.0 and 1 compare equal, as they do in jsonb.
+// normaliseNumbers rewrites json.Numbers in a canonical form, exact as
+// jsonb's numeric is, so that 1.0, 1 and 1e0 compare equal and
+// 18446744073709551615 and 18446744073709551614 do not.
 func normaliseNumbers(v any) any {
 	switch x := v.(type) {
 	case json.Number:
 		if i, err := x.Int64(); err == nil {
 			return i
 		}
-		if f, err := x.Float64(); err == nil {
-			if f == float64(int64(f)) {
-				return int64(f)
+		if r, ok := new(big.Rat).SetString(x.String()); ok {
+			if r.IsInt() && r.Num().IsInt64() {
+				return r.Num().Int64()
 			}
-			return f
+			return r.RatString()
 		}
 		return x.String()
 	case []any:
@@ -233,7 +249,8 @@ func eventsTx(c *outbox.Client, tx db.Runner, topic outbox.Topic) ([]outbox.Even
 	}
 	table := pgx.Identifier{c.Config().Schema, "modkit_outbox_events"}.Sanitize()
 	rows, err := q.Query(context.Background(), `SELECT id::text, namespace, topic, tenant_id::text, dedupe_key, payload::text,
-	status, attempts, next_attempt_at, locked_by::text, locked_until, last_error, created_at, updated_at
+	status, attempts, next_attempt_at, locked_by::text, locked_until, last_error, created_at, updated_at,
+	headers::text, ordering_key, ordering_seq
 FROM `+table+` WHERE namespace = $1 AND topic = $2 ORDER BY created_at, id`, topic.Namespace, topic.Topic)
 	if err != nil {
 		return nil, err
@@ -247,10 +264,21 @@ FROM `+table+` WHERE namespace = $1 AND topic = $2 ORDER BY created_at, id`, top
 			tenant, lockedBy     *string
 			lockedUntil          *time.Time
 			dedupeKey, lastError *string
+			headers, orderingKey *string
+			sequence             *int64
 		)
 		if err := rows.Scan(&id, &e.Namespace, &e.Topic, &tenant, &dedupeKey, &payload, &status, &e.Attempts,
-			&e.NextAttemptAt, &lockedBy, &lockedUntil, &lastError, &e.CreatedAt, &e.UpdatedAt); err != nil {
+			&e.NextAttemptAt, &lockedBy, &lockedUntil, &lastError, &e.CreatedAt, &e.UpdatedAt,
+			&headers, &orderingKey, &sequence); err != nil {
 			return nil, err
+		}
+		if headers != nil {
+			if err := json.Unmarshal([]byte(*headers), &e.Headers); err != nil {
+				return nil, fmt.Errorf("outboxtest: decode the headers of event %s: %w", id, err)
+			}
+		}
+		if orderingKey != nil && sequence != nil {
+			e.OrderingKey, e.Sequence = *orderingKey, *sequence
 		}
 		if e.ID, err = uuid.Parse(id); err != nil {
 			return nil, err

@@ -2,6 +2,8 @@ package outboxtest_test
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 
@@ -75,8 +77,10 @@ func TestRequireEnqueued(t *testing.T) {
 	// JSON cannot encode) fails the assertion at once, negative ones too,
 	// which it would otherwise pass whatever was enqueued.
 	for name, m := range map[string]outboxtest.Matcher{
-		"PayloadJSON": outboxtest.PayloadJSON(`{"id":"o-1"`),
-		"Payload":     outboxtest.Payload(func() {}),
+		"PayloadJSON":                 outboxtest.PayloadJSON(`{"id":"o-1"`),
+		"Payload":                     outboxtest.Payload(func() {}),
+		"Payload of JSON text":        outboxtest.Payload(`{"id":"o-1"}`),
+		"Payload of JSON text, bytes": outboxtest.Payload([]byte(`{"id":"o-1"}`)),
 	} {
 		msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, m) })
 		if !strings.Contains(msg, "matcher") {
@@ -90,6 +94,20 @@ func TestRequireEnqueued(t *testing.T) {
 	if !strings.Contains(msg, "1 event(s) of shop/order_placed") || !strings.Contains(msg, "o-2") {
 		t.Errorf("RequireNotEnqueued's failure: %q", msg)
 	}
+}
+
+// Payloads compare as jsonb compares them: numbers by value, exactly, even
+// beyond int64 and float64 (which took 18446744073709551615 for …614);
+// JSON text in a json.RawMessage and a plain string payload still match.
+func TestPayloadMatchesAsJSONB(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueue(t, c, pool, placed, `{"big":18446744073709551615,"ratio":1.50,"n":1e2}`)
+	enqueue(t, c, pool, shipped, `"just a string"`)
+	outboxtest.RequireEnqueued(t, c, placed, outboxtest.PayloadJSON(`{"n":100,"ratio":1.5,"big":18446744073709551615}`))
+	outboxtest.RequireEnqueued(t, c, placed, outboxtest.Payload(json.RawMessage(`{"n":100.0,"ratio":15e-1,"big":18446744073709551615}`)))
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.PayloadJSON(`{"n":100,"ratio":1.5,"big":18446744073709551614}`))
+	outboxtest.RequireEnqueued(t, c, shipped, outboxtest.Payload("just a string"))
 }
 
 // The Tx forms see the caller's uncommitted events, through any runner, in
@@ -122,4 +140,38 @@ func TestRequireEnqueuedTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	outboxtest.RequireNotEnqueued(t, c, shipped)
+}
+
+// The Tx forms return the events as the plain forms do, headers, ordering
+// key and sequence included, through pgx and database/sql alike (they came
+// back empty).
+func TestRequireEnqueuedTxReturnsWholeEvents(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	p := tdb.Provider
+	m := outbox.Message{Namespace: placed.Namespace, Topic: placed.Topic, Payload: json.RawMessage(`{"id":"o-1"}`),
+		Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, OrderingKey: "order-1"}
+	err := db.InTx(ctx, p.Pool, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := c.Enqueue(ctx, tx, m); err != nil {
+			return err
+		}
+		got := outboxtest.RequireEnqueuedTx(t, c, tx, placed)
+		if len(got) != 1 || !maps.Equal(got[0].Headers, m.Headers) || got[0].OrderingKey != "order-1" || got[0].Sequence != 1 {
+			t.Fatalf("pgx: %+v, want the headers, ordering key and sequence 1", got)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlTx, err := p.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sqlTx.Rollback() }()
+	got := outboxtest.RequireEnqueuedTx(t, c, db.SQL(sqlTx), placed)
+	want := outboxtest.RequireEnqueued(t, c, placed)
+	if len(got) != 1 || len(want) != 1 || !maps.Equal(got[0].Headers, want[0].Headers) || got[0].OrderingKey != want[0].OrderingKey ||
+		got[0].Sequence != want[0].Sequence {
+		t.Fatalf("database/sql: %+v, want as RequireEnqueued: %+v", got, want)
+	}
 }
