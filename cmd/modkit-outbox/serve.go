@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,6 +41,10 @@ func runServe(ctx context.Context, e env, args []string) error {
 	addr := f.String("addr", "127.0.0.1:8080", "address to listen on; the dashboard has no accounts, so keep it private")
 	token := f.String("token", "", "operator token that enables replay and purge (default $MODKIT_OUTBOX_TOKEN; prefer the variable: flags show in ps)")
 	payloads := f.Bool("show-payloads", false, "show event payloads (they may hold personal data)")
+	secureCookies := f.Bool("secure-cookies", false, "mark the dashboard's cookies Secure: set it when a proxy terminates TLS in front of serve")
+	hosts := f.String("hosts", "", "comma-separated host names (with or without a port) the dashboard answers to; "+
+		"default: localhost, 127.0.0.1 and ::1 when --addr is a loopback address (other names are refused, so that "+
+		"a web page cannot reach it through DNS rebinding), any otherwise")
 	keyFile := f.String("signing-key-file", "", "file holding the key that signs sign-ins and forms, the same for every replica behind a load balancer; "+
 		"at least 32 bytes, a final newline is not part of it (default: the key in $MODKIT_OUTBOX_SIGNING_KEY; none: a random key per serve)")
 	pos, err := f.parse(e, args)
@@ -80,7 +86,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 		*payloads = false
 	}
 	ui, err := outboxui.New(c.Admin(), outboxui.Options{OperatorToken: *token, ShowPayloads: *payloads,
-		By: "modkit-outbox serve", Logger: logger, SigningKey: key})
+		By: "modkit-outbox serve", Logger: logger, SigningKey: key, SecureCookies: *secureCookies})
 	if errors.Is(err, outboxui.ErrWeakToken) || errors.Is(err, outboxui.ErrWeakSigningKey) {
 		return withCode(exitUsage, err)
 	}
@@ -91,7 +97,9 @@ func runServe(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return usageErr("--addr %s: %v", *addr, err)
 	}
-	srv := &http.Server{Handler: ui, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+	allowed := allowedHosts(*hosts, ln.Addr())
+	srv := &http.Server{Handler: hostGuard(allowed, ui), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
 	fmt.Fprintf(e.stdout, "dashboard on http://%s/ — %s\n", ln.Addr(), mode)
 	if s, ok := e.stdout.(interface{ Sync() error }); ok {
 		_ = s.Sync()
@@ -112,6 +120,49 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// allowedHosts is the set of host names (without ports, lower case) the
+// dashboard answers to: those of list, else the loopback names when addr is
+// a loopback address; nil for any.
+func allowedHosts(list string, addr net.Addr) map[string]bool {
+	out := map[string]bool{}
+	for _, h := range strings.Split(list, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out[hostOnly(h)] = true
+		}
+	}
+	if len(out) > 0 {
+		return out
+	}
+	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsLoopback() {
+		return map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true}
+	}
+	return nil
+}
+
+// hostOnly is h without its port and brackets, in lower case.
+func hostOnly(h string) string {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	return strings.ToLower(strings.Trim(h, "[]"))
+}
+
+// hostGuard refuses requests whose Host is not allowed (nil: any): a page
+// on another site whose name an attacker points at 127.0.0.1 (DNS
+// rebinding) reaches a loopback dashboard with its own name as the Host.
+func hostGuard(allowed map[string]bool, next http.Handler) http.Handler {
+	if allowed == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !allowed[hostOnly(r.Host)] {
+			http.Error(w, "this dashboard does not answer to host "+strconv.Quote(r.Host)+" (see serve --hosts)", http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // signingKey reads the dashboard's signing key from path, else from

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -178,6 +179,21 @@ func TestServe(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `data-topic="shop/order_paid"`) || !strings.Contains(string(body), "read-only") {
 		t.Fatalf("GET %s: %d\n%s", url, resp.StatusCode, body)
 	}
+	// On a loopback address it answers to loopback names only: a page of
+	// another site whose name was pointed at 127.0.0.1 (DNS rebinding)
+	// sends that name as the Host.
+	for host, want := range map[string]int{"evil.example:8080": http.StatusMisdirectedRequest, "localhost": http.StatusOK} {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("GET with Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
 	if code := stop(); code != exitOK {
 		t.Fatalf("serve ended with %d", code)
 	}
@@ -219,5 +235,32 @@ func TestTailReplayedSoonAfter(t *testing.T) {
 	}
 	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 {
 		t.Fatalf("tail printed:\n%s", out.String())
+	}
+}
+
+// The host names serve answers to: --hosts when given (ports and case do
+// not matter), else the loopback names on a loopback address, else any.
+func TestServeAllowedHosts(t *testing.T) {
+	loopback := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
+	public := &net.TCPAddr{IP: net.IPv4zero, Port: 8080}
+	for _, tc := range []struct {
+		list string
+		addr net.Addr
+		host string
+		ok   bool
+	}{
+		{"", loopback, "127.0.0.1:8080", true},
+		{"", loopback, "[::1]:8080", true},
+		{"", loopback, "LOCALHOST", true},
+		{"", loopback, "rebound.example:8080", false},
+		{"", public, "anything.example", true},
+		{"ops.internal, dash.example:443", public, "OPS.internal:8080", true},
+		{"ops.internal, dash.example:443", public, "dash.example", true},
+		{"ops.internal", loopback, "localhost:8080", false},
+	} {
+		allowed := allowedHosts(tc.list, tc.addr)
+		if got := allowed == nil || allowed[hostOnly(tc.host)]; got != tc.ok {
+			t.Errorf("--hosts %q on %s, Host %s: allowed %v, want %v", tc.list, tc.addr, tc.host, got, tc.ok)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -556,5 +557,61 @@ func TestDashboardSignInEndsWithItsToken(t *testing.T) {
 	}
 	if body, _ := get(t, jar, serve(t, w, outboxui.Options{OperatorToken: token + "-rotated", SigningKey: key})); strings.Contains(body, `id="operator"`) {
 		t.Fatal("a sign-in outlived a change of operator token")
+	}
+}
+
+// With SecureCookies, a dashboard reached over plain HTTP (as behind a
+// proxy that terminates TLS) sets its cookies Secure, the sign-in's and
+// the sign-out's included; without it, such a request gets cookies that
+// are not (a browser would drop Secure cookies received over http://).
+func TestDashboardSecureCookies(t *testing.T) {
+	w := newWorld(t)
+	cookies := func(opts outboxui.Options) []*http.Cookie {
+		t.Helper()
+		a := serve(t, w, opts)
+		jar := newJar()
+		resp, err := jar.Get(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out := resp.Cookies()
+		m := csrfField.FindStringSubmatch(string(body))
+		if m == nil {
+			t.Fatal("no CSRF token on the page")
+		}
+		for _, action := range []url.Values{{"csrf": {m[1]}, "token": {token}}, {"csrf": {m[1]}}} {
+			path := map[bool]string{true: "login", false: "logout"}[action.Has("token")]
+			req, _ := http.NewRequest(http.MethodPost, a+path, strings.NewReader(action.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			resp, err := jar.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusSeeOther {
+				t.Fatalf("%s: %d", path, resp.StatusCode)
+			}
+			out = append(out, resp.Cookies()...)
+		}
+		var names []string
+		for _, c := range out {
+			names = append(names, c.Name)
+		}
+		if want := []string{"modkit_outbox_csrf", "modkit_outbox_operator", "modkit_outbox_operator"}; !slices.Equal(names, want) {
+			t.Fatalf("cookies set: %v, want %v (the CSRF one, the sign-in's and the sign-out's)", names, want)
+		}
+		return out
+	}
+	for _, c := range cookies(outboxui.Options{OperatorToken: token, SecureCookies: true}) {
+		if !c.Secure {
+			t.Errorf("cookie %s is not Secure with SecureCookies", c.Name)
+		}
+	}
+	for _, c := range cookies(outboxui.Options{OperatorToken: token}) {
+		if c.Secure {
+			t.Errorf("cookie %s is Secure over plain HTTP without SecureCookies", c.Name)
+		}
 	}
 }

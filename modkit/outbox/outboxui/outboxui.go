@@ -63,6 +63,10 @@
 //     they began failing, not their error, which the dispatcher logs.
 //   - The dashboard has no user accounts: put it behind your own
 //     authentication, or bind it to a private address, for reading too.
+//     Mounted in your own server on a loopback or private address, check
+//     the Host header as modkit-outbox serve does (a page of another site
+//     can point its own name at such an address: DNS rebinding). Behind a
+//     proxy that terminates TLS, set Options.SecureCookies.
 //
 // Every call goes through outbox.Admin; the dashboard has no SQL of its
 // own.
@@ -138,6 +142,13 @@ type Options struct {
 	// variable read into it, say) is refused like any short one, rather
 	// than falling back to a random key that replicas would not share.
 	SigningKey []byte
+	// SecureCookies marks the dashboard's cookies Secure (sent over HTTPS
+	// only) whatever the request came in on. Set it when a proxy or load
+	// balancer terminates TLS in front of the dashboard: the handler then
+	// sees plain HTTP, and without it a browser that once reaches it over
+	// http:// sends the sign-in cookie in clear. (A request that arrives
+	// over TLS gets Secure cookies either way.)
+	SecureCookies bool
 }
 
 //go:embed assets
@@ -247,9 +258,13 @@ func (h *handler) browserID(w http.ResponseWriter, r *http.Request) string {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	v := hex.EncodeToString(b)
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: cookiePath(r), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: cookiePath(r), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: h.secure(r)})
 	return v
 }
+
+// secure says whether the cookies set for r are Secure (see
+// Options.SecureCookies).
+func (h *handler) secure(r *http.Request) bool { return h.opts.SecureCookies || r.TLS != nil }
 
 // cookiePath is the path the dashboard is mounted on, as the browser sees
 // it (ending in /): the request URI's path less the part left after http.StripPrefix.
@@ -394,12 +409,13 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 	c, _ := r.Cookie(csrfCookie)
 	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.operatorSig(c.Value), Path: cookiePath(r), HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+		SameSite: http.SameSiteStrictMode, Secure: h.secure(r)})
 	h.redirect(w, r, "./", "Signed in as operator.")
 }
 
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: "", Path: cookiePath(r), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: "", Path: cookiePath(r), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: h.secure(r)})
 	h.redirect(w, r, "./", "Signed out.")
 }
 
