@@ -14,6 +14,11 @@
 -- skipping it does (the claim and modkit_outbox_release_held wait only for
 -- a predecessor that exists).
 --
+-- modkit_outbox_skip_head no longer moves the skipped event's updated_at:
+-- that is the time of its outcome (settled_at, which Admin.Settled and
+-- modkit-outbox tail follow), and a skip moved it, so tail printed the
+-- event again as dead, as if it had died anew. The skip is in the history.
+--
 -- modkit_outbox_grant_roles keeps migration 0025's grants under another
 -- name and adds the new functions': the operator may run them.
 ALTER FUNCTION modkit_outbox_grant_roles() RENAME TO modkit_outbox_grant_roles_0025;
@@ -23,6 +28,27 @@ DECLARE
     s text := quote_ident(current_schema());
 BEGIN
     EXECUTE replace($functions$
+CREATE OR REPLACE FUNCTION @s.modkit_outbox_skip_head(p_id uuid, p_by text, p_now timestamptz DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+DECLARE
+    v_now timestamptz := @s.modkit_outbox_clock(p_now);
+BEGIN
+    WITH upd AS (
+        UPDATE @s.modkit_outbox_events AS e SET head_skipped = true, ledger_seq = e.ledger_seq + 1
+        WHERE e.id = p_id AND e.status = 'dead' AND e.ordering_key IS NOT NULL AND NOT e.head_skipped
+        RETURNING e.id, e.namespace, e.topic, e.ledger_seq, e.ordering_key, e.ordering_stream, e.ordering_seq),
+    release AS (
+        UPDATE @s.modkit_outbox_events AS s SET held = false
+        FROM upd u
+        WHERE s.ordering_stream = u.ordering_stream
+          AND s.ordering_seq = u.ordering_seq + 1 AND s.held)
+    INSERT INTO @s.modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, finished_at, detail, actor)
+    SELECT u.id, u.ledger_seq, u.namespace, u.topic, 'skipped', v_now,
+        left('head skipped by ' || coalesce(p_by, 'unknown') || ': the events after it go on', 1024), session_user
+    FROM upd u;
+    RETURN FOUND;
+END $$;
+
 CREATE FUNCTION @s.modkit_outbox_purge_dead(p_ids uuid[], p_by text, p_now timestamptz DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$

@@ -173,8 +173,8 @@ func (a *Admin) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error
 // SkipHead lets the later events of a dead event's ordering key go on
 // without it: id must be a dead event with an ordering key (see
 // BlockedKeys). The event stays dead (ReplayDead can still deliver it,
-// then out of order); its history records the skip with by and the
-// database session user. An id that is not such an event is an error
+// then out of order), its UpdatedAt the time it died; its history records
+// the skip with by and the database session user. An id that is not such an event is an error
 // matching ErrNotFound, and changes nothing.
 func (a *Admin) SkipHead(ctx context.Context, by string, id uuid.UUID) error {
 	if strings.TrimSpace(by) == "" {

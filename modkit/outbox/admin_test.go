@@ -703,7 +703,10 @@ func TestGetUnknown(t *testing.T) {
 }
 
 // Admin.SkipHead stamps its ledger entry with the client's clock
-// (Config.Now), as the other Admin writes do.
+// (Config.Now), as the other Admin writes do, and leaves the event's
+// UpdatedAt (the time of its outcome, which Settled and tail follow) as
+// the death set it (since migration 0026; tail printed a skipped head again
+// as dead).
 func TestSkipHeadUsesTheClientClock(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -717,9 +720,13 @@ func TestSkipHeadUsesTheClientClock(t *testing.T) {
 	}
 	admCatchUp(t, clock, c, res.ID)
 	admKillAll(t, admStore(t, pool, "public", clock.Now))
+	died := get(t, c, res.ID).UpdatedAt
 	clock.Advance(100 * time.Hour)
 	if err := c.Admin().SkipHead(ctx, "alice", res.ID); err != nil {
 		t.Fatal(err)
+	}
+	if e := get(t, c, res.ID); !e.UpdatedAt.Equal(died) || e.Status != outbox.StatusDead {
+		t.Fatalf("after the skip: %s, updated %v; want dead, updated when it died (%v)", e.Status, e.UpdatedAt, died)
 	}
 	h, err := c.Admin().History(ctx, res.ID)
 	if err != nil || len(h) == 0 {
