@@ -41,9 +41,11 @@
 // # Keys and partitions
 //
 // The record key chooses the partition, and so what keeps its order in
-// Kafka. DefaultKey uses the tenant id, then the dedupe key, and leaves
-// events with neither unkeyed. Once the outbox has an ordering key, it is
-// meant to become the default; set Config.Key to pin today's behaviour.
+// Kafka. DefaultKey uses the event's ordering key (Message.OrderingKey,
+// whose events the outbox publishes one at a time, in order: one
+// partition keeps that order for consumers), then the tenant id, then the
+// dedupe key, and leaves events with none unkeyed. Set Config.Key for
+// another choice.
 //
 // # Batching and linger
 //
@@ -90,11 +92,13 @@ type Config struct {
 // and an event whose names do fails permanently with ErrInvalidTopic.
 func DefaultTopic(d outbox.Delivery) string { return d.Namespace + "." + d.Topic }
 
-// DefaultKey is the event's tenant id (its hyphenated string), or else its
-// dedupe key, or else nil (no key: the client spreads such records over
-// the partitions).
+// DefaultKey is the event's ordering key, or else its tenant id (its
+// hyphenated string), or else its dedupe key, or else nil (no key: the
+// client spreads such records over the partitions).
 func DefaultKey(d outbox.Delivery) []byte {
 	switch {
+	case d.OrderingKey != "":
+		return []byte(d.OrderingKey)
 	case d.TenantID != nil:
 		return []byte(d.TenantID.String())
 	case d.DedupeKey != nil:
@@ -153,7 +157,10 @@ type Publisher struct {
 
 // New returns a Publisher producing through cl. It fails with an error
 // matching outbox.ErrInvalidConfig if cl has idempotent writes disabled
-// (kgo.DisableIdempotentWrite), or a default produce topic
+// (kgo.DisableIdempotentWrite), is transactional (kgo.TransactionalID: it
+// would refuse every record produced outside a transaction) or flushes by
+// hand only (kgo.ManualFlushing: records would wait for a Flush nobody
+// calls), or has a default produce topic
 // (kgo.DefaultProduceTopic) that Kafka refuses (the error then matches
 // ErrInvalidTopic too). Config.Topic, a function of the event, is checked
 // by Publish.
@@ -163,6 +170,14 @@ func New(cl *kgo.Client, cfg Config) (*Publisher, error) {
 	}
 	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
 		return nil, fmt.Errorf("%w: outboxkafka: the client has idempotent writes disabled (kgo.DisableIdempotentWrite)", outbox.ErrInvalidConfig)
+	}
+	if v := cl.OptValues(kgo.TransactionalID); len(v) > 1 && v[1] == true {
+		return nil, fmt.Errorf("%w: outboxkafka: the client is transactional (kgo.TransactionalID), and refuses records "+
+			"produced outside a transaction; give the publisher a client of its own without it", outbox.ErrInvalidConfig)
+	}
+	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
+		return nil, fmt.Errorf("%w: outboxkafka: the client flushes by hand only (kgo.ManualFlushing): a publish would wait "+
+			"for a Flush nobody calls; give the publisher a client without it", outbox.ErrInvalidConfig)
 	}
 	def, _ := cl.OptValue(kgo.DefaultProduceTopic).(string)
 	if why := checkTopic(def); def != "" && why != "" {

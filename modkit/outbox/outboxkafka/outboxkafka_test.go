@@ -165,6 +165,7 @@ func TestRecord(t *testing.T) {
 		d       outbox.Delivery
 		wantKey string
 	}{
+		{outbox.Delivery{TenantID: &tenant, DedupeKey: &key, OrderingKey: "order-42", Sequence: 1}, "order-42"},
 		{outbox.Delivery{TenantID: &tenant, DedupeKey: &key}, tenant.String()},
 		{outbox.Delivery{DedupeKey: outbox.Key("plain")}, "plain"},
 		{outbox.Delivery{}, ""},
@@ -221,12 +222,21 @@ func TestRecord(t *testing.T) {
 }
 
 // TestClientChecked: New refuses a client without idempotent writes (and
-// franz-go refuses idempotence without acks from all in-sync replicas).
+// franz-go refuses idempotence without acks from all in-sync replicas), a
+// transactional one (it refuses records outside a transaction, which the
+// publish retried until dead) and one that flushes by hand only (a publish
+// waited for its deadline).
 func TestClientChecked(t *testing.T) {
 	cluster := startCluster(t)
-	cl := newClient(t, cluster.ListenAddrs(), kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck()))
-	if _, err := outboxkafka.New(cl, outboxkafka.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) {
-		t.Errorf("got %v, want ErrInvalidConfig", err)
+	for name, opts := range map[string][]kgo.Opt{
+		"without idempotent writes": {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
+		"transactional":             {kgo.TransactionalID("outbox")},
+		"flushing by hand":          {kgo.ManualFlushing()},
+	} {
+		cl := newClient(t, cluster.ListenAddrs(), opts...)
+		if _, err := outboxkafka.New(cl, outboxkafka.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("%s: got %v, want ErrInvalidConfig", name, err)
+		}
 	}
 	if _, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.RequiredAcks(kgo.LeaderAck())); err == nil {
 		t.Error("franz-go accepted an idempotent producer with leader acks")

@@ -12,7 +12,7 @@
 //
 // # Example
 //
-//	nc, _ := nats.Connect(url)
+//	nc, _ := nats.Connect(url, nats.FlusherTimeout(5*time.Second))
 //	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 //	pub, _ := outboxnats.New(js, outboxnats.Config{})
 //	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
@@ -28,12 +28,20 @@
 // PublishAsyncTimeout (jetstream.WithPublishAsyncTimeout) so that pending
 // acknowledgements lost with a connection are failed instead of kept.
 //
+// nats.go writes to the socket without the publish's context: once its
+// buffer is full, a publish (and every other one on the connection) waits
+// for the write for up to the connection's FlusherTimeout, a minute by
+// default, past the dispatcher's publish deadline (LeaseDuration less
+// LeaseHeadroom, 25 s by default) if the network stalls. Give the
+// connection a shorter one (nats.FlusherTimeout(5*time.Second), say).
+//
 // # Failures
 //
 // A subject no stream listens on, a full stream, a lost connection or a
 // missing ack are returned as errors to retry. A message over the server's
-// maximum payload, or a subject that NATS refuses, is returned wrapped in
-// outbox.Permanent, since no retry can change it.
+// maximum payload or its stream's maximum message size, or a subject that
+// NATS refuses, is returned wrapped in outbox.Permanent, since no retry
+// can change it.
 //
 // # Headers
 //
@@ -212,7 +220,8 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 
 func classify(subject string, err error) error {
 	err = fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, subject, err)
-	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrBadHeaderMsg) {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
+		errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrBadHeaderMsg) {
 		return outbox.Permanent(err)
 	}
 	return err

@@ -290,6 +290,16 @@ func TestFailures(t *testing.T) {
 	if !outbox.IsPermanent(err) {
 		t.Errorf("payload over the limit: got %v, want a permanent error", err)
 	}
+	// Under the server's limit, over its stream's maximum message size:
+	// refused on every attempt, permanent too (it was retried until dead).
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 256}); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "small", Topic: "events",
+		Payload: json.RawMessage(`"` + strings.Repeat("x", 500) + `"`)})
+	if !outbox.IsPermanent(err) {
+		t.Errorf("payload over the stream's maximum message size: got %v, want a permanent error", err)
+	}
 	// A header name NATS cannot carry (the outbox accepts it) fails the
 	// same way on every attempt: permanent.
 	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`),
