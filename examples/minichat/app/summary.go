@@ -162,16 +162,16 @@ func turnsByState(ctx context.Context, pool *pgxpool.Pool, tenants []uuid.UUID) 
 }
 
 // mismatchSQL counts finalised turns and usage records that do not pair up
-// one to one with equal usage.
+// one to one with equal usage, billed to the turn's user and chat.
 const mismatchSQL = `SELECT count(*)
 FROM (SELECT * FROM minichat_turns WHERE tenant_id = ANY($1) AND state <> 'running') t
 FULL JOIN (SELECT * FROM minichat_usage_records WHERE tenant_id = ANY($1)) u
 	ON u.tenant_id = t.tenant_id AND u.turn_id = t.id AND u.request_id = t.request_id
 WHERE t.id IS NULL OR u.turn_id IS NULL
-	OR (t.input_tokens, t.output_tokens, t.cache_read_tokens, t.cache_write_tokens, t.reasoning_tokens,
+	OR (t.user_id, t.chat_id, t.input_tokens, t.output_tokens, t.cache_read_tokens, t.cache_write_tokens, t.reasoning_tokens,
 		t.credits_micro, t.state, t.billing_outcome)
-	IS DISTINCT FROM (u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens, u.reasoning_tokens,
-		u.credits_micro, u.terminal_state, u.billing_outcome)`
+	IS DISTINCT FROM (u.user_id, u.chat_id, u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens,
+		u.reasoning_tokens, u.credits_micro, u.terminal_state, u.billing_outcome)`
 
 func readOutbox(ctx context.Context, pool *pgxpool.Pool, tenants []uuid.UUID, o *Outbox) error {
 	err := pool.QueryRow(ctx, `WITH ev AS (
