@@ -12,9 +12,15 @@
 // shutdown now and then. At the end the producers stop, the dispatchers
 // drain the outbox, and the run is verified:
 //
+//   - every commit a producer saw succeed is in the database (checked
+//     against the producers' own record, kept in memory, since a lost
+//     commit would take its soak_enqueued row with it);
 //   - every healthy event enqueued was delivered (by id) and marked delivered;
 //   - every duplicate delivery coincides with a killed dispatcher or a
-//     restart;
+//     restart, and its first delivery was never recorded as delivered (a
+//     delivery recorded for good and made again is unexplained whatever
+//     faults came between);
+//   - no delivered or dead event is changed afterwards (an audit trigger);
 //   - no row is left pending or processing (an expired lease included);
 //   - dead rows are exactly the poison events, never delivered;
 //   - every settlement was made under a valid lease, and every delivered

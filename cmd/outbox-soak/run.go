@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,13 +77,16 @@ func run(ctx context.Context, o options) (bool, error) {
 	}
 	logf("producers stopped after %d events; draining", prod.count())
 	drained := drain(ctx, pool, o.drainTimeout)
+	// A dispatcher that exited on its own during the drain, before the
+	// stop, is a crash too.
+	crashes = append(crashes, sup.crashed()...)
 	stopErrs := sup.stopAll(30 * time.Second)
 	if ctx.Err() != nil {
 		sup.killAll()
 		return false, errInterrupted
 	}
 
-	r := verify(ctx, pool, o, incidents)
+	r := verify(ctx, pool, o, incidents, prod.committedSeqs())
 	r.elapsed = time.Since(start)
 	r.seed = o.seed
 	r.generations = sup.gens
@@ -138,6 +142,10 @@ func chaos(ctx context.Context, o options, rng *rand.Rand, tgt *target, sup *sup
 			return incidents, crashes, nil
 		case <-kill:
 			live := sup.live()
+			if len(live) == 0 { // every one exited on its own: the next check reports and replaces them
+				kill = next(o.killEvery)
+				continue
+			}
 			c := live[rng.IntN(len(live))]
 			pid, sent, dead := sup.kill(c)
 			incidents = append(incidents, incident{kind: "kill", pid: pid, begin: sent, end: dead})
@@ -224,6 +232,12 @@ type producers struct {
 	retries atomic.Int64
 	halt    chan struct{}
 	wg      sync.WaitGroup
+
+	mu sync.Mutex
+	// committed are the sequence numbers whose transaction reported its
+	// commit: the verifier's record of what was enqueued that does not
+	// live in the database it checks.
+	committed []int64
 }
 
 func startProducers(ctx context.Context, client *outbox.Client, pool *pgxpool.Pool, o options) *producers {
@@ -240,6 +254,13 @@ func startProducers(ctx context.Context, client *outbox.Client, pool *pgxpool.Po
 }
 
 func (p *producers) count() int64 { return p.n.Load() }
+
+// committedSeqs returns the sequence numbers committed so far.
+func (p *producers) committedSeqs() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.committed)
+}
 
 // stop lets the transactions in progress commit and stops.
 func (p *producers) stop() {
@@ -267,6 +288,9 @@ func (p *producers) run(ctx context.Context, pool *pgxpool.Pool, o options, inte
 			return
 		}
 		p.n.Add(1)
+		p.mu.Lock()
+		p.committed = append(p.committed, seq)
+		p.mu.Unlock()
 	}
 }
 

@@ -80,7 +80,18 @@ BEGIN
 	RETURN NULL;
 END $$;
 CREATE TRIGGER soak_audit_delete AFTER DELETE ON modkit_outbox_events
-	FOR EACH ROW WHEN (OLD.status = 'processing') EXECUTE FUNCTION soak_audit_delete();`
+	FOR EACH ROW WHEN (OLD.status = 'processing') EXECUTE FUNCTION soak_audit_delete();
+-- Nothing in the soak changes a delivered or dead event (purges delete
+-- them); an update of one would be a resurrection.
+CREATE TABLE soak_resettled (event_id uuid NOT NULL, old_status text NOT NULL, new_status text NOT NULL,
+	at timestamptz NOT NULL DEFAULT statement_timestamp());
+CREATE FUNCTION soak_resettled() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO soak_resettled (event_id, old_status, new_status) VALUES (OLD.id, OLD.status, NEW.status);
+	RETURN NULL;
+END $$;
+CREATE TRIGGER soak_resettled AFTER UPDATE ON modkit_outbox_events
+	FOR EACH ROW WHEN (OLD.status IN ('delivered', 'dead')) EXECUTE FUNCTION soak_resettled();`
 
 // openTarget starts a durable throwaway cluster when dsn is empty, creates
 // the run database, and migrates it.

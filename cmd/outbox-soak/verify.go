@@ -53,7 +53,7 @@ const finalEvents = `(SELECT e.id, e.status, e.attempts FROM modkit_outbox_event
 	WHERE l.outcome = 'delivered' AND l.detail = 'deleted on delivery') f`
 
 // verify checks the database after the drain.
-func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []incident) *report {
+func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []incident, committed []int64) *report {
 	r := &report{lease: o.lease}
 	for _, in := range incidents {
 		if in.kind == "kill" {
@@ -85,6 +85,12 @@ func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []inci
 
 	// Each must be zero.
 	mustBeZero := []check{
+		// The producers' own record, kept outside the database: a commit
+		// they saw succeed that a restart lost would take its
+		// soak_enqueued row with it, and every check below with it.
+		{"commits the producers saw that left no record (lost)", scalar(`SELECT count(*) FROM unnest($1::bigint[]) AS c(seq)
+			WHERE NOT EXISTS (SELECT 1 FROM soak_enqueued q WHERE q.seq = c.seq)`, committed)},
+		{"settled events changed afterwards", scalar(`SELECT count(*) FROM soak_resettled`)},
 		{"healthy events never delivered (lost)", scalar(`SELECT count(*) FROM soak_enqueued q WHERE q.poison IS NULL
 			AND NOT EXISTS (SELECT 1 FROM soak_deliveries d WHERE d.event_id = q.event_id)`)},
 		{"healthy events not marked delivered", scalar(`SELECT count(*) FROM soak_enqueued q
@@ -157,9 +163,14 @@ func verify(ctx context.Context, pool *pgxpool.Pool, o options, incidents []inci
 // process used its claim), so started_at < locked_until <= death + lease.
 // A delivery recorded without a lease token (late) gets no such allowance.
 func (r *report) attributeDuplicates(ctx context.Context, pool *pgxpool.Pool, o options, incidents []incident) {
-	rows, err := pool.Query(ctx, `SELECT event_id, pid, lease_token IS NOT NULL, sent_at, started_at, at FROM soak_deliveries
-		WHERE event_id IN (SELECT event_id FROM soak_deliveries GROUP BY event_id HAVING count(*) > 1)
-		ORDER BY event_id, at`)
+	// settled: the delivery's lease recorded it as delivered, a commit the
+	// audit (in the same transaction) proves. No fault explains a
+	// redelivery after that: the row was delivered, durably.
+	rows, err := pool.Query(ctx, `SELECT d.event_id, d.pid, d.lease_token IS NOT NULL, d.sent_at, d.started_at, d.at,
+		EXISTS (SELECT 1 FROM soak_audit a WHERE a.event_id = d.event_id AND a.old_token = d.lease_token AND a.new_status = 'delivered')
+		FROM soak_deliveries d
+		WHERE d.event_id IN (SELECT event_id FROM soak_deliveries GROUP BY event_id HAVING count(*) > 1)
+		ORDER BY d.event_id, d.at`)
 	if err != nil {
 		r.fail("read duplicate deliveries: %v", err)
 		return
@@ -168,7 +179,7 @@ func (r *report) attributeDuplicates(ctx context.Context, pool *pgxpool.Pool, o 
 	type delivery struct {
 		id                uuid.UUID
 		pid               int
-		leased            bool
+		leased, settled   bool
 		sent, started, at time.Time
 	}
 	var prev delivery
@@ -176,7 +187,7 @@ func (r *report) attributeDuplicates(ctx context.Context, pool *pgxpool.Pool, o 
 	slack := 2 * o.lease
 	for rows.Next() {
 		var d delivery
-		if err := rows.Scan(&d.id, &d.pid, &d.leased, &d.sent, &d.started, &d.at); err != nil {
+		if err := rows.Scan(&d.id, &d.pid, &d.leased, &d.sent, &d.started, &d.at, &d.settled); err != nil {
 			r.fail("read duplicate deliveries: %v", err)
 			return
 		}
@@ -188,6 +199,9 @@ func (r *report) attributeDuplicates(ctx context.Context, pool *pgxpool.Pool, o 
 		r.extraDeliveries++
 		cause := ""
 		for _, in := range incidents {
+			if prev.settled {
+				break // delivered for good before it was delivered again
+			}
 			switch {
 			case in.kind == "kill" && in.pid == prev.pid && !prev.sent.After(in.end) && !d.at.Before(in.begin) &&
 				(!prev.started.After(in.end) || prev.leased && prev.started.Before(in.end.Add(o.lease))):

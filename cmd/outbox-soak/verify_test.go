@@ -15,7 +15,9 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // TestAttributeDuplicates: the kill window takes in a delivery the server
 // began after the killed process had died (issue 18) as long as it ran under
 // the process's lease, and still calls a duplicate unexplained when no fault
-// accounts for it.
+// accounts for it, or when the first delivery was recorded as delivered
+// before the fault (a resurrection that a kill of the same process after
+// it had been taken for).
 func TestAttributeDuplicates(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.NewDB(t).Provider.Pool
@@ -39,15 +41,24 @@ func TestAttributeDuplicates(t *testing.T) {
 		"begun a lease after the death": {pid: 103, leased: true, sent: ms(-3), started: ms(1100), at: ms(1100), againAt: ms(2500)},
 		"redelivered before the kill":   {pid: 104, leased: true, sent: ms(-1500), started: ms(-1500), at: ms(-1500), againAt: ms(-500)},
 		"restart":                       {pid: 105, leased: true, sent: ms(59_900), started: ms(59_900), at: ms(59_900), againAt: ms(61_000)},
+		// Recorded as delivered under its lease (the audit says so), then
+		// delivered again: no kill or restart explains that.
+		"delivered for good, then again": {pid: 106, leased: true, sent: ms(-10), started: ms(-5), at: ms(-5), againAt: ms(1000)},
 	}
-	incidents := []incident{kill(100), kill(101), kill(102), kill(103), kill(104),
+	incidents := []incident{kill(100), kill(101), kill(102), kill(103), kill(104), kill(106),
 		{kind: "restart", begin: ms(60_000), end: ms(60_200)}}
-	for _, d := range cases {
+	for name, d := range cases {
 		id := uuid.New()
 		var token *uuid.UUID
 		if d.leased {
 			tok := uuid.New()
 			token = &tok
+		}
+		if name == "delivered for good, then again" {
+			if _, err := pool.Exec(ctx, `INSERT INTO soak_audit VALUES ($1, 'delivered', $2, NULL, $3, NULL, $4)`,
+				id, token, ms(900), ms(-4)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if _, err := pool.Exec(ctx, `INSERT INTO soak_deliveries (event_id, lease_token, attempt, pid, sent_at, started_at, at)
 			VALUES ($1, $2, 1, $3, $4, $5, $6), ($1, gen_random_uuid(), 2, 999, $7, $7, $7)`,
@@ -58,7 +69,7 @@ func TestAttributeDuplicates(t *testing.T) {
 	r := &report{lease: lease}
 	r.attributeDuplicates(ctx, pool, options{lease: lease}, incidents)
 	got := [5]int{r.extraDeliveries, r.byKill, r.byKillInFlight, r.byRestart, r.unattributed}
-	if want := [5]int{6, 2, 1, 1, 3}; got != want {
+	if want := [5]int{7, 2, 1, 1, 4}; got != want {
 		t.Fatalf("extra, by kill, of which in flight, by restart, unexplained = %v, want %v; failures %q", got, want, r.failures)
 	}
 	if len(r.failures) != 1 {
@@ -124,7 +135,7 @@ func TestAuditJudgesLeasesByStatementTime(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := verify(ctx, pool, options{lease: time.Second}, nil)
+	r := verify(ctx, pool, options{lease: time.Second}, nil, nil)
 	want := map[string]int{"reclaims of a valid lease": 1, "settlements under an expired lease": 1}
 	for _, c := range r.counts {
 		if n, ok := want[c.what]; ok {
@@ -185,7 +196,7 @@ func TestVerifyFindsDeletedDeliveries(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := verify(ctx, pool, options{lease: time.Second}, nil)
+	r := verify(ctx, pool, options{lease: time.Second}, nil, nil)
 	if r.delivered != 2 {
 		t.Errorf("delivered: %d, want the 2 deletions the ledger records", r.delivered)
 	}
@@ -195,6 +206,42 @@ func TestVerifyFindsDeletedDeliveries(t *testing.T) {
 		"events with both a row and a deletion, or two deletions": 0,
 		"settlements under an expired lease":                      1,
 	}
+	for _, c := range r.counts {
+		if n, ok := want[c.what]; ok {
+			if c.n != n {
+				t.Errorf("%s: %d, want %d", c.what, c.n, n)
+			}
+			delete(want, c.what)
+		}
+	}
+	if len(want) != 0 {
+		t.Fatalf("checks missing from the report: %v", want)
+	}
+}
+
+// TestVerifyAgainstTheProducersRecord: a commit the producers saw succeed
+// that left no soak_enqueued row (lost with its event, which every other
+// check would then miss) is a failure, and so is any change to an event
+// already delivered or dead.
+func TestVerifyAgainstTheProducersRecord(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	if _, err := pool.Exec(ctx, soakDDL); err != nil {
+		t.Fatal(err)
+	}
+	id := uuid.Must(uuid.NewV7())
+	for _, stmt := range []string{
+		`INSERT INTO modkit_outbox_events (id, namespace, topic, payload) VALUES ($1, 'soak', 'v', '{}')`,
+		`INSERT INTO soak_enqueued (event_id, seq) VALUES ($1, 1)`,
+		`UPDATE modkit_outbox_events SET status = 'delivered' WHERE id = $1`,
+		`UPDATE modkit_outbox_events SET status = 'pending' WHERE id = $1`,
+	} {
+		if _, err := pool.Exec(ctx, stmt, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := verify(ctx, pool, options{lease: time.Second}, nil, []int64{1, 2})
+	want := map[string]int{"commits the producers saw that left no record (lost)": 1, "settled events changed afterwards": 1}
 	for _, c := range r.counts {
 		if n, ok := want[c.what]; ok {
 			if c.n != n {
