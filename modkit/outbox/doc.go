@@ -60,7 +60,10 @@
 //     only after the previous one is delivered, by any dispatcher (one
 //     claim may lease a run of a key's events, published one after
 //     another; the rest go back unpublished when one fails); after a
-//     crash the same event is delivered again before anything after it. A
+//     crash the same event is delivered again before anything after it,
+//     and a crash in the middle of such a run delivers the run's
+//     unrecorded events again, in order, from the first (a consumer that
+//     skips event IDs it has handled sees each key in order). A
 //     dead event holds its key back (Admin.BlockedKeys) until it is
 //     replayed or skipped (Admin.SkipHead), unless Publisher.SkipDeadHeads.
 //     Events without a key, and events of different keys, are not ordered.

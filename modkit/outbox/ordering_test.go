@@ -101,7 +101,9 @@ func enqueueKeyed(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, keys []str
 // Eight dispatchers (six here on their own pools, two in processes that are
 // SIGKILLed mid-run), 1,000 keys of 50 events, a tenth of the publishes
 // failing: per key, first successful deliveries come in strictly increasing
-// sequence, no two publishes of one key overlap in time, nothing is lost.
+// sequence, no publish of a sequence (failed and repeated ones included)
+// starts before the previous sequence first succeeded, no two publishes of
+// one key overlap in time, nothing is lost.
 func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 	const keys, perKey = 1000, 50
 	client, tdb := newClient(t, outbox.Config{})
@@ -182,14 +184,23 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 		}
 	}
 
-	// No overlap: each publish of a key starts after the previous one
-	// ended (a killed process's unfinished publish ends at its death).
+	// Every publish, failed and repeated ones included, in start order per
+	// key: none overlaps the one before it (a killed process's unfinished
+	// publish ends at its death), and none starts before the previous
+	// sequence's first success ended. (A sequence may be published again
+	// after a later one: a process killed in the middle of a run of the
+	// key's events, published one after another under one claim before
+	// their outcomes were recorded, leaves the whole run to be delivered
+	// again, in order, from its first event.)
 	type span struct {
 		worker     string
+		seq        int64
+		ok         bool
 		start, end time.Time
 	}
 	spans := map[string][]span{}
-	rows, err = pool.Query(ctx, `SELECT okey, worker, started_at, finished_at FROM ordered_log ORDER BY okey, started_at, id`)
+	rows, err = pool.Query(ctx, `SELECT okey, worker, seq, coalesce(ok, false), started_at, finished_at FROM ordered_log
+		ORDER BY okey, started_at, id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +210,7 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 		var k, w string
 		var s span
 		var end *time.Time
-		if err := rows.Scan(&k, &w, &s.start, &end); err != nil {
+		if err := rows.Scan(&k, &w, &s.seq, &s.ok, &s.start, &end); err != nil {
 			t.Fatal(err)
 		}
 		s.worker = w
@@ -219,10 +230,18 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k, ss := range spans {
-		for i := 1; i < len(ss); i++ {
-			if ss[i].start.Before(ss[i-1].end) {
+		succeeded := map[int64]time.Time{} // the end of each sequence's first success
+		for i, sp := range ss {
+			if i > 0 && sp.start.Before(ss[i-1].end) {
 				t.Errorf("key %s: a publish by %s started at %v, before the one by %s ended at %v",
-					k, ss[i].worker, ss[i].start, ss[i-1].worker, ss[i-1].end)
+					k, sp.worker, sp.start, ss[i-1].worker, ss[i-1].end)
+			}
+			if prev, ok := succeeded[sp.seq-1]; sp.seq > 1 && (!ok || sp.start.Before(prev)) {
+				t.Errorf("key %s: a publish of sequence %d by %s started at %v, before sequence %d had succeeded",
+					k, sp.seq, sp.worker, sp.start, sp.seq-1)
+			}
+			if _, ok := succeeded[sp.seq]; sp.ok && !ok {
+				succeeded[sp.seq] = sp.end
 			}
 		}
 	}
