@@ -277,9 +277,14 @@ func (m *Migrator) table() string {
 	return pgx.Identifier{m.schema, m.tableName}.Sanitize()
 }
 
+// lockKey is the advisory lock of the migrated schema: one per schema, not
+// per migrations table, so that sets of migrations sharing a schema (the
+// outbox's and an application's) take turns too, and never race to create
+// it (two CREATE SCHEMA IF NOT EXISTS at once can fail one with a unique
+// violation).
 func (m *Migrator) lockKey() int64 {
 	h := fnv.New64a()
-	_, _ = h.Write([]byte("modkit/db migrate " + m.schema + "." + m.tableName))
+	_, _ = h.Write([]byte("modkit/db migrate " + m.schema))
 	return int64(h.Sum64())
 }
 

@@ -55,8 +55,9 @@ type DispatcherConfig struct {
 	// a stop), a maintenance election and a release of held events may
 	// take. The maintenance pass's sweep and purge are bounded by the
 	// leadership they run under (two thirds of its term).
-	// Default LeaseDuration/5, at most 5s. Must be at least 20ms and below
-	// LeaseDuration.
+	// Default LeaseDuration/5, at most 5s. Must be at least 20ms and at
+	// most LeaseDuration/2 (a headroom just below the lease would leave
+	// publishes a few milliseconds).
 	LeaseHeadroom time.Duration
 	// PollInterval is how often the dispatcher looks for due events when
 	// nothing wakes it (a notification, or a retry it scheduled itself
@@ -146,9 +147,10 @@ func (c DispatcherConfig) validate() error {
 		return configError("DispatcherConfig.LeaseDuration is %v; it must be at least %v", c.LeaseDuration, leaseDurationMin)
 	case c.MaxAttempts < 1:
 		return configError("DispatcherConfig.MaxAttempts is %d; it must be at least 1", c.MaxAttempts)
-	case c.LeaseHeadroom < leaseHeadroomMin || c.LeaseHeadroom >= c.LeaseDuration:
+	case c.LeaseHeadroom < leaseHeadroomMin || c.LeaseHeadroom > c.LeaseDuration/2:
 		return configError("DispatcherConfig.LeaseHeadroom is %v; it must be at least %v (it also bounds how long each claim may take) "+
-			"and below LeaseDuration (%v)", c.LeaseHeadroom, leaseHeadroomMin, c.LeaseDuration)
+			"and at most half of LeaseDuration (%v), which leaves a publish at least as long as the headroom",
+			c.LeaseHeadroom, leaseHeadroomMin, c.LeaseDuration/2)
 	case c.PollInterval <= 0 || c.PollInterval > c.LeaseDuration/3:
 		return configError("DispatcherConfig.PollInterval is %v; it must be positive and at most LeaseDuration/3 (%v), "+
 			"so that live leases are not mistaken for crashed ones", c.PollInterval, c.LeaseDuration/3)

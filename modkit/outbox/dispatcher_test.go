@@ -534,7 +534,8 @@ func TestDispatcherConfigValidation(t *testing.T) {
 		{LeaseDuration: 3 * time.Second, PollInterval: 2 * time.Second}, // poll > lease/3
 		{BatchSize: -1},
 		{LeaseDuration: 10 * time.Second, LeaseHeadroom: 10 * time.Second},
-		{LeaseHeadroom: time.Millisecond}, // every claim would time out
+		{LeaseDuration: time.Second, LeaseHeadroom: 990 * time.Millisecond}, // 10ms left to publish
+		{LeaseHeadroom: time.Millisecond},                                   // every claim would time out
 		{Concurrency: -2},
 		{MaxAttempts: -1},
 		{Retry: outbox.RetryPolicy{BaseDelay: time.Minute, MaxDelay: time.Second}},
