@@ -615,3 +615,44 @@ func TestDashboardSecureCookies(t *testing.T) {
 		}
 	}
 }
+
+// An operator purges a dead event from its page: it is deleted, its page
+// then shows the history with the purge, by the dashboard, and a second
+// purge changes nothing. Without the sign-in the purge is refused.
+func TestDashboardPurgesADeadEvent(t *testing.T) {
+	w := newWorld(t)
+	base := serve(t, w, outboxui.Options{OperatorToken: token, By: "ops dashboard"})
+	jar := newJar()
+	body, csrf := get(t, jar, base+"events/"+w.deadMail.String())
+	if strings.Contains(body, `id="purge-dead"`) {
+		t.Fatal("the purge button is shown before the sign-in")
+	}
+	form := url.Values{"csrf": {csrf}, "id": {w.deadMail.String()}}
+	if code, _ := post(t, jar, base+"purge-dead", form, ""); code != http.StatusForbidden {
+		t.Fatalf("purge without the sign-in: %d, want 403", code)
+	}
+	if code, _ := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	if body, _ := get(t, jar, base+"events/"+w.deadMail.String()); !strings.Contains(body, `id="purge-dead"`) {
+		t.Fatal("no purge button on a dead event's page for the operator")
+	}
+	for _, want := range []string{"Event purged: it is deleted, and its history stays.", "Nothing purged: the event is no longer dead."} {
+		resp, err := jar.PostForm(base+"purge-dead", form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		to, err := resp.Location()
+		if resp.StatusCode != http.StatusSeeOther || err != nil {
+			t.Fatalf("purge: %d %v", resp.StatusCode, err)
+		}
+		page, _ := get(t, jar, to.String())
+		if flashOf(page) != want || !strings.Contains(page, "purged while dead by ops dashboard") {
+			t.Fatalf("after the purge: message %q, want %q; the page must show the purge in the history:\n%s", flashOf(page), want, page)
+		}
+	}
+	if _, err := w.client.Admin().Get(bg, w.deadMail); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("the purged event: %v, want ErrNotFound", err)
+	}
+}

@@ -29,8 +29,8 @@
 // # Security
 //
 //   - Read-only by default. With Options.OperatorToken set, an operator who
-//     signs in with that token may replay dead events and purge delivered
-//     ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
+//     signs in with that token may replay or purge dead events and purge
+//     delivered ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
 //     valid until the handler is rebuilt (a restart signs everyone out)
 //     unless Options.SigningKey is set, as below.
 //   - The sign-in cookie, the CSRF tokens and the messages after an action
@@ -111,13 +111,13 @@ var ErrWeakSigningKey = fmt.Errorf("%w: outboxui: the signing key is too short: 
 // dashboard that hides payloads.
 type Options struct {
 	// OperatorToken, when set, lets an operator who signs in with it replay
-	// dead events and purge delivered ones. At least TokenMinLen
+	// or purge dead events and purge delivered ones. At least TokenMinLen
 	// characters. Empty: read-only.
 	OperatorToken string
 	// ShowPayloads shows event payloads on the event page.
 	ShowPayloads bool
-	// By names the dashboard in the audit trail of replays ("replayed by
-	// …"). Default "outboxui".
+	// By names the dashboard in the audit trail of replays and purges of
+	// dead events ("replayed by …"). Default "outboxui".
 	By string
 	// Logger receives a record of every action, and of every failure that
 	// is not the visitor's doing, under the error_id the page shows.
@@ -220,6 +220,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	h.mux.HandleFunc("POST /logout", h.action(false, h.logout))
 	h.mux.HandleFunc("POST /replay", h.action(true, h.replay))
 	h.mux.HandleFunc("POST /purge", h.action(true, h.purge))
+	h.mux.HandleFunc("POST /purge-dead", h.action(true, h.purgeDead))
 	return h, nil
 }
 
@@ -452,6 +453,27 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 		flash = "Nothing replayed: the event is no longer dead."
 	}
 	h.redirect(w, r, "events/"+ids[0].String(), flash)
+}
+
+// purgeDead deletes one dead event (Admin.PurgeDead): one that must never
+// be published. Its history stays, with the purge.
+func (h *handler) purgeDead(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PostForm.Get("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "Purge of a dead event needs its id.")
+		return
+	}
+	done, err := h.admin.PurgeDead(r.Context(), h.opts.By, outbox.EventFilter{}, id)
+	if err != nil {
+		h.failInternal(w, r, "purge dead", err)
+		return
+	}
+	h.log.Info("outboxui: purge dead", "event", id, "purged", len(done), "remote", r.RemoteAddr)
+	if len(done) == 0 {
+		h.redirect(w, r, "events/"+id.String(), "Nothing purged: the event is no longer dead.")
+		return
+	}
+	h.redirect(w, r, "events/"+id.String(), "Event purged: it is deleted, and its history stays.")
 }
 
 func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
