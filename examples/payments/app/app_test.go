@@ -168,6 +168,51 @@ func TestRunDeliversWhatAnInterruptedRunLeft(t *testing.T) {
 	}
 }
 
+// A valid instruction an earlier run left dead (its attempts used up, say)
+// would never be paid; the next run's operator skips it as any dead head,
+// and the reconciliation says so instead of passing.
+func TestRunRefusesAValidInstructionAnEarlierRunLeftDead(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	ctx, admin := t.Context(), tdb.Provider.Pool
+	roles, err := app.Setup(ctx, admin, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := roles.Drop(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	client, err := outbox.New(outboxpg.New(admin), outbox.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier, participant := uuid.New(), "E01-valid-dead"
+	if _, err := admin.Exec(ctx, "INSERT INTO payments_participants (id, run_id, name) VALUES ($1, $2, 'earlier')",
+		participant, earlier); err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.NewAPI(admin, client).Accept(ctx, earlier, app.Instruction{ID: uuid.New(), Participant: participant,
+		AmountMinor: 100, Currency: "EUR", Destination: "DE001234567890123456"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', attempts = 30 WHERE id = $1`, a.EventID); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := app.Run(ctx, app.Options{
+		DSN: tdb.DSN, Instructions: 20, Participants: 2, Invalid: 1, Dispatchers: 2,
+		Seed: 7, Spawn: func() *exec.Cmd { return exec.Command(os.Args[0]) },
+		DrainTimeout: time.Minute, Logger: quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("instruction %s of an earlier run is valid but was dead, and skipped", a.ID)
+	if sum.Reconciled || sum.EarlierSkipped != 1 || !slices.Contains(sum.Mismatches, want) {
+		t.Fatalf("reconciled %v, earlier heads skipped %d, mismatches %q; want not reconciled, 1, and %q",
+			sum.Reconciled, sum.EarlierSkipped, sum.Mismatches, want)
+	}
+}
+
 // Each job's login role may do its job only: the API may not read events,
 // the dispatcher and the operator may not read the ledger, the report may
 // not write it.

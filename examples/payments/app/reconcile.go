@@ -69,12 +69,15 @@ type Summary struct {
 }
 
 type reconcileInput struct {
-	runID       uuid.UUID
-	pool        *pgxpool.Pool // the report's: modkit_outbox_reader
-	admin       *outbox.Admin
-	rail        *Rail
-	kill        KillReport
-	skipped     []uuid.UUID
+	runID   uuid.UUID
+	pool    *pgxpool.Pool // the report's: modkit_outbox_reader
+	admin   *outbox.Admin
+	rail    *Rail
+	kill    KillReport
+	skipped []uuid.UUID
+	// leftover are the events of the topic an earlier run left pending,
+	// leased or dead when this run started.
+	leftover    map[uuid.UUID]bool
 	dispatchers int
 	invalid     int
 	elapsed     time.Duration
@@ -201,12 +204,17 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	if err := reconcileEarlier(ctx, in, paid, others, s, bad); err != nil {
 		return nil, err
 	}
+	var earlierHeads []uuid.UUID
 	for _, head := range in.skipped {
 		if ourEvents[head] {
 			s.Skipped++
 		} else {
 			s.EarlierSkipped++
+			earlierHeads = append(earlierHeads, head)
 		}
+	}
+	if err := reconcileEarlierHeads(ctx, in, earlierHeads, bad); err != nil {
+		return nil, err
 	}
 	if s.RailPayments != s.Delivered {
 		bad("the rail made %d payments for %d delivered instructions", s.RailPayments, s.Delivered)
@@ -261,20 +269,22 @@ func reconcileEarlier(ctx context.Context, in reconcileInput, paid map[string]Pa
 			ids = append(ids, id)
 		}
 	}
-	rows, err := in.pool.Query(ctx, `SELECT id::text, participant_id, seq, amount_minor, currency, destination
+	rows, err := in.pool.Query(ctx, `SELECT id::text, event_id, participant_id, seq, amount_minor, currency, destination
 		FROM payments_instructions WHERE id = ANY($1) AND run_id <> $2`, ids, in.runID)
 	if err != nil {
 		return fmt.Errorf("read the ledger of earlier runs: %w", err)
 	}
 	earlier := map[string]Payment{}
+	events := map[string]uuid.UUID{}
 	for rows.Next() {
 		var key string
+		var event uuid.UUID
 		var a Payment
-		if err := rows.Scan(&key, &a.Participant, &a.Seq, &a.AmountMinor, &a.Currency, &a.Destination); err != nil {
+		if err := rows.Scan(&key, &event, &a.Participant, &a.Seq, &a.AmountMinor, &a.Currency, &a.Destination); err != nil {
 			rows.Close()
 			return err
 		}
-		earlier[key] = a
+		earlier[key], events[key] = a, event
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -287,6 +297,8 @@ func reconcileEarlier(ctx context.Context, in reconcileInput, paid map[string]Pa
 		switch {
 		case !ok:
 			bad("the rail paid %s (%s), which is no accepted instruction of this run or an earlier one", key, p.Reference)
+		case !in.leftover[events[key]]:
+			bad("the rail paid %s (%s), an instruction of an earlier run that was not left undelivered: paid twice?", key, p.Reference)
 		case p.Participant != a.Participant || p.Seq != a.Seq || p.AmountMinor != a.AmountMinor ||
 			p.Currency != a.Currency || p.Destination != a.Destination:
 			bad("instruction %s of an earlier run paid as %s #%d %s %s -> %s, accepted as %s #%d %s %s -> %s", key,
@@ -297,6 +309,32 @@ func reconcileEarlier(ctx context.Context, in reconcileInput, paid map[string]Pa
 		}
 	}
 	return nil
+}
+
+// reconcileEarlierHeads checks the dead heads of earlier runs that the
+// operator skipped: each must be an invalid instruction, as this run's dead
+// ones must (a valid one left dead would never be paid).
+func reconcileEarlierHeads(ctx context.Context, in reconcileInput, heads []uuid.UUID, bad func(string, ...any)) error {
+	if len(heads) == 0 {
+		return nil
+	}
+	rows, err := in.pool.Query(ctx, `SELECT id, amount_minor, currency, destination FROM payments_instructions
+		WHERE event_id = ANY($1)`, heads)
+	if err != nil {
+		return fmt.Errorf("read the ledger of earlier runs: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id uuid.UUID
+		var p Payment
+		if err := rows.Scan(&id, &p.AmountMinor, &p.Currency, &p.Destination); err != nil {
+			return err
+		}
+		if ValidatePayment(p) == nil {
+			bad("instruction %s of an earlier run is valid but was dead, and skipped", id)
+		}
+	}
+	return rows.Err()
 }
 
 // Print writes the reconciliation.

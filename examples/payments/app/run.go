@@ -261,14 +261,12 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	// An interrupted run leaves events behind in a database that outlives
 	// it (DATABASE_URL): this run's dispatchers deliver them too, and the
 	// reconciliation checks them against their own run's ledger rows.
-	before, err := reportClient.Admin().Stats(ctx)
+	leftover, err := unsettled(ctx, reportClient.Admin())
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range before.Topics {
-		if t.Topic == Topic && t.Pending+t.Processing > 0 {
-			o.Progress("%d instructions of earlier runs are still undelivered; this run delivers them too", t.Pending+t.Processing)
-		}
+	if len(leftover) > 0 {
+		o.Progress("%d instructions of earlier runs are undelivered or dead; this run delivers them too", len(leftover))
 	}
 
 	rail, err := StartRail(o.Faults, o.Seed)
@@ -466,9 +464,32 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	defer opMu.Unlock()
 	return reconcile(ctx, reconcileInput{
 		runID: runID, pool: pools[roles.Report], admin: reportClient.Admin(), rail: rail,
-		kill: kill, skipped: skipped, dispatchers: o.Dispatchers, invalid: o.Invalid,
+		kill: kill, skipped: skipped, leftover: leftover, dispatchers: o.Dispatchers, invalid: o.Invalid,
 		elapsed: time.Since(started), roles: roles,
 	})
+}
+
+// unsettled returns the events of Topic that are pending, leased or dead:
+// those an earlier run left, when a run starts.
+func unsettled(ctx context.Context, admin *outbox.Admin) (map[uuid.UUID]bool, error) {
+	out := map[uuid.UUID]bool{}
+	for _, st := range []outbox.Status{outbox.StatusPending, outbox.StatusProcessing, outbox.StatusDead} {
+		f := outbox.EventFilter{Status: st, Namespace: Topic.Namespace, Topic: Topic.Topic, Limit: 1000}
+		for {
+			page, err := admin.List(ctx, f)
+			if err != nil {
+				return nil, fmt.Errorf("list the events earlier runs left: %w", err)
+			}
+			for _, e := range page.Events {
+				out[e.ID] = true
+			}
+			if page.NextPage == "" {
+				break
+			}
+			f.After = page.NextPage
+		}
+	}
+	return out, nil
 }
 
 func pids(ps []*dispatcherProc) string {

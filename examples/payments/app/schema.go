@@ -109,13 +109,13 @@ func Setup(ctx context.Context, admin *pgxpool.Pool, dsn string) (*Roles, error)
 		id := pgx.Identifier{s.role}.Sanitize()
 		if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s",
 			id, r.password, pgx.Identifier{s.group}.Sanitize())); err != nil {
-			_ = r.Drop(ctx, admin)
+			_ = r.Drop(context.WithoutCancel(ctx), admin)
 			return nil, fmt.Errorf("create role %s: %w", s.role, err)
 		}
 		r.names = append(r.names, s.role)
 		if s.grants != "" {
 			if _, err := admin.Exec(ctx, fmt.Sprintf(s.grants, id)); err != nil {
-				_ = r.Drop(ctx, admin)
+				_ = r.Drop(context.WithoutCancel(ctx), admin)
 				return nil, fmt.Errorf("grants of %s: %w", s.role, err)
 			}
 		}
@@ -123,12 +123,14 @@ func Setup(ctx context.Context, admin *pgxpool.Pool, dsn string) (*Roles, error)
 	return r, nil
 }
 
-// Drop removes the run's login roles and their grants.
+// Drop removes the run's login roles and their grants. It revokes the
+// grants Setup made (the tables' owner may) rather than DROP OWNED BY,
+// which a role with CREATEROLE only may not run on PostgreSQL 16 and later.
 func (r *Roles) Drop(ctx context.Context, admin *pgxpool.Pool) error {
 	var first error
 	for _, name := range r.names {
 		id := pgx.Identifier{name}.Sanitize()
-		if _, err := admin.Exec(ctx, "DROP OWNED BY "+id+"; DROP ROLE "+id); err != nil && first == nil {
+		if _, err := admin.Exec(ctx, "REVOKE ALL ON payments_participants, payments_instructions FROM "+id+"; DROP ROLE "+id); err != nil && first == nil {
 			first = fmt.Errorf("drop role %s: %w", name, err)
 		}
 	}
