@@ -337,6 +337,6 @@ func (b *bench) runDispatch(ctx context.Context) error {
 		"DeleteOnDelivery (opt-in, not the default): each event is deleted in the write that records its delivery; its ledger row stays."))
 	b.add(rateRow("dispatch", measure+", outbox DeleteOnDelivery + SynchronousCommit", delSync, riv, raw, "≥ 1.5× River", ""))
 	b.add(rateRow("dispatch", measure+", outbox library defaults against the raw loop with the ledger row", lib, riv, rawLedger, "-",
-		"The raw loop's ack also appends the attempts-ledger row the library appends for each delivery (same columns, in the same statement): the two write the same rows, so this ratio is the library's machinery, and the one above with the bare raw loop includes the ledger's cost."))
+		"The raw loop's ack also appends the attempts-ledger row the library appends for each delivery (same columns, in the same statement): the two write the same rows, so this ratio is the library's machinery (commit modes aside: the raw loop commits synchronously, the library's claims and outcome writes asynchronously by default), and the one above with the bare raw loop includes the ledger's cost."))
 	return nil
 }

@@ -69,8 +69,7 @@ const ledgerDDL = `CREATE TABLE scratch.ledger (
 	event_id uuid NOT NULL, attempt_no int NOT NULL, namespace text NOT NULL, topic text NOT NULL,
 	outcome text NOT NULL, attempt int NULL, worker uuid NULL, lease_token uuid NULL,
 	claimed_at timestamptz NULL, finished_at timestamptz NOT NULL, detail text NULL, actor text NULL,
-	PRIMARY KEY (event_id, attempt_no)) WITH (fillfactor = 100);
-CREATE INDEX ON scratch.ledger (finished_at)`
+	PRIMARY KEY (event_id, attempt_no)) WITH (fillfactor = 100)`
 
 const eventsLike = `(LIKE outbox.modkit_outbox_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`
 const eventsOpts = `WITH (fillfactor = 85, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.05, autovacuum_analyze_scale_factor = 0.05)`

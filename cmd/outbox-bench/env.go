@@ -45,6 +45,7 @@ type outboxSchema struct {
 	schema   string
 	table    pgx.Identifier // the outbox table, schema-qualified
 	leaders  pgx.Identifier // the maintenance leases (migration 0002), schema-qualified
+	attempts pgx.Identifier // the attempts ledger (migration 0004), schema-qualified
 	migrator *db.Migrator
 	// history is how many delivered rows of eventSource.history the table
 	// holds besides the events of the current phase (see
@@ -60,7 +61,8 @@ func (t *target) newOutboxSchema(schema string) (*outboxSchema, error) {
 		return nil, err
 	}
 	return &outboxSchema{schema: schema, migrator: m,
-		table: pgx.Identifier{schema, outboxpg.TableName}, leaders: pgx.Identifier{schema, outboxpg.LeadersTableName}}, nil
+		table: pgx.Identifier{schema, outboxpg.TableName}, leaders: pgx.Identifier{schema, outboxpg.LeadersTableName},
+		attempts: pgx.Identifier{schema, "modkit_outbox_attempts"}}, nil
 }
 
 // addSchema creates a second outbox schema for the run, named after the
@@ -284,20 +286,36 @@ func (t *target) freshTable(ctx context.Context) error {
 // elected for maintenance at once as a first dispatcher would be (a
 // stopped dispatcher resigns its leases, but one that failed to would
 // otherwise keep the next out of maintenance until the lease expired).
+// The attempts ledger is emptied too when the run's role may switch its
+// append-only triggers off for its transaction (session_replication_role,
+// a superuser's); otherwise it keeps growing, and settle vacuums it.
 func (t *target) truncate(ctx context.Context) error {
 	t.history = 0
-	_, err := t.admin.Exec(ctx, "TRUNCATE "+t.table.Sanitize()+", "+t.leaders.Sanitize())
+	err := pgx.BeginFunc(ctx, t.admin, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "TRUNCATE "+t.table.Sanitize()+", "+t.leaders.Sanitize()+", "+t.attempts.Sanitize())
+		return err
+	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // not a superuser: the ledger stays
+		_, err = t.admin.Exec(ctx, "TRUNCATE "+t.table.Sanitize()+", "+t.leaders.Sanitize())
+	}
 	return err
 }
 
-// settle prepares a timed phase: VACUUM (ANALYZE) so that no autovacuum of
-// the preload runs during the measurement and the planner has statistics,
-// then CHECKPOINT so that every phase starts with the same full-page-write
-// debt. CHECKPOINT needs superuser or pg_checkpoint; without it the phase
+// settle prepares a timed phase: VACUUM (ANALYZE) of the outbox table and
+// the attempts ledger, so that no autovacuum of the preload (or of the
+// ledger rows earlier phases wrote) runs during the measurement and the
+// planner has statistics, then CHECKPOINT so that every phase starts with
+// the same full-page-write debt. CHECKPOINT needs superuser or pg_checkpoint; without it the phase
 // runs anyway.
 func (t *target) settle(ctx context.Context) error {
-	if _, err := t.admin.Exec(ctx, "VACUUM (ANALYZE) "+t.table.Sanitize()); err != nil {
-		return fmt.Errorf("vacuum: %w", err)
+	for _, table := range []pgx.Identifier{t.table, t.attempts} {
+		if _, err := t.admin.Exec(ctx, "VACUUM (ANALYZE) "+table.Sanitize()); err != nil {
+			return fmt.Errorf("vacuum: %w", err)
+		}
 	}
 	if _, err := t.admin.Exec(ctx, "CHECKPOINT"); err != nil {
 		var pgErr *pgconn.PgError
