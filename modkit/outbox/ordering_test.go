@@ -73,6 +73,42 @@ func orderedPublisher(pool *pgxpool.Pool, worker string) func(context.Context, o
 	}
 }
 
+// enqueueOneKey enqueues n events of ordering key "k", one transaction
+// each, and returns their ids in order.
+func enqueueOneKey(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		m := msg(i)
+		m.OrderingKey = "k"
+		res, err := c.Enqueue(ctx, pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = res.ID
+	}
+	return ids
+}
+
+// failPermanently is a publisher that fails poison permanently and
+// delivers the rest.
+func failPermanently(poison uuid.UUID) func(context.Context, outbox.Delivery) error {
+	return func(_ context.Context, d outbox.Delivery) error {
+		if d.ID == poison {
+			return outbox.Permanent(errors.New("poison"))
+		}
+		return nil
+	}
+}
+
+// withoutRechecks is cfg with no wake window and a poll (and release of
+// held events) longer than the test's guard: only an immediate wake-up
+// claims what an outcome freed.
+func withoutRechecks(cfg outbox.DispatcherConfig) outbox.DispatcherConfig {
+	cfg.LeaseDuration, cfg.PollInterval, cfg.WakeWindow = 4*guard, guard+time.Second, time.Nanosecond
+	return cfg
+}
+
 // enqueueKeyed enqueues perKey events for each of keys, interleaving the
 // keys, and returns the ids by key in enqueue order.
 func enqueueKeyed(t *testing.T, c *outbox.Client, pool *pgxpool.Pool, keys []string, perKey int) map[string][]uuid.UUID {
@@ -628,25 +664,10 @@ func TestHeldEventsGoOnUnderSteadyTraffic(t *testing.T) {
 // test's guard).
 func TestSkipDeadHeadsGoesOnAtOnce(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
-	pool := tdb.Provider.Pool
-	msgs := []outbox.Message{msg(0), msg(1), msg(2)}
-	for i := range msgs {
-		msgs[i].OrderingKey = "k"
-	}
-	enq, err := client.EnqueueBatch(ctx, pool, msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ids := enqueueOneKey(t, client, tdb.Provider.Pool, 3)
 	log := newOutcomeLog()
-	cfg := testConfig(log)
-	cfg.LeaseDuration, cfg.PollInterval, cfg.WakeWindow = 4*guard, guard+time.Second, time.Nanosecond
-	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, SkipDeadHeads: true,
-		Publish: func(_ context.Context, d outbox.Delivery) error {
-			if d.ID == enq[0].ID {
-				return outbox.Permanent(errors.New("poison"))
-			}
-			return nil
-		}})
+	startDispatcher(t, client, withoutRechecks(testConfig(log)),
+		outbox.Publisher{Topic: testTopic, SkipDeadHeads: true, Publish: failPermanently(ids[0])})
 	log.waitFor(t, "the key's successors delivered past its dead head", finalCount(outbox.StatusDelivered, 2))
 }
 
@@ -659,16 +680,7 @@ func TestSkipDeadHeadsGoesOnAtOnce(t *testing.T) {
 func TestHeldEventLeftByAnEarlierProcessGoesOn(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	var ids []uuid.UUID
-	for i := range 2 {
-		m := msg(i)
-		m.OrderingKey = "k"
-		res, err := client.Enqueue(ctx, pool, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, res.ID)
-	}
+	ids := enqueueOneKey(t, client, pool, 2)
 	// The head delivered behind the library's back, as if its outcome had
 	// committed before the second's enqueue: the second stays held.
 	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'delivered' WHERE id = $1`, ids[0]); err != nil {
@@ -693,18 +705,9 @@ func TestHeldEventLeftByAnEarlierProcessGoesOn(t *testing.T) {
 // nanosecond), for the poll (here longer than the test's guard).
 func TestHandleTxFreesTheNextEventOfItsKeyAtOnce(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
-	pool := tdb.Provider.Pool
-	msgs := []outbox.Message{msg(0), msg(1)}
-	for i := range msgs {
-		msgs[i].OrderingKey = "k"
-	}
-	if _, err := client.EnqueueBatch(ctx, pool, msgs); err != nil {
-		t.Fatal(err)
-	}
+	enqueueOneKey(t, client, tdb.Provider.Pool, 2)
 	log := newOutcomeLog()
-	cfg := testConfig(log)
-	cfg.LeaseDuration, cfg.PollInterval, cfg.WakeWindow = 4*guard, guard+time.Second, time.Nanosecond
-	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic,
+	startDispatcher(t, client, withoutRechecks(testConfig(log)), outbox.Publisher{Topic: testTopic,
 		HandleTx: func(context.Context, pgx.Tx, outbox.Delivery) error { return nil }})
 	log.waitFor(t, "both events of the key delivered", finalCount(outbox.StatusDelivered, 2))
 }
@@ -713,25 +716,9 @@ func TestHandleTxFreesTheNextEventOfItsKeyAtOnce(t *testing.T) {
 // key's later events go on, as skipping it does.
 func TestPurgedDeadHeadLetsItsKeyGoOn(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
-	pool := tdb.Provider.Pool
-	var ids []uuid.UUID
-	for i := range 3 {
-		m := msg(i)
-		m.OrderingKey = "k"
-		res, err := client.Enqueue(ctx, pool, m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, res.ID)
-	}
+	ids := enqueueOneKey(t, client, tdb.Provider.Pool, 3)
 	log := newOutcomeLog()
-	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic,
-		Publish: func(_ context.Context, d outbox.Delivery) error {
-			if d.ID == ids[0] {
-				return outbox.Permanent(errors.New("poison"))
-			}
-			return nil
-		}})
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0])})
 	log.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
 	if got, err := client.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}, ids[0]); err != nil || len(got) != 1 {
 		t.Fatalf("purge the dead head: %v, %v", got, err)

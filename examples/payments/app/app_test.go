@@ -106,16 +106,13 @@ func TestScenarioReconcilesWithAKilledDispatcher(t *testing.T) {
 	}
 }
 
-// A run interrupted after accepting its instructions (Ctrl-C, a crash)
-// leaves their events undelivered in a database that outlives it
-// (DATABASE_URL). The next run's dispatchers deliver them, its operator
-// skips their dead heads, and its reconciliation checks each payment
-// against the earlier run's ledger row instead of failing on a payment
-// that is "no instruction of this run".
-func TestRunDeliversWhatAnInterruptedRunLeft(t *testing.T) {
-	tdb := pgtest.NewDB(t)
+// earlierRun stands for a run that was interrupted: the example's tables
+// (its roles dropped again), a participant of another run id, and the API
+// and client to accept its instructions with, as the owner.
+func earlierRun(t *testing.T, tdb *pgtest.DB, participant string) (api *app.API, runID uuid.UUID) {
+	t.Helper()
 	ctx, admin := t.Context(), tdb.Provider.Pool
-	roles, err := app.Setup(ctx, admin, tdb.DSN) // the tables, as the interrupted run created them
+	roles, err := app.Setup(ctx, admin, tdb.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,12 +123,24 @@ func TestRunDeliversWhatAnInterruptedRunLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	earlier, participant := uuid.New(), "E01-interrupted"
+	runID = uuid.New()
 	if _, err := admin.Exec(ctx, "INSERT INTO payments_participants (id, run_id, name) VALUES ($1, $2, 'earlier')",
-		participant, earlier); err != nil {
+		participant, runID); err != nil {
 		t.Fatal(err)
 	}
-	api := app.NewAPI(admin, client)
+	return app.NewAPI(admin, client), runID
+}
+
+// A run interrupted after accepting its instructions (Ctrl-C, a crash)
+// leaves their events undelivered in a database that outlives it
+// (DATABASE_URL). The next run's dispatchers deliver them, its operator
+// skips their dead heads, and its reconciliation checks each payment
+// against the earlier run's ledger row instead of failing on a payment
+// that is "no instruction of this run".
+func TestRunDeliversWhatAnInterruptedRunLeft(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	ctx, participant := t.Context(), "E01-interrupted"
+	api, earlier := earlierRun(t, tdb, participant)
 	const left = 5 // the second invalid: it dies and holds the three after it until the operator skips it
 	for i := range left {
 		in := app.Instruction{ID: uuid.New(), Participant: participant, AmountMinor: int64(100 + i), Currency: "EUR",
@@ -173,24 +182,9 @@ func TestRunDeliversWhatAnInterruptedRunLeft(t *testing.T) {
 // and the reconciliation says so instead of passing.
 func TestRunRefusesAValidInstructionAnEarlierRunLeftDead(t *testing.T) {
 	tdb := pgtest.NewDB(t)
-	ctx, admin := t.Context(), tdb.Provider.Pool
-	roles, err := app.Setup(ctx, admin, tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := roles.Drop(ctx, admin); err != nil {
-		t.Fatal(err)
-	}
-	client, err := outbox.New(outboxpg.New(admin), outbox.Config{Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	earlier, participant := uuid.New(), "E01-valid-dead"
-	if _, err := admin.Exec(ctx, "INSERT INTO payments_participants (id, run_id, name) VALUES ($1, $2, 'earlier')",
-		participant, earlier); err != nil {
-		t.Fatal(err)
-	}
-	a, err := app.NewAPI(admin, client).Accept(ctx, earlier, app.Instruction{ID: uuid.New(), Participant: participant,
+	ctx, admin, participant := t.Context(), tdb.Provider.Pool, "E01-valid-dead"
+	api, earlier := earlierRun(t, tdb, participant)
+	a, err := api.Accept(ctx, earlier, app.Instruction{ID: uuid.New(), Participant: participant,
 		AmountMinor: 100, Currency: "EUR", Destination: "DE001234567890123456"})
 	if err != nil {
 		t.Fatal(err)
