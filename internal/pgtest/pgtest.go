@@ -2,7 +2,8 @@
 // database on a real server.
 //
 // The server is the one in TEST_DATABASE_URL or DATABASE_URL when either is
-// set (the role needs CREATEDB); otherwise a throwaway cluster is started from
+// set (the role needs CREATEDB, and CREATEROLE for the tests that create
+// login roles); otherwise a throwaway cluster is started from
 // the local server binaries for the test binary's lifetime (see
 // internal/pgserver). Each test database is a copy of a template database
 // migrated once per test binary, so a new database costs one CREATE DATABASE.
