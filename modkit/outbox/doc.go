@@ -214,7 +214,8 @@
 //   - publish.duration: the time of each Publish or HandleTx call (not
 //     recorded for abandoned calls). delivery.lag: from the event's enqueue
 //     (its transaction's start, created_at) to its successful publish;
-//     queueing and retries included.
+//     queueing and retries included. Their buckets are in seconds, from
+//     1 ms to 60 s and to 1 h (a MeterProvider view may set others).
 //   - The gauges are read from the table by the one dispatcher that holds a
 //     topic's maintenance lease (only topics with a running dispatcher are
 //     reported): at each maintenance pass (SweepInterval, 30s by default)

@@ -132,8 +132,9 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 			d.log.Warn("could not resign maintenance leadership; another dispatcher takes over when the lease expires", "error", err)
 		}
 	}()
+	var leaseEnds time.Time // of the leadership last won; zero when none is held
 	for {
-		d.maintainOnce(ctx, roles)
+		leaseEnds = d.maintainOnce(ctx, roles, leaseEnds)
 		select {
 		case <-ctx.Done():
 			return
@@ -142,8 +143,12 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 	}
 }
 
-// maintainOnce elects and runs one pass for the topics led.
-func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string) {
+// maintainOnce elects and runs one pass for the topics led, and returns
+// when the leadership it holds ends (zero: none), given when the one held
+// before ends: after a failed election the gauges of the topics led stop
+// being reported once that time passes, since another dispatcher may lead
+// them by then.
+func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds time.Time) time.Time {
 	electedAt := time.Now()
 	// Like a claim, the election is not cut short by a stop: it finishes
 	// (or times out) before the resign that follows the stop.
@@ -152,10 +157,14 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string) {
 	cancel()
 	if err != nil {
 		d.log.Warn("maintenance election failed; retrying at the next sweep interval", "error", err)
-		return
+		if !leaseEnds.IsZero() && time.Now().After(leaseEnds) {
+			d.metrics.setLeading(nil)
+			return time.Time{}
+		}
+		return leaseEnds
 	}
 	if ctx.Err() != nil {
-		return // stopping: the resign follows
+		return leaseEnds // stopping: the resign follows
 	}
 	d.keepPurgeMarks(topicsOf(held))
 	if len(held) > 0 {
@@ -170,6 +179,10 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string) {
 	if d.onMaintenance != nil {
 		d.onMaintenance(held)
 	}
+	if len(held) == 0 {
+		return time.Time{}
+	}
+	return electedAt.Add(d.maintenanceTTL())
 }
 
 // topicsOf returns the topics ("namespace:topic") of maintenance roles.

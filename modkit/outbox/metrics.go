@@ -90,6 +90,13 @@ func (m *metrics) register() func() {
 	}
 }
 
+// The histograms' bucket boundaries, in seconds: a publish from a
+// millisecond to a minute, a delivery's lag from a millisecond to an hour.
+var (
+	publishDurationBounds = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	deliveryLagBounds     = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+)
+
 func newMetrics(d *Dispatcher) (*metrics, error) {
 	meter := otel.Meter(meterName)
 	m := &metrics{changed: make(chan struct{}, 1)}
@@ -112,11 +119,16 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.leaseRepairs = counter("outbox.lease.repairs", "Expired leases repaired (by a claim or the sweeper): a dispatcher crashed or overran.")
 	m.wakeups = counter("outbox.wakeups", "Enqueue notifications received for the topic (each may wake the claimer).")
 	var err error
+	// Bucket boundaries in seconds: the SDK's default ones (0, 5, 10, …
+	// 10000) suit milliseconds, and put every publish and most lags in
+	// the first bucket. A view of the application's MeterProvider may set
+	// others.
 	m.publishDuration, err = meter.Float64Histogram("outbox.publish.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of publish calls."))
+		metric.WithDescription("Duration of publish calls."), metric.WithExplicitBucketBoundaries(publishDurationBounds...))
 	errs = append(errs, err)
 	m.lag, err = meter.Float64Histogram("outbox.delivery.lag", metric.WithUnit("s"),
-		metric.WithDescription("Time from enqueue (transaction start) to successful publish."))
+		metric.WithDescription("Time from enqueue (transaction start) to successful publish."),
+		metric.WithExplicitBucketBoundaries(deliveryLagBounds...))
 	errs = append(errs, err)
 	float := func(name, desc string) metric.Float64ObservableGauge {
 		g, err := meter.Float64ObservableGauge(name, metric.WithDescription(desc))

@@ -198,6 +198,19 @@ func mtStartHooked(t *testing.T, c *outbox.Client, cfg outbox.DispatcherConfig, 
 // per (namespace, topic); the maintenance lease holder reports the depth
 // gauges of its topics; publishes abandoned past their deadline are
 // counted and make the dispatcher report itself degraded.
+// mtBounds returns the bucket boundaries of the first data point of the
+// histogram name in rm.
+func mtBounds(rm *metricdata.ResourceMetrics, name string) []float64 {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && sm.Scope.Name == mtScope && m.Name == name && len(h.DataPoints) > 0 {
+				return h.DataPoints[0].Bounds
+			}
+		}
+	}
+	return nil
+}
+
 func TestDispatcherMetrics(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -289,6 +302,13 @@ func TestDispatcherMetrics(t *testing.T) {
 	} {
 		if got, _ := mtValue(rm, name, ours); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	// Second-scale buckets: the SDK's defaults (0, 5, 10, … 10000) put
+	// every publish and most lags in the first one.
+	for name, top := range map[string]float64{"outbox.publish.duration": 60, "outbox.delivery.lag": 3600} {
+		if b := mtBounds(rm, name); len(b) == 0 || b[0] != 0.001 || b[len(b)-1] != top {
+			t.Errorf("%s buckets %v, want from 0.001 s to %v s", name, b, top)
 		}
 	}
 	if got, points := mtValue(rm, "outbox.dispatcher.degraded", mtWorkerAttrs(probeD)); points != 1 || got != 0 {
@@ -400,4 +420,38 @@ func TestClaimSizeAdapts(t *testing.T) {
 		t.Fatalf("%v claims for %d events; want between %d and %d", claims, n, n/500, n/start/3)
 	}
 	t.Logf("%v claims for %d events", claims, n)
+}
+
+// A leader whose elections start failing (here the election function is
+// gone) stops reporting its topics' gauges once its lease has run out:
+// another dispatcher may lead them by then, and both reported them (or the
+// failed one reported frozen values).
+func TestGaugesStopWhenTheLeaseRunsOutUnrenewed(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	topic := outbox.Topic{Namespace: "metrics", Topic: "unrenewed"}
+	role := "maintenance:metrics:unrenewed"
+	if _, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	reader := mtInstall(t)
+	cfg := testConfig(newOutcomeLog())
+	cfg.SweepInterval = 100 * time.Millisecond
+	_, passes := mtStartHooked(t, c, cfg, outbox.Publisher{Topic: topic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	passes.waitHeld(t, "the lease", role)
+	ours := mtTopicAttrs(topic)
+	eventually(t, "the gauges reported", func() bool {
+		_, points := mtValue(mtCollect(t, reader), "outbox.dead.count", ours)
+		return points == 1
+	})
+	if _, err := pool.Exec(ctx, `ALTER FUNCTION modkit_outbox_elect(text[], uuid, interval, timestamptz) RENAME TO modkit_outbox_elect_gone`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `ALTER FUNCTION modkit_outbox_elect_gone(text[], uuid, interval, timestamptz) RENAME TO modkit_outbox_elect`)
+	})
+	eventually(t, "the gauges no longer reported", func() bool {
+		_, points := mtValue(mtCollect(t, reader), "outbox.dead.count", ours)
+		return points == 0
+	})
 }

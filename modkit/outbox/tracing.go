@@ -27,19 +27,31 @@ var traceContext propagation.TraceContext
 // looked up again only when the global provider changes (a provider set,
 // or swapped by a test), since otel.Tracer takes a lock and a map lookup
 // that cost a measurable share of a drain's client CPU when asked per
-// event. A provider of a type that cannot be compared (a struct holding a
-// slice, say) is asked every time: only comparable ones are cached, so the
-// comparison below never meets two values of such a type.
+// event. A provider that cannot be compared (a struct holding a slice, or
+// an interface field holding one, which reflect still calls comparable) is
+// asked every time: such comparisons panic, so sameProvider recovers and
+// says no.
 func tracer() trace.Tracer {
 	tp := otel.GetTracerProvider()
-	if c := cachedTracer.Load(); c != nil && c.provider == tp {
+	if c := cachedTracer.Load(); c != nil && sameProvider(c.provider, tp) {
 		return c.tracer
 	}
 	t := tp.Tracer(meterName)
-	if reflect.TypeOf(tp).Comparable() {
+	if reflect.TypeOf(tp).Comparable() && sameProvider(tp, tp) {
 		cachedTracer.Store(&providerTracer{provider: tp, tracer: t})
 	}
 	return t
+}
+
+// sameProvider reports whether a == b, and false where comparing them
+// panics (values of the same type holding something not comparable).
+func sameProvider(a, b trace.TracerProvider) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
 }
 
 // providerTracer is a tracer and the provider it came from.
@@ -105,6 +117,13 @@ func publishSpanOptions(t Topic) []trace.SpanStartOption {
 func startPublishSpan(ctx context.Context, m Delivery, opts []trace.SpanStartOption) (context.Context, trace.Span) {
 	if _, ok := m.Headers["traceparent"]; ok {
 		ctx = traceContext.Extract(ctx, propagation.MapCarrier(m.Headers))
+	}
+	// Without the enqueue's trace context (none, or one that does not
+	// parse), the span is a root: ctx may still carry a span of the
+	// process (the one Dispatcher.Start was called under), which is no
+	// parent of this event's publish.
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && !sc.IsRemote() {
+		opts = append(opts[:len(opts):len(opts)], trace.WithNewRoot())
 	}
 	ctx, span := tracer().Start(ctx, "outbox publish", opts...)
 	if span.IsRecording() {

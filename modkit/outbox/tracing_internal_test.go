@@ -20,6 +20,10 @@ func (p sliceProvider) Tracer(name string, _ ...trace.TracerOption) trace.Tracer
 	return noop.NewTracerProvider().Tracer(name)
 }
 
+// wrappedProvider is a TracerProvider of a type reflect calls comparable,
+// whose values may hold one that is not.
+type wrappedProvider struct{ trace.TracerProvider }
+
 // The tracer cache follows the global provider as it is swapped, and a
 // provider of a type that cannot be compared is asked every time instead
 // of making the cache's comparison panic.
@@ -32,6 +36,15 @@ func TestTracerFollowsTheGlobalProvider(t *testing.T) {
 		_ = tracer()
 		otel.SetTracerProvider(sliceProvider{names: []string{"b"}})
 		_ = tracer() // panics if the first one was cached
+	}
+	// A wrapper whose type reflect calls comparable (an interface field)
+	// around such a provider: comparing two panicked inside Enqueue and
+	// publish.
+	for range 2 {
+		otel.SetTracerProvider(wrappedProvider{sliceProvider{names: []string{"a"}}})
+		_ = tracer()
+		otel.SetTracerProvider(wrappedProvider{sliceProvider{names: []string{"b"}}})
+		_ = tracer()
 	}
 	first, second := noop.NewTracerProvider(), noop.NewTracerProvider()
 	otel.SetTracerProvider(first)

@@ -174,3 +174,53 @@ func TestRetryAfterHonoured(t *testing.T) {
 		t.Fatalf("outcome %+v, want a retry in 1h as the error asked", got)
 	}
 }
+
+// A publish without the enqueue's trace context is a root span, even when
+// the dispatcher was started under a span of the process: it became a
+// child of that span, so every such publish piled into one trace that had
+// ended long before.
+func TestPublishSpanWithoutTraceContextIsARoot(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	// Enqueued before any TracerProvider is set: the event carries no
+	// traceparent.
+	res, err := client.Enqueue(ctx, tdb.Provider.Pool, msg(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := get(t, client, res.ID); e.Headers["traceparent"] != "" {
+		t.Fatalf("the event carries a trace context: %v", e.Headers)
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+	startupCtx, startup := tp.Tracer("test").Start(ctx, "startup")
+	defer startup.End()
+	d, err := client.NewDispatcher(testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic,
+		Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(startupCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	var publish sdktrace.ReadOnlySpan
+	eventually(t, "the publish span ended", func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == "outbox publish" {
+				publish = s
+			}
+		}
+		return publish != nil
+	})
+	if publish.Parent().IsValid() || publish.SpanContext().TraceID() == startup.SpanContext().TraceID() {
+		t.Fatalf("publish span: parent %v in trace %s, want a root span (the dispatcher was started in trace %s)",
+			publish.Parent().SpanID(), publish.SpanContext().TraceID(), startup.SpanContext().TraceID())
+	}
+}
