@@ -229,7 +229,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		defer logf.Close()
 		cmd := c.command(context.Background(), "postgres", c.settings()...)
 		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+		setDeathSignal(cmd.SysProcAttr, syscall.SIGQUIT)
 		if err := cmd.Start(); err != nil {
 			started <- fmt.Errorf("pgserver: start postgres: %w", err)
 			return

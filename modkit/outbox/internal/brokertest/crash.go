@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -106,7 +105,7 @@ func RunCrash(t *testing.T, c *outbox.Client, d *outboxtest.DB, n int, cr Crash,
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^"+cr.ChildTest+"$", "-test.count=1", "-test.timeout=5m")
 	cmd.Env = append(append(os.Environ(), childDSNEnv+"="+d.DSN, "TEST_DATABASE_URL="+d.DSN), cr.Env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = deathSignal()
 	stderr := new(bytes.Buffer)
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
