@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -146,6 +147,12 @@ func unwrapSQL(q SQLQuerier) (SQLQuerier, error) {
 		}
 		return q, nil
 	default:
+		// Another type with database/sql's methods (a wrapper such as
+		// sqlx's *sqlx.Tx): a nil pointer of it would panic at its first
+		// call.
+		if v := reflect.ValueOf(q); v.Kind() == reflect.Pointer && v.IsNil() {
+			return nil, fmt.Errorf("%w (got nil %T)", ErrUnsupportedRunner, q)
+		}
 		return q, nil
 	}
 	if nilHandle(inner) {

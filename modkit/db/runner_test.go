@@ -219,7 +219,10 @@ func TestSQLRunnerMethods(t *testing.T) {
 			}
 		})
 	}
-	for _, r := range []db.Runner{db.SQL(nil), db.SQL((*sql.Tx)(nil)), db.SQL((*bun.Tx)(nil))} {
+	// A nil pointer of a type db.SQL does not list (a wrapper with
+	// database/sql's methods, as sqlx's are) is refused too; it panicked at
+	// its first call.
+	for _, r := range []db.Runner{db.SQL(nil), db.SQL((*sql.Tx)(nil)), db.SQL((*bun.Tx)(nil)), db.SQL((*txWrapper)(nil))} {
 		if _, err := r.Exec(ctx, "SELECT 1"); !errors.Is(err, db.ErrUnsupportedRunner) {
 			t.Errorf("Exec through %#v: %v, want ErrUnsupportedRunner", r, err)
 		}
@@ -228,3 +231,7 @@ func TestSQLRunnerMethods(t *testing.T) {
 		}
 	}
 }
+
+// txWrapper is a type of its own with database/sql's methods, as sqlx's
+// *sqlx.Tx is.
+type txWrapper struct{ *sql.Tx }
