@@ -39,14 +39,14 @@ type deadAction struct {
 	verb, done string // "replay", "replayed"
 	// alwaysAsk: confirm even a single event (without --yes).
 	alwaysAsk bool
-	run       func(a *outbox.Admin, ctx context.Context, by string, ids ...uuid.UUID) ([]uuid.UUID, error)
+	run       func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error)
 }
 
 var deadActions = map[string]deadAction{
-	"replay": {verb: "replay", done: "replayed", run: func(a *outbox.Admin, ctx context.Context, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	"replay": {verb: "replay", done: "replayed", run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
 		return a.ReplayDead(ctx, by, outbox.EventFilter{}, ids...)
 	}},
-	"purge": {verb: "purge", done: "purged", alwaysAsk: true, run: func(a *outbox.Admin, ctx context.Context, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	"purge": {verb: "purge", done: "purged", alwaysAsk: true, run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
 		return a.PurgeDead(ctx, by, outbox.EventFilter{}, ids...)
 	}},
 }
@@ -150,7 +150,7 @@ func runDead(ctx context.Context, e env, args []string) error {
 	for i, ev := range targets {
 		targetIDs[i] = ev.ID
 	}
-	changed, err := action.run(a, ctx, *by, targetIDs...)
+	changed, err := action.run(ctx, a, *by, targetIDs...)
 	if errors.Is(err, outbox.ErrInvalidConfig) {
 		return withCode(exitUsage, err)
 	}
