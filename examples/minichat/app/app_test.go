@@ -3,9 +3,11 @@ package app_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -386,5 +388,52 @@ func deliver(t *testing.T, client *outbox.Client, collector *usage.Collector, n 
 		case <-guard.C:
 			t.Fatalf("only %d of %d events delivered", i, n)
 		}
+	}
+}
+
+// What a usage event may not carry is refused before anything commits: a
+// request id too long for the event's dedupe key (or empty), a negative
+// token count, an unknown effective model. Such turns were finalised and
+// settled, and their events dead-lettered, so they were never billed; a
+// turn whose key could not be enqueued could never be finalised, and held
+// back the watchdog's passes (oldest first, stopping at the first error).
+// The watchdog now goes on past a turn it cannot finalise.
+func TestBadTurnInputIsRefusedBeforeItCommits(t *testing.T) {
+	b := setup(t)
+	ctx := t.Context()
+	for _, id := range []string{"", strings.Repeat("r", chat.RequestIDMaxLen+1)} {
+		if _, err := b.svc.StartTurn(ctx, b.chatID, id, "mini-fast", 10_000); !errors.Is(err, chat.ErrBadRequest) {
+			t.Fatalf("request id of %d bytes: %v, want ErrBadRequest", len(id), err)
+		}
+	}
+	if _, err := b.svc.StartTurn(ctx, b.chatID, strings.Repeat("r", chat.RequestIDMaxLen), "mini-fast", 10_000); err != nil {
+		t.Fatalf("the longest request id: %v", err)
+	}
+	turn := b.startTurn(t, "mini-fast")
+	for name, o := range map[string]chat.Outcome{
+		"negative tokens": {State: chat.StateCompleted, Usage: events.Usage{InputTokens: -1}},
+		"unknown model":   {State: chat.StateCompleted, EffectiveModel: "mini-fst"},
+	} {
+		if _, err := b.svc.Finalise(ctx, turn.ID, o, chat.ByRunner); !errors.Is(err, chat.ErrBadOutcome) && !errors.Is(err, chat.ErrUnknownModel) {
+			t.Fatalf("%s: %v, want ErrBadOutcome or ErrUnknownModel", name, err)
+		}
+	}
+	if n := b.queryInt(t, `SELECT count(*) FROM minichat_turns WHERE state <> 'running'`); n != 0 {
+		t.Fatalf("%d turns finalised by refused outcomes", n)
+	}
+
+	// A turn the watchdog cannot finalise (its request id, written behind
+	// the service's back, is too long for the dedupe key) does not stop it
+	// finalising the others.
+	if _, err := b.prov.Pool.Exec(ctx, `UPDATE minichat_turns SET request_id = repeat('x', 600), started_at = now() - interval '1 hour'
+		WHERE id = $1`, turn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.prov.Pool.Exec(ctx, `UPDATE minichat_turns SET started_at = now() - interval '1 minute' WHERE id <> $1`, turn.ID); err != nil {
+		t.Fatal(err)
+	}
+	n, err := b.svc.FinaliseOrphans(ctx, time.Second, 10)
+	if err == nil || n != 1 {
+		t.Fatalf("watchdog pass: %d finalised, %v; want the other turn finalised and the bad one's error", n, err)
 	}
 }

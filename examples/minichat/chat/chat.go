@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/uptrace/bun"
@@ -48,7 +50,19 @@ var (
 	ErrUnknownTurn   = errors.New("chat: no such turn")
 	ErrUnknownModel  = errors.New("chat: unknown model")
 	ErrTurnRunning   = errors.New("chat: turn not finalised yet")
+	ErrBadRequest    = errors.New("chat: invalid request")
 )
+
+// RequestIDMaxLen caps a turn's request id: its usage event's dedupe key,
+// tenant/turn/request, must fit the outbox's 512 bytes.
+const RequestIDMaxLen = 512 - 2*36 - 2
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
 
 // Quota is a user's credit quota, in micro-credits. A running turn holds a
 // reservation; finalisation moves it to used (the actual charge).
@@ -194,6 +208,12 @@ func (s *Service) NewChat(ctx context.Context, tenant, user uuid.UUID) (uuid.UUI
 func (s *Service) StartTurn(ctx context.Context, chatID uuid.UUID, requestID, model string, reserveMicro int64) (*Turn, error) {
 	if _, ok := prices[model]; !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
+	}
+	// The request id ends the usage event's dedupe key, which the outbox
+	// caps at 512 bytes: a turn whose key cannot be enqueued could never
+	// be finalised.
+	if requestID == "" || len(requestID) > RequestIDMaxLen || !utf8.ValidString(requestID) || strings.ContainsRune(requestID, 0) {
+		return nil, fmt.Errorf("%w: request id %q: 1 to %d bytes of UTF-8 without NUL", ErrBadRequest, truncate(requestID, 40), RequestIDMaxLen)
 	}
 	var turn *Turn
 	err := s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {

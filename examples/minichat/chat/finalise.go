@@ -84,8 +84,20 @@ func (s *Service) Finalise(ctx context.Context, turnID uuid.UUID, o Outcome, by 
 	if !slices.Contains(TerminalStates, o.State) {
 		return Finalised{}, fmt.Errorf("%w: state %q", ErrBadOutcome, o.State)
 	}
+	// What the usage event may not carry is refused here, before anything
+	// commits: the collector would dead-letter such an event, and the turn
+	// would be settled but never billed.
+	if u := o.Usage; min(u.InputTokens, u.OutputTokens, u.CacheReadTokens, u.CacheWriteTokens, u.ReasoningTokens) < 0 {
+		return Finalised{}, fmt.Errorf("%w: negative token count %+v", ErrBadOutcome, u)
+	}
+	if _, ok := prices[o.EffectiveModel]; o.EffectiveModel != "" && !ok {
+		return Finalised{}, fmt.Errorf("%w: effective model %q", ErrUnknownModel, o.EffectiveModel)
+	}
 	var out Finalised
-	err := s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+	// READ COMMITTED whatever the server's default: the compare-and-set
+	// below relies on it (under REPEATABLE READ the loser of a race gets a
+	// serialization failure instead of matching no row).
+	err := s.db.RunInTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(ctx context.Context, tx bun.Tx) error {
 		var err error
 		out, err = s.finaliseInTx(ctx, tx, turnID, o, by)
 		return err
@@ -307,14 +319,21 @@ func (s *Service) FinaliseOrphans(ctx context.Context, olderThan time.Duration, 
 		return 0, fmt.Errorf("chat: find orphaned turns: %w", err)
 	}
 	n := 0
+	var errs []error
 	for _, id := range ids {
+		// One turn that cannot be finalised does not hold back the others
+		// (they are taken oldest first, so it would come first each time).
 		res, err := s.Finalise(ctx, id, Outcome{State: StateOrphaned}, ByWatchdog)
 		if err != nil {
-			return n, err
+			if ctx.Err() != nil {
+				return n, err
+			}
+			errs = append(errs, err)
+			continue
 		}
 		if res.Won {
 			n++
 		}
 	}
-	return n, nil
+	return n, errors.Join(errs...)
 }

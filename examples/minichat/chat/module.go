@@ -26,7 +26,9 @@ type Config struct {
 	// Default WatchdogIntervalDefault.
 	WatchdogInterval time.Duration
 	// OrphanAfter is how long a turn may run before the watchdog finalises
-	// it as orphaned. Default OrphanAfterDefault.
+	// it as orphaned. Default OrphanAfterDefault. It judges by age alone
+	// (turns have no heartbeat): a turn still running past it loses to the
+	// watchdog, and its runner's Finalise returns Won false.
 	OrphanAfter time.Duration
 	// WatchdogBatch is the most turns one watchdog pass finalises. Default
 	// WatchdogBatchDefault.
