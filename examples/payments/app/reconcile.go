@@ -113,22 +113,9 @@ func reconcile(ctx context.Context, in reconcileInput) (*Summary, error) {
 	}
 	s.Accepted = len(ledger)
 
-	status := map[uuid.UUID]outbox.Event{}
-	for _, st := range []outbox.Status{outbox.StatusDelivered, outbox.StatusDead} {
-		f := outbox.EventFilter{Status: st, Namespace: Topic.Namespace, Topic: Topic.Topic, Limit: 1000}
-		for {
-			page, err := in.admin.List(ctx, f)
-			if err != nil {
-				return nil, err
-			}
-			for _, e := range page.Events {
-				status[e.ID] = e
-			}
-			if page.NextPage == "" {
-				break
-			}
-			f.After = page.NextPage
-		}
+	status, err := topicEvents(ctx, in.admin, outbox.StatusDelivered, outbox.StatusDead)
+	if err != nil {
+		return nil, err
 	}
 
 	paid := in.rail.Payments()

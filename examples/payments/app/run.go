@@ -472,16 +472,30 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 // unsettled returns the events of Topic that are pending, leased or dead:
 // those an earlier run left, when a run starts.
 func unsettled(ctx context.Context, admin *outbox.Admin) (map[uuid.UUID]bool, error) {
-	out := map[uuid.UUID]bool{}
-	for _, st := range []outbox.Status{outbox.StatusPending, outbox.StatusProcessing, outbox.StatusDead} {
+	events, err := topicEvents(ctx, admin, outbox.StatusPending, outbox.StatusProcessing, outbox.StatusDead)
+	if err != nil {
+		return nil, fmt.Errorf("list the events earlier runs left: %w", err)
+	}
+	out := make(map[uuid.UUID]bool, len(events))
+	for id := range events {
+		out[id] = true
+	}
+	return out, nil
+}
+
+// topicEvents lists every event of Topic in the given statuses, page by
+// page, by id.
+func topicEvents(ctx context.Context, admin *outbox.Admin, statuses ...outbox.Status) (map[uuid.UUID]outbox.Event, error) {
+	out := map[uuid.UUID]outbox.Event{}
+	for _, st := range statuses {
 		f := outbox.EventFilter{Status: st, Namespace: Topic.Namespace, Topic: Topic.Topic, Limit: 1000}
 		for {
 			page, err := admin.List(ctx, f)
 			if err != nil {
-				return nil, fmt.Errorf("list the events earlier runs left: %w", err)
+				return nil, err
 			}
 			for _, e := range page.Events {
-				out[e.ID] = true
+				out[e.ID] = e
 			}
 			if page.NextPage == "" {
 				break
