@@ -59,7 +59,7 @@ func (b *bench) runBrokers(ctx context.Context) error {
 				if err := b.prepareDrain(ctx, "brokers", 0, n); err != nil {
 					return drainResult{}, err
 				}
-				return b.drainDispatcherWith(ctx, n, b.opts.batch, b.opts.concurrency, nil, false, &pub)
+				return b.drainDispatcherWith(ctx, n, b.opts.batch, b.opts.concurrency, nil, &pub)
 			}},
 			{"no-op publisher", func(ctx context.Context, _ int) (drainResult, error) {
 				return b.drainLibrary(ctx, "brokers-noop", 0, n, b.opts.batch)

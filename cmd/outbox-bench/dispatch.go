@@ -30,8 +30,7 @@ import (
 // uses; it leaves out the repair of expired
 // leases, which a drain never needs. It leaves out the
 // asynchronous commit the library's statements carry: the baseline is what
-// a hand-written loop would send. directDriver adds it back for the direct
-// path.
+// a hand-written loop would send.
 func rawClaimSQL(table string) string {
 	return `WITH due AS (
 	SELECT id FROM ` + table + `
@@ -70,13 +69,13 @@ func drainTimeout(n int) time.Duration { return time.Minute + time.Duration(n)*t
 // Dispatcher and a no-op publisher, timing from Start until OnOutcome has
 // seen the n-th delivery. settings are session settings of the
 // dispatcher's pool.
-func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, settings map[string]string, direct bool) (drainResult, error) {
-	return b.drainDispatcherWith(ctx, n, batch, concurrency, settings, direct, nil)
+func (b *bench) drainDispatcher(ctx context.Context, n, batch, concurrency int, settings map[string]string) (drainResult, error) {
+	return b.drainDispatcherWith(ctx, n, batch, concurrency, settings, nil)
 }
 
 // drainDispatcherWith is drainDispatcher with pub as the publisher (nil: a
 // no-op one).
-func (b *bench) drainDispatcherWith(ctx context.Context, n, batch, concurrency int, settings map[string]string, direct bool, pub *outbox.Publisher) (drainResult, error) {
+func (b *bench) drainDispatcherWith(ctx context.Context, n, batch, concurrency int, settings map[string]string, pub *outbox.Publisher) (drainResult, error) {
 	qc := &queryCounter{}
 	pool, err := b.t.newPool(ctx, poolSpec{maxConns: b.opts.dispatcherConns, tracer: qc, warm: 1, settings: settings})
 	if err != nil {
@@ -106,8 +105,6 @@ func (b *bench) drainDispatcherWith(ctx context.Context, n, batch, concurrency i
 		if client, err = b.newClient(pool, outbox.Config{}); err == nil {
 			d, err = client.NewDispatcher(cfg, *pub)
 		}
-	case direct:
-		d, err = b.newDirectDispatcher(pool, cfg, nil)
 	default:
 		d, err = b.newDispatcher(pool, cfg, nil)
 	}
@@ -305,17 +302,11 @@ func (b *bench) drainBaseline(ctx context.Context, label string, retained, n int
 
 // drainLibrary prepares the table and drains it with the dispatcher.
 func (b *bench) drainLibrary(ctx context.Context, label string, retained, n, batch int) (drainResult, error) {
-	return b.drainPath(ctx, label, retained, n, batch, false)
-}
-
-// drainPath is drainLibrary on the function path (direct false) or on the
-// direct path of directDriver.
-func (b *bench) drainPath(ctx context.Context, label string, retained, n, batch int, direct bool) (drainResult, error) {
 	if err := b.prepareDrain(ctx, label, retained, n); err != nil {
 		return drainResult{}, err
 	}
 	b.log.Info(label+": dispatcher drain", "batch", batch, "concurrency", b.opts.concurrency)
-	res, err := b.drainDispatcher(ctx, n, batch, b.opts.concurrency, b.opts.dispatcherSettings, direct)
+	res, err := b.drainDispatcher(ctx, n, batch, b.opts.concurrency, b.opts.dispatcherSettings)
 	if err == nil {
 		b.log.Info(label+": dispatcher drained", "events_per_s", int(res.rate()), "statements", res.queries.breakdown())
 	}
@@ -341,9 +332,6 @@ func (b *bench) runDispatch(ctx context.Context) error {
 		{"raw SQL claim+ack loop", func(ctx context.Context, _ int) (drainResult, error) {
 			return b.drainBaseline(ctx, "dispatch", 0, n)
 		}},
-		{fmt.Sprintf("dispatcher on the direct path, batch %d", b.opts.batch), func(ctx context.Context, _ int) (drainResult, error) {
-			return b.drainPath(ctx, "dispatch-direct", 0, n, b.opts.batch, true)
-		}},
 	}
 	sides = append(sides, side[drainResult]{"raw SQL claim+ack loop appending the ledger row", func(ctx context.Context, _ int) (drainResult, error) {
 		if err := b.prepareDrain(ctx, "dispatch-raw-ledger", 0, n); err != nil {
@@ -360,7 +348,7 @@ func (b *bench) runDispatch(ctx context.Context) error {
 		if err := b.prepareDrain(ctx, "dispatch-delete", 0, n); err != nil {
 			return drainResult{}, err
 		}
-		return b.drainDispatcherWith(ctx, n, b.defaults.BatchSize, 0, b.opts.dispatcherSettings, false, &deleting)
+		return b.drainDispatcherWith(ctx, n, b.defaults.BatchSize, 0, b.opts.dispatcherSettings, &deleting)
 	}})
 	defaultBatch := b.defaults.BatchSize
 	if b.opts.batch != defaultBatch {
@@ -374,18 +362,12 @@ func (b *bench) runDispatch(ctx context.Context) error {
 	}
 	lib, raw := mapSeries(runs[0], drainRate), mapSeries(runs[1], drainRate)
 	r := roundsRow("dispatch", fmt.Sprintf("%s events, batch %d, concurrency %d", itoa(int64(n)), b.opts.batch, b.opts.concurrency), lib, raw, 0.9)
-	r.Note = fmt.Sprintf("Baseline: %d goroutines on their own connections looping claim (the direct path's claim statement, batch %d) + UPDATE … WHERE id = ANY($1), "+
+	r.Note = fmt.Sprintf("Baseline: %d goroutines on their own connections looping claim (the claim statement of rawClaimSQL, batch %d) + UPDATE … WHERE id = ANY($1), "+
 		"each committed synchronously (the dispatcher's claims and outcome writes commit asynchronously unless Config.SynchronousCommit). "+
 		"Dispatcher statements per 1,000 events (median round): %s.%s", b.opts.rawWorkers, b.opts.batch, perThousand(median(runs[0]).queries, n),
 		roundsNote(lib, raw))
 	b.add(r)
-	direct := mapSeries(runs[2], drainRate)
-	r = roundsRow("dispatch", fmt.Sprintf("function path + ledger vs direct path, batch %d", b.opts.batch), lib, direct, 0.85)
-	r.Note = "Baseline: the same dispatcher on the write path before migration 0004 (plain claim and outcome statements, no SECURITY DEFINER functions, no attempts ledger; cmd/outbox-bench/direct.go)." +
-		roundsNote(lib, direct)
-	b.add(r)
-
-	rawLedger := mapSeries(runs[3], drainRate)
+	rawLedger := mapSeries(runs[2], drainRate)
 	r = roundsRow("dispatch", fmt.Sprintf("same, against a raw loop that also appends the ledger row, batch %d", b.opts.batch), lib, rawLedger, 0)
 	r.Note = "Baseline: the raw loop above whose ack also appends, in the same statement, the attempts-ledger row the dispatcher appends for each delivery " +
 		"(same columns): both write the same rows, so this compares the machinery (commit modes aside: the raw loop commits synchronously), " +
@@ -393,18 +375,18 @@ func (b *bench) runDispatch(ctx context.Context) error {
 		roundsNote(lib, rawLedger)
 	b.add(r)
 
-	del := mapSeries(runs[4], drainRate)
+	del := mapSeries(runs[3], drainRate)
 	r = roundsRow("dispatch", "library defaults with Publisher.DeleteOnDelivery (opt-in)", del, raw, 0)
 	r.Note = fmt.Sprintf("The dispatcher with its default BatchSize and Concurrency, its publisher deleting each event in the write that records its delivery "+
 		"(the attempts ledger keeps the delivery), against the same raw loop, which keeps delivered rows. Statements per 1,000 events (median round): %s.%s",
-		perThousand(median(runs[4]).queries, n), roundsNote(del, raw))
+		perThousand(median(runs[3]).queries, n), roundsNote(del, raw))
 	b.add(r)
 
-	if len(runs) > 5 {
-		def := mapSeries(runs[5], drainRate)
+	if len(runs) > 4 {
+		def := mapSeries(runs[4], drainRate)
 		r := roundsRow("dispatch", fmt.Sprintf("same, library default batch %d", defaultBatch), def, raw, 0)
 		r.Note = fmt.Sprintf("Library defaults (BatchSize %d, Concurrency %d); the claim takes whatever room the queue of BatchSize has, at least half of it. "+
-			"Statements per 1,000 events (median round): %s.%s", defaultBatch, b.defaults.Concurrency, perThousand(median(runs[5]).queries, n), roundsNote(def, raw))
+			"Statements per 1,000 events (median round): %s.%s", defaultBatch, b.defaults.Concurrency, perThousand(median(runs[4]).queries, n), roundsNote(def, raw))
 		b.add(r)
 	}
 	return nil

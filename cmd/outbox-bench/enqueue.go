@@ -120,10 +120,6 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	direct, err := b.newDirectClient(b.t.admin, outbox.Config{})
-	if err != nil {
-		return err
-	}
 	variants := []enqueueVariant{
 		{"Client.Enqueue", func(ctx context.Context, tx pgx.Tx, seq int64) error {
 			_, err := lib.Enqueue(ctx, tx, b.src.message("enqueue", seq))
@@ -138,10 +134,6 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 		}},
 		{"Enqueue without NOTIFY", func(ctx context.Context, tx pgx.Tx, seq int64) error {
 			_, err := quiet.Enqueue(ctx, tx, b.src.message("enqueue-quiet", seq))
-			return err
-		}},
-		{"Client.Enqueue on the direct path", func(ctx context.Context, tx pgx.Tx, seq int64) error {
-			_, err := direct.Enqueue(ctx, tx, b.src.message("enqueue-direct", seq))
 			return err
 		}},
 		{"Client.Enqueue without a dedupe key", func(ctx context.Context, tx pgx.Tx, seq int64) error {
@@ -170,14 +162,9 @@ func (b *bench) runEnqueue(ctx context.Context) error {
 		roundsNote(rates[0], rates[1])
 	b.add(r)
 	b.add(roundsRow("enqueue", "same, Config.DisableNotify", rates[2], rates[1], 0))
-	r = roundsRow("enqueue", "library vs the direct path before migration 0004", rates[0], rates[3], 0.85)
-	r.Note = "The library enqueues one event without an ordering key by a plain INSERT of the message columns (the enqueue function only for a duplicate). " +
-		"Baseline: Client.Enqueue on the write path before migration 0004 (a plain INSERT … ON CONFLICT … RETURNING id as the table's owner; cmd/outbox-bench/direct.go)." +
-		roundsNote(rates[0], rates[3])
-	b.add(r)
-	r = roundsRow("enqueue", "same, messages without a dedupe key", rates[4], rates[5], 0)
+	r = roundsRow("enqueue", "same, messages without a dedupe key", rates[3], rates[4], 0)
 	r.Note = "Baseline: the same row without a dedupe key by a plain INSERT. The library inserts such an event without ON CONFLICT (only its fresh id is unique)." +
-		roundsNote(rates[4], rates[5])
+		roundsNote(rates[3], rates[4])
 	b.add(r)
 	return nil
 }

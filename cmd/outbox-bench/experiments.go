@@ -201,7 +201,7 @@ func (b *bench) dispatcherExperiments(ctx context.Context, n int) error {
 			if err := b.prepareDrain(ctx, "experiments", 0, n); err != nil {
 				return drainResult{}, err
 			}
-			res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, v.settings, false)
+			res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, v.settings)
 			if err == nil {
 				b.log.Info("experiment: "+v.name+" done", "events_per_s", int(res.rate()))
 			}

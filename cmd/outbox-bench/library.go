@@ -47,15 +47,6 @@ func (b *bench) newDispatcher(pool *pgxpool.Pool, cfg outbox.DispatcherConfig, f
 	return client.NewDispatcher(cfg, noopPublisher(fn))
 }
 
-// newDirectDispatcher is newDispatcher on directDriver's direct path.
-func (b *bench) newDirectDispatcher(pool *pgxpool.Pool, cfg outbox.DispatcherConfig, fn func(d outbox.Delivery)) (*outbox.Dispatcher, error) {
-	client, err := b.newDirectClient(pool, outbox.Config{})
-	if err != nil {
-		return nil, err
-	}
-	return client.NewDispatcher(cfg, noopPublisher(fn))
-}
-
 // resolveDefaults reads the library's dispatcher defaults from a
 // dispatcher that is built but never started (building one does no I/O),
 // so that the baselines and notes follow the library rather than copies of

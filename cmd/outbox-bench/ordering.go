@@ -96,7 +96,7 @@ func (b *bench) drainOrdered(ctx context.Context, label string, n, keys int) (dr
 	if err := b.t.settle(ctx); err != nil {
 		return drainResult{}, err
 	}
-	res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, b.opts.dispatcherSettings, false)
+	res, err := b.drainDispatcher(ctx, n, b.opts.batch, b.opts.concurrency, b.opts.dispatcherSettings)
 	if err == nil {
 		b.log.Info(label+": dispatcher drained", "events_per_s", int(res.rate()), "keys", keys, "statements", res.queries.breakdown())
 	}
