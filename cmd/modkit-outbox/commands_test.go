@@ -41,8 +41,31 @@ TOTAL                    2        0           2          2     -
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("stats --json: %v\n%s", err, out)
 	}
-	if len(st.Topics) != 2 || st.Total.Dead != 2 || st.Topics[1].Delivered != 2 || st.Topics[1].Pending != 2 {
+	if len(st.Topics) != 2 || st.Total.Dead != 2 || st.Topics[1].Delivered == nil || *st.Topics[1].Delivered != 2 || st.Topics[1].Pending != 2 {
 		t.Fatalf("stats --json: %+v", st)
+	}
+
+	// --backlog: the same counts without the delivered ones; a topic with
+	// delivered events only would not be listed.
+	got = cli(t, f.dsn, "stats", "--backlog").must(t, exitOK).stdout
+	const goldenBacklog = `NAMESPACE  TOPIC         PENDING  PROCESSING  DEAD  OLDEST DUE
+crm        welcome_mail  0        0           1     -
+shop       order_paid    2        0           1     -
+TOTAL                    2        0           2     -
+`
+	if got != goldenBacklog {
+		t.Fatalf("stats --backlog table:\n%s\nwant:\n%s", got, goldenBacklog)
+	}
+	out = cli(t, f.dsn, "stats", "--backlog", "--json").must(t, exitOK).stdout
+	if strings.Contains(out, `"delivered"`) {
+		t.Fatalf("stats --backlog --json has delivered counts:\n%s", out)
+	}
+	st = statsJSON{}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("stats --backlog --json: %v\n%s", err, out)
+	}
+	if len(st.Topics) != 2 || st.Total.Dead != 2 || st.Topics[1].Pending != 2 || st.Topics[1].Delivered != nil {
+		t.Fatalf("stats --backlog --json: %+v", st)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 const statsExamples = `  modkit-outbox stats
   modkit-outbox stats --json | jq '.total.dead'
+  modkit-outbox stats --backlog    # a table that keeps many delivered events
 `
 
 type statsJSON struct {
@@ -38,19 +39,24 @@ type topicStatsJSON struct {
 	Topic               string  `json:"topic,omitempty"`
 	Pending             int64   `json:"pending"`
 	Processing          int64   `json:"processing"`
-	Delivered           int64   `json:"delivered"`
+	Delivered           *int64  `json:"delivered,omitempty"` // absent with --backlog
 	Dead                int64   `json:"dead"`
 	OldestDueAgeSeconds float64 `json:"oldest_due_age_seconds"`
 }
 
-func topicStatsToJSON(s outbox.TopicStats) topicStatsJSON {
-	return topicStatsJSON{Namespace: s.Namespace, Topic: s.Topic.Topic, Pending: s.Pending, Processing: s.Processing,
-		Delivered: s.Delivered, Dead: s.Dead, OldestDueAgeSeconds: s.OldestDueAge.Seconds()}
+func topicStatsToJSON(s outbox.TopicStats, backlog bool) topicStatsJSON {
+	out := topicStatsJSON{Namespace: s.Namespace, Topic: s.Topic.Topic, Pending: s.Pending, Processing: s.Processing,
+		Dead: s.Dead, OldestDueAgeSeconds: s.OldestDueAge.Seconds()}
+	if !backlog {
+		out.Delivered = &s.Delivered
+	}
+	return out
 }
 
 func runStats(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "stats", "stats [flags]", statsExamples)
 	asJSON := f.Bool("json", false, "print JSON instead of a table")
+	backlog := f.Bool("backlog", false, "count pending, processing and dead events only, from their indexes, without reading the delivered events kept (no DELIVERED column; no \"delivered\" in the JSON)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
@@ -63,7 +69,11 @@ func runStats(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	st, err := c.Admin().Stats(ctx)
+	count := c.Admin().Stats
+	if *backlog {
+		count = c.Admin().Backlog
+	}
+	st, err := count(ctx)
 	if err != nil {
 		return err
 	}
@@ -72,9 +82,9 @@ func runStats(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	if *asJSON {
-		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total), BlockedKeys: []blockedKeyJSON{}}
+		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total, *backlog), BlockedKeys: []blockedKeyJSON{}}
 		for _, t := range st.Topics {
-			out.Topics = append(out.Topics, topicStatsToJSON(t))
+			out.Topics = append(out.Topics, topicStatsToJSON(t, *backlog))
 		}
 		for _, b := range blocked {
 			out.BlockedKeys = append(out.BlockedKeys, blockedKeyJSON{Namespace: b.Topic.Namespace, Topic: b.Topic.Topic,
@@ -84,8 +94,16 @@ func runStats(ctx context.Context, e env, args []string) error {
 		return writeJSON(e.stdout, out)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tPROCESSING\tDELIVERED\tDEAD\tOLDEST DUE")
+	if *backlog {
+		fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tPROCESSING\tDEAD\tOLDEST DUE")
+	} else {
+		fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tPROCESSING\tDELIVERED\tDEAD\tOLDEST DUE")
+	}
 	row := func(ns, topic string, s outbox.TopicStats) {
+		if *backlog {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", ns, topic, s.Pending, s.Processing, s.Dead, fmtAge(s.OldestDueAge))
+			return
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", ns, topic, s.Pending, s.Processing, s.Delivered, s.Dead, fmtAge(s.OldestDueAge))
 	}
 	for _, t := range st.Topics {

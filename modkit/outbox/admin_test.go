@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -164,6 +165,68 @@ func TestStats(t *testing.T) {
 	}
 	if stats.Total.Pending != 3 || stats.Total.Processing != 1 || stats.Total.Delivered != 1 || stats.Total.Dead != 1 {
 		t.Fatalf("total: %+v", stats.Total)
+	}
+}
+
+// TestBacklog: Backlog returns Stats's counts of pending, processing and
+// dead events, held events of an ordering key among the pending ones, and
+// no delivered events: a topic whose events were all delivered is left out.
+func TestBacklog(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	if b, err := c.Admin().Backlog(ctx); err != nil || len(b.Topics) != 0 || b.Total != (outbox.TopicStats{}) {
+		t.Fatalf("backlog of an empty table: %+v %v", b, err)
+	}
+	enqueueN(t, c, pool, 5)
+	st := admStore(t, pool, "public", nil)
+	got := admClaim(t, st, 3)
+	admSettle(t, st, driver.Delivered, "", got[0])
+	admSettle(t, st, driver.Dead, "x", got[1])
+	done := outbox.Topic{Namespace: "done", Topic: "t"}
+	enqueueTopic(t, c, pool, done, 2)
+	admSettle(t, st, driver.Delivered, "", admClaim(t, st, 2, done)...)
+	ordered := outbox.Topic{Namespace: "ordered", Topic: "t"}
+	for i := range 3 { // the first waits to be claimed, the other two are held behind it
+		if _, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: ordered.Namespace, Topic: ordered.Topic, OrderingKey: "k",
+			Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events WHERE held").Scan(&held); err != nil || held != 2 {
+		t.Fatalf("held events: %d, %v; want 2 (the test relies on them)", held, err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET next_attempt_at = now() - interval '1 hour' WHERE namespace = 'ordered'"); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	stats, err := c.Admin().Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backlog, err := c.Admin().Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	between := time.Since(start) // the oldest due age grows by at most this from one call to the other
+	var want []outbox.TopicStats
+	for _, ts := range stats.Topics {
+		if ts.Pending+ts.Processing+ts.Dead > 0 {
+			want = append(want, ts)
+		}
+	}
+	same := func(b, s outbox.TopicStats) bool {
+		return b.Topic == s.Topic && b.Pending == s.Pending && b.Processing == s.Processing && b.Dead == s.Dead && b.Delivered == 0 &&
+			b.OldestDueAge >= s.OldestDueAge && b.OldestDueAge <= s.OldestDueAge+between
+	}
+	if !slices.EqualFunc(backlog.Topics, want, same) || !same(backlog.Total, stats.Total) {
+		t.Fatalf("backlog:\n%#v\nwant Stats without the delivered events:\n%#v", backlog, want)
+	}
+	if len(backlog.Topics) != 2 || backlog.Topics[0].Topic != ordered || backlog.Topics[0].Pending != 3 ||
+		backlog.Topics[0].OldestDueAge < time.Hour || backlog.Topics[1].Topic != testTopic || backlog.Topics[1].Pending != 2 ||
+		backlog.Topics[1].Processing != 1 || backlog.Topics[1].Dead != 1 {
+		t.Fatalf("backlog: %+v", backlog.Topics)
 	}
 }
 

@@ -123,7 +123,9 @@
 //
 // # Operations
 //
-// Client.Admin has Stats, List (pending, dead, … with filters and paging),
+// Client.Admin has Stats (every status; it reads the delivered events
+// kept) and Backlog (pending, processing and dead only, from their indexes:
+// for dashboards and probes), List (pending, dead, … with filters and paging),
 // Get, ReplayDead and PurgeDead (by id or filter), Purge, Series
 // (throughput and delivery latency per bucket, for charts) and Settled
 // (recent outcomes, to follow deliveries). Dispatcher.Health says whether a

@@ -51,7 +51,7 @@
 //     whose lease expired (`INSERT … ON DUPLICATE KEY UPDATE holder =
 //     IF(expires_at < ?, VALUES(holder), holder)` on MySQL, `INSERT … ON
 //     CONFLICT DO UPDATE … WHERE` on SQLite) and a SELECT of the rows held.
-//   - Stats, Depth, List, Get: plain SELECTs; keyset paging on (created_at,
+//   - Stats, Backlog, Depth, List, Get: plain SELECTs; keyset paging on (created_at,
 //     id) works everywhere.
 //   - Listen: neither engine has notifications. The method returns
 //     ErrListenUnsupported at once and the dispatcher polls (it always polls
@@ -134,6 +134,10 @@ type Store interface {
 	Resign(ctx context.Context, holder uuid.UUID, roles []string) error
 	// Stats counts events per (namespace, topic, status).
 	Stats(ctx context.Context) ([]StatsRow, error)
+	// Backlog is Stats for the pending, processing and dead events only:
+	// it returns no row of delivered events, and its cost should follow
+	// the backlog and the dead events, not the delivered events kept.
+	Backlog(ctx context.Context) ([]StatsRow, error)
 	// Depth reads the gauges of the listed topics.
 	Depth(ctx context.Context, topics []string) ([]DepthRow, error)
 	// List returns events matching f, oldest first, at most f.Limit.

@@ -74,11 +74,15 @@ type store struct {
 	// 0025); purges walk from the oldest event, as before it, until the
 	// store is opened again.
 	noPurgeFrom atomic.Bool
-	pool        *pgxpool.Pool
-	poolQ       db.Querier
-	opts        driver.Options
-	sql         queries
-	table       pgx.Identifier // for COPY
+	// noBacklog: the schema lacks modkit_outbox_backlog (migration 0027);
+	// Backlog counts with modkit_outbox_stats, as before it, until the
+	// store is opened again.
+	noBacklog atomic.Bool
+	pool      *pgxpool.Pool
+	poolQ     db.Querier
+	opts      driver.Options
+	sql       queries
+	table     pgx.Identifier // for COPY
 }
 
 // args appends the test clock, when there is one, to a statement's
@@ -509,7 +513,29 @@ func (s *store) Resign(ctx context.Context, holder uuid.UUID, roles []string) er
 
 // Stats implements driver.Store.
 func (s *store) Stats(ctx context.Context) ([]driver.StatsRow, error) {
-	rows, err := s.pool.Query(ctx, s.sql.stats, s.args()...)
+	return s.statsRows(ctx, s.sql.stats)
+}
+
+// Backlog implements driver.Store. On a schema without
+// modkit_outbox_backlog (migration 0027 not applied) it counts with
+// modkit_outbox_stats and leaves the delivered rows out, for good, so that
+// an application upgraded before its schema still shows its backlog.
+func (s *store) Backlog(ctx context.Context) ([]driver.StatsRow, error) {
+	if !s.noBacklog.Load() {
+		out, err := s.statsRows(ctx, s.sql.backlog)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42883" || !strings.Contains(pgErr.Message, "modkit_outbox_backlog") {
+			return out, err
+		}
+		s.noBacklog.Store(true)
+	}
+	all, err := s.statsRows(ctx, s.sql.stats)
+	return slices.DeleteFunc(all, func(r driver.StatsRow) bool { return r.Status == "delivered" }), err
+}
+
+// statsRows runs q, modkit_outbox_stats or modkit_outbox_backlog.
+func (s *store) statsRows(ctx context.Context, q string) ([]driver.StatsRow, error) {
+	rows, err := s.pool.Query(ctx, q, s.args()...)
 	if err != nil {
 		return nil, err
 	}

@@ -92,6 +92,11 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 
 	qStats = `SELECT namespace, topic, status, count, oldest_due_seconds FROM {{fn}}modkit_outbox_stats({{now}})`
 
+	// qBacklog is qStats for pending, processing and dead events only,
+	// read from their indexes (migration 0027); without the function,
+	// qStats serves (store.Backlog).
+	qBacklog = `SELECT namespace, topic, status, count, oldest_due_seconds FROM {{fn}}modkit_outbox_backlog({{now}})`
+
 	qDepth = `SELECT topic, pending, processing, dead, oldest_due_seconds, stuck FROM {{fn}}modkit_outbox_depth($1::text[], {{now}})`
 
 	eventColumns = `id, namespace, topic, tenant_id, dedupe_key, payload, status, attempts,
@@ -145,17 +150,18 @@ const (
 
 // queries holds the statements with the names filled in.
 type queries struct {
-	insertOne, insertDirect, insertPlain    string
-	insertKeyless, insertKeylessNotify      string
-	insertMany                              string
-	claim, complete, completeAsync          string
-	completeOne, sweep, purge, elect        string
-	purgeRecorded, purgeFrom                string
-	resign, stats, depth, list, listPayload string
-	get, getPayload, history                string
-	replayIDs, replayFilter                 string
-	purgeDeadIDs, purgeDeadFilter           string
-	blockedKeys, skipHead, releaseHeld      string
+	insertOne, insertDirect, insertPlain string
+	insertKeyless, insertKeylessNotify   string
+	insertMany                           string
+	claim, complete, completeAsync       string
+	completeOne, sweep, purge, elect     string
+	purgeRecorded, purgeFrom             string
+	resign, stats, backlog, depth        string
+	list, listPayload                    string
+	get, getPayload, history             string
+	replayIDs, replayFilter              string
+	purgeDeadIDs, purgeDeadFilter        string
+	blockedKeys, skipHead, releaseHeld   string
 }
 
 // newQueries fills the templates. With testClock, {{now}} becomes the
@@ -195,6 +201,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		elect:               bind(qElect, "4", ""),
 		resign:              bind(qResign, "", ""),
 		stats:               bind(qStats, "1", ""),
+		backlog:             bind(qBacklog, "1", ""),
 		depth:               bind(qDepth, "2", ""),
 		list:                bind(qList, "", ""),
 		listPayload:         bind(qListPayloads, "", ""),

@@ -176,6 +176,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if _, err := read.Stats(ctx); err != nil {
 		t.Fatalf("reader stats: %v", err)
 	}
+	if b, err := read.Backlog(ctx); err != nil || len(b) == 0 {
+		t.Fatalf("reader backlog: %+v, %v", b, err)
+	}
 	if _, err := read.Series(ctx, driver.SeriesParams{Window: time.Hour, Bucket: time.Minute}); err != nil {
 		t.Fatalf("reader series: %v", err)
 	}
@@ -206,6 +209,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	}
 	if page, err := op.Settled(ctx, afterFirst); err != nil || len(page) != 1 || !strings.Contains(string(page[0].Payload), "s3cr3t") {
 		t.Fatalf("operator settled after a cursor: %d events, %v (want the second one, with its payload)", len(page), err)
+	}
+	if b, err := op.Backlog(ctx); err != nil || len(b) == 0 {
+		t.Fatalf("operator backlog: %+v, %v", b, err)
 	}
 	ids, err := op.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "alice"})
 	if err != nil || len(ids) != 1 {

@@ -3,6 +3,7 @@ package outboxpg_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -582,5 +583,34 @@ func TestPurgeWithoutMigration0025(t *testing.T) {
 			t.Fatalf("purge without migration 0025: %+v, %v; want %d purged from the oldest event, and no cutoff", res, err, want)
 		}
 		deliverNew(t, s, pool, 2)
+	}
+}
+
+// TestBacklogWithoutMigration0027: on a schema without
+// modkit_outbox_backlog, Backlog counts with modkit_outbox_stats and leaves
+// the delivered events out, as the function would.
+func TestBacklogWithoutMigration0027(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	deliverNew(t, s, pool, 3)
+	if _, err := s.Insert(ctx, pool, rows(2, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []driver.StatsRow{{Namespace: "test", Topic: "events", Status: "pending", Count: 2}}
+	ignoreAge := func(r []driver.StatsRow) []driver.StatsRow {
+		for i := range r {
+			r[i].OldestDueAge = 0
+		}
+		return r
+	}
+	got, err := s.Backlog(ctx)
+	if err != nil || !slices.Equal(ignoreAge(got), want) {
+		t.Fatalf("backlog: %+v, %v; want %+v", got, err, want)
+	}
+	mustExec(t, pool, "DROP FUNCTION modkit_outbox_backlog(timestamptz)")
+	for range 2 { // the fallback, then the store remembering it
+		if got, err := s.Backlog(ctx); err != nil || !slices.Equal(ignoreAge(got), want) {
+			t.Fatalf("backlog without migration 0027: %+v, %v; want %+v", got, err, want)
+		}
 	}
 }

@@ -113,9 +113,10 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	return published
 }
 
-// undelivered counts the topics' pending and processing events.
+// undelivered counts the topics' pending and processing events (from
+// Admin.Backlog, which reads no delivered event).
 func undelivered(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]bool) (int64, error) {
-	stats, err := c.Admin().Stats(ctx)
+	stats, err := c.Admin().Backlog(ctx)
 	if err != nil {
 		return 0, err
 	}

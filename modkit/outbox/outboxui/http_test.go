@@ -656,3 +656,40 @@ func TestDashboardPurgesADeadEvent(t *testing.T) {
 		t.Fatalf("the purged event: %v, want ErrNotFound", err)
 	}
 }
+
+// TestOverviewListsTopicsDeliveredInTheLastHour: the overview counts the
+// backlog (Admin.Backlog, no delivered event read), so a topic whose events
+// were all delivered has no backlog row; it is still listed, from the last
+// hour's deliveries, and the delivered history kept is not counted.
+func TestOverviewListsTopicsDeliveredInTheLastHour(t *testing.T) {
+	w := newWorld(t)
+	receipts := outbox.Topic{Namespace: "shop", Topic: "receipt_sent"}
+	if _, err := w.client.Enqueue(bg, w.pool, outbox.Message{Namespace: receipts.Namespace, Topic: receipts.Topic,
+		Payload: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := uuid.New()
+	got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{receipts.Namespace + ":" + receipts.Topic}, Limit: 1,
+		MaxAttempts: 5, Worker: worker, Lease: time.Minute})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Delivered}}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := w.client.Admin().Backlog(bg); err != nil || slices.ContainsFunc(b.Topics, func(s outbox.TopicStats) bool { return s.Topic == receipts }) {
+		t.Fatalf("backlog: %+v, %v; want no row of %s, whose only event was delivered", b, err, receipts)
+	}
+	body, _ := get(t, newJar(), serve(t, w, outboxui.Options{}))
+	row := regexp.MustCompile(`(?s)<tr data-topic="shop/receipt_sent">.*?<td class="pending">0</td>.*?<td class="hour">1</td>`)
+	if !row.MatchString(body) {
+		t.Fatalf("the overview has no row for shop/receipt_sent with its delivery of the last hour:\n%s", body)
+	}
+	if strings.Contains(body, "Delivered (kept)") {
+		t.Fatal("the overview still has a column of the delivered events kept")
+	}
+}

@@ -200,10 +200,10 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	for sel, want := range map[string]string{
 		"#total-pending": "1", "#total-dead": "2", "#total-hour": "1",
-		`tr[data-topic="shop/order_paid"] td.pending`:   "1",
-		`tr[data-topic="shop/order_paid"] td.dead`:      "1",
-		`tr[data-topic="shop/order_paid"] td.delivered`: "1",
-		`tr[data-topic="crm/welcome_mail"] td.dead`:     "1",
+		`tr[data-topic="shop/order_paid"] td.pending`: "1",
+		`tr[data-topic="shop/order_paid"] td.dead`:    "1",
+		`tr[data-topic="shop/order_paid"] td.hour`:    "1",
+		`tr[data-topic="crm/welcome_mail"] td.dead`:   "1",
 	} {
 		if got := text(t, ctx, p, sel); got != want {
 			t.Errorf("%s = %q, want %q", sel, got, want)

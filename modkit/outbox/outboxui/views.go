@@ -1,12 +1,14 @@
 package outboxui
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,9 +49,13 @@ type dispatcherRow struct {
 	outbox.Health
 }
 
+// overview counts the backlog (Admin.Backlog: it reads no delivered
+// event, so a page load costs the same whatever history the table keeps)
+// and the last hour's deliveries (Admin.Series). A topic is listed when it
+// has a pending, processing or dead event or a delivery in the last hour.
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	st, err := h.admin.Stats(ctx)
+	st, err := h.admin.Backlog(ctx)
 	if err != nil {
 		h.failInternal(w, r, "reading the statistics", err)
 		return
@@ -68,7 +74,16 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	minutes := max(series.End.Sub(series.Start).Minutes(), 1)
 	d.Series, d.Chart = series, chartSVG(series)
-	for _, t := range st.Topics {
+	topics := st.Topics
+	for _, ts := range series.Topics {
+		if !slices.ContainsFunc(topics, func(s outbox.TopicStats) bool { return s.Topic == ts.Topic }) {
+			topics = append(topics, outbox.TopicStats{Topic: ts.Topic})
+		}
+	}
+	slices.SortFunc(topics, func(a, b outbox.TopicStats) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Topic.Topic, b.Topic.Topic))
+	})
+	for _, t := range topics {
 		q := url.Values{"namespace": {t.Namespace}, "topic": {t.Topic.Topic}}
 		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: template.URL(q.Encode())}
 		row.PerMinute = float64(row.DeliveredLastHour) / minutes

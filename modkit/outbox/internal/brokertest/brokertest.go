@@ -247,7 +247,7 @@ func Delivered(t testing.TB, c *outbox.Client, pub outbox.Publisher, calls *Call
 // undelivered counts the pending and processing events of Topic.
 func undelivered(t testing.TB, c *outbox.Client) int64 {
 	t.Helper()
-	stats, err := c.Admin().Stats(context.Background())
+	stats, err := c.Admin().Backlog(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
