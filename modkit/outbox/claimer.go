@@ -104,7 +104,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			deadline := claimStart.Add(d.cfg.LeaseDuration - d.cfg.LeaseHeadroom)
 			batch := make([]claimed, len(got))
 			for i, c := range got {
-				batch[i] = claimed{d: d.delivery(c), deadline: deadline}
+				batch[i] = claimed{d: d.delivery(c), deadline: deadline, enqueued: d.enqueuedLocally(c, claimStart)}
 			}
 			pool.submit(batch, deadline)
 			now := time.Now()
@@ -184,6 +184,30 @@ func (d *Dispatcher) releaseHeld(ctx context.Context) int64 {
 		d.log.Warn("releasing ordered events held behind settled ones failed; retrying in a PollInterval", "error", err)
 	}
 	return n
+}
+
+// enqueuedLocally returns c's created_at, which the database's clock set,
+// by this process's clock: the claim set its lease to end at the database's
+// clock at the claim's start plus LeaseDuration, so that clock read
+// claimStart's instant, and the difference between the two clocks is taken
+// off created_at. delivery.lag then carries the claim's one-way latency
+// (the statement starts after claimStart) instead of the skew between the
+// application's and the database's clocks, which can exceed the lags
+// measured. With a test clock (Config.Now), which sets leases but not
+// created_at, or a driver that returns no lease end, created_at is taken
+// as it is.
+func (d *Dispatcher) enqueuedLocally(c driver.Claimed, claimStart time.Time) time.Time {
+	if d.c.cfg.Now != nil || c.LockedTill.IsZero() {
+		return c.CreatedAt
+	}
+	return enqueuedLocally(c.CreatedAt, c.LockedTill, d.cfg.LeaseDuration, claimStart)
+}
+
+// enqueuedLocally is createdAt moved by the difference between the
+// database's clock at the claim's start (lockedTill - lease) and this
+// process's (claimStart).
+func enqueuedLocally(createdAt, lockedTill time.Time, lease time.Duration, claimStart time.Time) time.Time {
+	return createdAt.Add(-lockedTill.Add(-lease).Sub(claimStart))
 }
 
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {

@@ -216,7 +216,11 @@
 //   - publish.duration: the time of each Publish or HandleTx call (not
 //     recorded for abandoned calls). delivery.lag: from the event's enqueue
 //     (its transaction's start, created_at) to its successful publish;
-//     queueing and retries included. Their buckets are in seconds, from
+//     queueing and retries included. created_at is the database's clock;
+//     the dispatcher moves it to its own by the difference between the two
+//     clocks that each claim shows (the lease it sets ends at the database's
+//     time plus LeaseDuration), so skew between the hosts does not shift the
+//     lags (the claim's one-way latency remains). Their buckets are in seconds, from
 //     1 ms to 60 s and to 1 h (a MeterProvider view may set others).
 //   - The gauges are read from the table by the one dispatcher that holds a
 //     topic's maintenance lease (only topics with a running dispatcher are

@@ -175,7 +175,11 @@ func (m *metrics) observe(r result, o Outcome) {
 		m.released.Add(ctx, 1, attrs)
 	case o.Status == StatusDelivered:
 		m.delivered.Add(ctx, 1, attrs)
-		m.lag.Record(ctx, time.Since(msg.CreatedAt).Seconds(), attrs)
+		enqueued := r.c.enqueued
+		if enqueued.IsZero() {
+			enqueued = msg.CreatedAt
+		}
+		m.lag.Record(ctx, time.Since(enqueued).Seconds(), attrs)
 	case o.Status == StatusDead:
 		m.dead.Add(ctx, 1, attrs)
 	default:

@@ -35,6 +35,9 @@ type claimed struct {
 	d        Delivery
 	deadline time.Time       // publish deadline by the local clock (lease end minus headroom)
 	ctx      context.Context // the publish context of its claim's batch: ends at deadline
+	// enqueued is d.CreatedAt (the database's clock) by this process's
+	// clock, for delivery.lag (see enqueuedLocally).
+	enqueued time.Time
 }
 
 // resultKind says how a publish ended.
