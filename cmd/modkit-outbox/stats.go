@@ -56,7 +56,7 @@ func topicStatsToJSON(s outbox.TopicStats, backlog bool) topicStatsJSON {
 func runStats(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "stats", "stats [flags]", statsExamples)
 	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	backlog := f.Bool("backlog", false, "count pending, processing and dead events only, from their indexes, without reading the delivered events kept (no DELIVERED column; no \"delivered\" in the JSON)")
+	backlog := f.Bool("backlog", false, "count pending, processing and dead events only, from their indexes, without reading the delivered events kept (no DELIVERED column; no \"delivered\" in the JSON; on a schema before migration 0027 it reads the whole table)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err

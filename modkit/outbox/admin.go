@@ -237,7 +237,8 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 // age, and leaves every Delivered zero. It reads only the indexes that hold
 // those states (migration 0027), so its cost follows the backlog and the
 // dead events, not the delivered events kept. A topic appears when it has
-// at least one such event.
+// at least one such event. On a schema without migration 0027 it counts as
+// Stats does, reading the whole table, and leaves the delivered out.
 func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
 	rows, err := a.c.store.Backlog(ctx)
 	if err != nil {

@@ -169,8 +169,9 @@ func TestStats(t *testing.T) {
 }
 
 // TestBacklog: Backlog returns Stats's counts of pending, processing and
-// dead events, held events of an ordering key among the pending ones, and
-// no delivered events: a topic whose events were all delivered is left out.
+// dead events, held events of an ordering key among them (waiting behind
+// their predecessor, or leased as links of a chain), and no delivered
+// events: a topic whose events were all delivered is left out.
 func TestBacklog(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -192,9 +193,23 @@ func TestBacklog(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var held int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM modkit_outbox_events WHERE held").Scan(&held); err != nil || held != 2 {
-		t.Fatalf("held events: %d, %v; want 2 (the test relies on them)", held, err)
+	// A chain of another key leased in one claim: its links stay held while
+	// leased (migration 0021), so they are held and processing.
+	leased := outbox.Topic{Namespace: "leased", Topic: "t"}
+	for i := range 3 {
+		if _, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: leased.Namespace, Topic: leased.Topic, OrderingKey: "k",
+			Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if chain, err := st.Claim(ctx, driver.ClaimParams{Topics: []string{"leased:t"}, Limit: 3, MaxAttempts: 3, Worker: admWorker,
+		Lease: 30 * time.Second, Chains: []int{3}}); err != nil || len(chain) != 3 {
+		t.Fatalf("chained claim: %d events, %v", len(chain), err)
+	}
+	var heldPending, heldLeased int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'processing')
+		FROM modkit_outbox_events WHERE held`).Scan(&heldPending, &heldLeased); err != nil || heldPending != 2 || heldLeased != 2 {
+		t.Fatalf("held events: %d pending, %d processing, %v; want 2 and 2 (the test relies on them)", heldPending, heldLeased, err)
 	}
 	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET next_attempt_at = now() - interval '1 hour' WHERE namespace = 'ordered'"); err != nil {
 		t.Fatal(err)
@@ -223,10 +238,10 @@ func TestBacklog(t *testing.T) {
 	if !slices.EqualFunc(backlog.Topics, want, same) || !same(backlog.Total, stats.Total) {
 		t.Fatalf("backlog:\n%#v\nwant Stats without the delivered events:\n%#v", backlog, want)
 	}
-	if len(backlog.Topics) != 2 || backlog.Topics[0].Topic != ordered || backlog.Topics[0].Pending != 3 ||
-		backlog.Topics[0].OldestDueAge < time.Hour || backlog.Topics[1].Topic != testTopic || backlog.Topics[1].Pending != 2 ||
-		backlog.Topics[1].Processing != 1 || backlog.Topics[1].Dead != 1 {
-		t.Fatalf("backlog: %+v", backlog.Topics)
+	if len(backlog.Topics) != 3 || backlog.Topics[0].Topic != leased || backlog.Topics[0].Processing != 3 ||
+		backlog.Topics[1].Topic != ordered || backlog.Topics[1].Pending != 3 || backlog.Topics[1].OldestDueAge < time.Hour ||
+		backlog.Topics[2].Topic != testTopic || backlog.Topics[2].Pending != 2 || backlog.Topics[2].Processing != 1 || backlog.Topics[2].Dead != 1 {
+		t.Fatalf("backlog: %#v", backlog.Topics)
 	}
 }
 

@@ -136,7 +136,8 @@ type Store interface {
 	Stats(ctx context.Context) ([]StatsRow, error)
 	// Backlog is Stats for the pending, processing and dead events only:
 	// it returns no row of delivered events, and its cost should follow
-	// the backlog and the dead events, not the delivered events kept.
+	// the backlog and the dead events, not the delivered events kept
+	// (outboxpg: from their indexes, since migration 0027).
 	Backlog(ctx context.Context) ([]StatsRow, error)
 	// Depth reads the gauges of the listed topics.
 	Depth(ctx context.Context, topics []string) ([]DepthRow, error)

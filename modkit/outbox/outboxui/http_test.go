@@ -684,12 +684,31 @@ func TestOverviewListsTopicsDeliveredInTheLastHour(t *testing.T) {
 	if b, err := w.client.Admin().Backlog(bg); err != nil || slices.ContainsFunc(b.Topics, func(s outbox.TopicStats) bool { return s.Topic == receipts }) {
 		t.Fatalf("backlog: %+v, %v; want no row of %s, whose only event was delivered", b, err, receipts)
 	}
-	body, _ := get(t, newJar(), serve(t, w, outboxui.Options{}))
-	row := regexp.MustCompile(`(?s)<tr data-topic="shop/receipt_sent">.*?<td class="pending">0</td>.*?<td class="hour">1</td>`)
-	if !row.MatchString(body) {
+	base := serve(t, w, outboxui.Options{OperatorToken: token})
+	jar := newJar()
+	body, csrf := get(t, jar, base)
+	row := regexp.MustCompile(`(?s)<tr data-topic="shop/receipt_sent">(.*?)</tr>`).FindStringSubmatch(body)
+	if row == nil || !strings.Contains(row[1], `<td class="pending">0</td>`) || !strings.Contains(row[1], `<td class="hour">1</td>`) {
 		t.Fatalf("the overview has no row for shop/receipt_sent with its delivery of the last hour:\n%s", body)
 	}
 	if strings.Contains(body, "Delivered (kept)") {
 		t.Fatal("the overview still has a column of the delivered events kept")
+	}
+
+	// A topic that is not listed (its deliveries are older than an hour)
+	// can still be purged: an operator's overview has a form that takes
+	// any topic.
+	if strings.Contains(body, `id="purge-any"`) {
+		t.Fatal("a visitor who has not signed in is offered the purge form")
+	}
+	resp, err := jar.PostForm(base+"login", url.Values{"token": {token}, "csrf": {csrf}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	body, _ = get(t, jar, base)
+	form := regexp.MustCompile(`(?s)<form [^>]*id="purge-any"[^>]*>(.*?)</form>`).FindStringSubmatch(body)
+	if form == nil || !strings.Contains(form[1], `name="topic"`) || !strings.Contains(form[1], `name="older_than"`) || !strings.Contains(form[1], `name="csrf"`) {
+		t.Fatalf("an operator's overview has no form to purge any topic:\n%s", body)
 	}
 }
