@@ -34,7 +34,8 @@
 //	err = d.Start(ctx) // … d.Stop(ctx) at shutdown
 //
 // In an fx app, Module provides the Client and runs the dispatcher, and
-// WithMigrations migrates before anything starts. TypedTopic binds a topic
+// WithMigrations migrates before anything built on the Client (the
+// dispatcher included) starts. TypedTopic binds a topic
 // to a Go payload type on both sides. Package outboxtest holds the helpers
 // for a module's tests (RequireEnqueued, Drain, a per-test database).
 //
@@ -65,7 +66,8 @@
 //     unrecorded events again, in order, from the first (a consumer that
 //     skips event IDs it has handled sees each key in order). A
 //     dead event holds its key back (Admin.BlockedKeys) until it is
-//     replayed or skipped (Admin.SkipHead), unless Publisher.SkipDeadHeads.
+//     replayed, skipped (Admin.SkipHead) or purged (Admin.PurgeDead),
+//     unless Publisher.SkipDeadHeads.
 //     Events without a key, and events of different keys, are not ordered.
 //   - Fencing: every claim issues a fresh lease token, and an outcome is
 //     recorded only with the current token of an unexpired lease held by
@@ -148,8 +150,8 @@
 // lists them). Recording an outcome checks the lease token, the worker and
 // the lease's expiry; a transactional handler whose lease was lost fails
 // with ErrLeaseLost and its transaction rolls back. Each outcome, lease
-// repair, sweep and replay appends an entry to the event's history, an
-// append-only ledger that Admin.History reads.
+// repair, sweep, replay, skipped dead head and purge appends an entry to the
+// event's history, an append-only ledger that Admin.History reads.
 //
 // Message.Headers travel to Delivery.Headers. Enqueue adds the W3C trace
 // context (traceparent, tracestate) of its ctx and records an "outbox
@@ -170,7 +172,9 @@
 // topic (the event's), worker_id (the dispatcher's DispatcherConfig.WorkerID).
 // The Prometheus name is the one the OpenTelemetry Prometheus exporter
 // derives: dots become underscores, counters end in _total, and
-// instruments in seconds end in _seconds.
+// instruments in seconds end in _seconds. The unit column says what is
+// counted; only the instruments in s declare a unit (metric.WithUnit), the
+// others declare none.
 //
 //	name (Prometheus name)                                      kind        unit     attributes
 //	outbox.events.delivered (outbox_events_delivered_total)     counter     events   namespace, topic
