@@ -45,14 +45,18 @@ func (n *notifyingBuffer) String() string {
 	return n.b.String()
 }
 
-// waitFor blocks until the output contains s or the command ended.
+// waitFor blocks until the output contains s or the command ended; it fails
+// the test after two minutes (a hang guard, not a timed assertion).
 func (n *notifyingBuffer) waitFor(t *testing.T, s string, ended <-chan int) {
 	t.Helper()
+	guard := time.After(2 * time.Minute)
 	for !strings.Contains(n.String(), s) {
 		select {
 		case <-n.wrote:
 		case code := <-ended:
 			t.Fatalf("the command ended (exit %d) before printing %q:\n%s", code, s, n.String())
+		case <-guard:
+			t.Fatalf("no %q printed in two minutes:\n%s", s, n.String())
 		}
 	}
 }
@@ -76,7 +80,9 @@ func background(t *testing.T, dsn string, args ...string) (out *notifyingBuffer,
 
 func TestTail(t *testing.T) {
 	f := newFixture(t)
-	out, ended, stop := background(t, f.dsn, "tail", "--interval", "100ms", "--json")
+	// --since: the outcomes below are printed even if tail connects late
+	// (it starts at the database's clock, minus its overlap, otherwise).
+	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
 	ids := f.enqueue(t, orders, 2)
 	delivered := f.settle(t, orders, 1, driver.Delivered, 0)[0]
 	out.waitFor(t, delivered.String(), ended)
@@ -209,7 +215,9 @@ func TestServe(t *testing.T) {
 // for the first one read again.
 func TestTailReplayedSoonAfter(t *testing.T) {
 	f := newFixture(t)
-	out, ended, stop := background(t, f.dsn, "tail", "--interval", "100ms", "--json")
+	// --since: the outcomes below are printed even if tail connects late
+	// (it starts at the database's clock, minus its overlap, otherwise).
+	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
 	f.enqueue(t, orders, 1)
 	dead := f.settle(t, orders, 1, driver.Dead, 0)[0]
 	out.waitFor(t, `"status":"dead"`, ended)
@@ -219,7 +227,7 @@ func TestTailReplayedSoonAfter(t *testing.T) {
 	if got := f.settle(t, orders, 1, driver.Delivered, 0); len(got) != 1 || got[0] != dead {
 		t.Fatalf("delivered %v, want the replayed %s", got, dead)
 	}
-	guard := time.After(30 * time.Second) // a hang guard, not a timed assertion
+	guard := time.After(2 * time.Minute) // a hang guard, not a timed assertion
 	for !strings.Contains(out.String(), `"status":"delivered"`) {
 		select {
 		case <-out.wrote:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -70,17 +71,22 @@ func TestInTx(t *testing.T) {
 	// fn ends its goroutine (runtime.Goexit, as t.Fatal does): rolled back,
 	// and the connection goes back to the pool, which can then close.
 	exited := make(chan struct{})
+	var inserted atomic.Bool
 	go func() {
 		defer close(exited)
 		_ = db.InTx(ctx, p.Pool, func(ctx context.Context, tx pgx.Tx) error {
 			if err := insert("exited")(ctx, tx); err != nil {
 				return err
 			}
+			inserted.Store(true)
 			runtime.Goexit()
 			return nil
 		})
 	}()
 	<-exited
+	if !inserted.Load() {
+		t.Fatal("the row was not inserted before Goexit, so its rollback is not tested")
+	}
 	if c := count(t, p, "exited"); c != 0 {
 		t.Fatalf("Goexit: %d rows, want 0 (rolled back)", c)
 	}

@@ -194,8 +194,9 @@ type Dispatcher struct {
 	claimErr   error       // the last claim's error, nil after a success
 	claimErrAt time.Time
 	// onMaintenance, if set, is called after each maintenance pass with
-	// the roles held (tests).
-	onMaintenance func(held []string)
+	// the roles held and whether the pass finished before its deadline
+	// (tests).
+	onMaintenance func(held []string, finished bool)
 	// purgeMarks are the purge watermarks of the topics this dispatcher
 	// maintains ("namespace:topic"), read and written by its maintenance
 	// goroutine only (maintenance.go).

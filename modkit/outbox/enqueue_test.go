@@ -305,13 +305,16 @@ func TestEnqueueBatch(t *testing.T) {
 	if e := get(t, c, res[4].ID); e.TenantID == nil || *e.TenantID != tenant {
 		t.Fatalf("tenant not stored: %+v", e)
 	}
-	// Rolled back batches leave nothing.
-	_ = db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
+	// Rolled back batches leave nothing. (The rollback is asked for by
+	// returning sql.ErrTxDone after a batch that was written.)
+	if err := db.InTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := c.EnqueueBatch(ctx, tx, []outbox.Message{msg(6), msg(7)}); err != nil {
 			return err
 		}
 		return sql.ErrTxDone
-	})
+	}); !errors.Is(err, sql.ErrTxDone) {
+		t.Fatalf("the rolled-back batch: %v, want the error that asked for the rollback (the batch failed?)", err)
+	}
 	if n := countRows(t, pool, "true"); n != 4 {
 		t.Fatalf("%d rows after a rolled-back batch, want 4", n)
 	}

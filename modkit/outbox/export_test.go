@@ -7,7 +7,14 @@ import (
 
 // OnMaintenance sets a hook called after each maintenance pass of d with
 // the roles d held; set it before Start.
-func OnMaintenance(d *Dispatcher, fn func(held []string)) { d.onMaintenance = fn }
+func OnMaintenance(d *Dispatcher, fn func(held []string)) {
+	d.onMaintenance = func(held []string, _ bool) { fn(held) }
+}
+
+// OnMaintenancePass is OnMaintenance with whether the pass finished before
+// its deadline (two thirds of its lease): a pass cut short by it (a slow
+// machine) may have left its sweep or purge undone.
+func OnMaintenancePass(d *Dispatcher, fn func(held []string, finished bool)) { d.onMaintenance = fn }
 
 // OnGaugeRefresh sets a hook called after each read of the depth gauges by
 // d's refresher (between maintenance passes); set it before Start.

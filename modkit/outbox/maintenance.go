@@ -167,17 +167,19 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 		return leaseEnds // stopping: the resign follows
 	}
 	d.keepPurgeMarks(topicsOf(held))
+	finished := true
 	if len(held) > 0 {
 		d.metrics.setLeading(topicsOf(held))
 		// Stay inside the lease, with a margin for clock drift.
 		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(d.maintenanceTTL()/3*2))
 		d.maintain(pctx, held)
+		finished = pctx.Err() == nil
 		cancel()
 	} else {
 		d.metrics.setLeading(nil) // another dispatcher reports these topics now
 	}
 	if d.onMaintenance != nil {
-		d.onMaintenance(held)
+		d.onMaintenance(held, finished)
 	}
 	if len(held) == 0 {
 		return time.Time{}

@@ -10,22 +10,28 @@ import (
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
-// passCounter counts a dispatcher's maintenance passes and lets the test
-// wait for the next ones.
+// passCounter counts a dispatcher's maintenance passes, and those that
+// finished before their deadline (a pass cut short on a slow machine may
+// have left its sweep or purge undone), and lets the test wait for the next
+// ones.
 type passCounter struct {
-	mu     sync.Mutex
-	passes int
-	held   map[string]int // role -> passes that held it
-	moved  chan struct{}
+	mu       sync.Mutex
+	passes   int
+	finished int
+	held     map[string]int // role -> passes that held it
+	moved    chan struct{}
 }
 
 func newPassCounter() *passCounter {
 	return &passCounter{held: map[string]int{}, moved: make(chan struct{}, 1)}
 }
 
-func (p *passCounter) hook(held []string) {
+func (p *passCounter) hook(held []string, finished bool) {
 	p.mu.Lock()
 	p.passes++
+	if finished {
+		p.finished++
+	}
 	for _, r := range held {
 		p.held[r]++
 	}
@@ -36,10 +42,10 @@ func (p *passCounter) hook(held []string) {
 	}
 }
 
-func (p *passCounter) count() int {
+func (p *passCounter) count() (passes, finished int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.passes
+	return p.passes, p.finished
 }
 
 func (p *passCounter) heldCount(role string) int {
@@ -52,13 +58,25 @@ func (p *passCounter) heldCount(role string) int {
 // started after the call.
 func (p *passCounter) waitPasses(t *testing.T, n int) {
 	t.Helper()
-	target := p.count() + n
+	p.wait(t, n, "", func() int { passes, _ := p.count(); return passes })
+}
+
+// waitFinishedPasses is waitPasses counting only the passes that finished
+// before their deadline, for a test that checks what a sweep or purge did.
+func (p *passCounter) waitFinishedPasses(t *testing.T, n int) {
+	t.Helper()
+	p.wait(t, n, "finished ", func() int { _, finished := p.count(); return finished })
+}
+
+func (p *passCounter) wait(t *testing.T, n int, what string, count func() int) {
+	t.Helper()
+	target := count() + n
 	timeout := time.After(guard)
-	for p.count() < target {
+	for count() < target {
 		select {
 		case <-p.moved:
 		case <-timeout:
-			t.Fatalf("timed out waiting for %d maintenance passes", n)
+			t.Fatalf("timed out waiting for %d %smaintenance passes", n, what)
 		}
 	}
 }
@@ -70,7 +88,7 @@ func startMaintained(t *testing.T, c *outbox.Client, cfg outbox.DispatcherConfig
 		t.Fatal(err)
 	}
 	pc := newPassCounter()
-	outbox.OnMaintenance(d, pc.hook)
+	outbox.OnMaintenancePass(d, pc.hook)
 	if err := d.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -96,10 +114,12 @@ func TestRetentionPerDispatcherTopic(t *testing.T) {
 
 	log := newOutcomeLog()
 	cfg := testConfig(log)
-	// A pass must finish within 2/3 of three intervals, or its purge is cut
-	// short (silently) while the pass still counts: at 10ms, under -race
-	// and a loaded machine, one in ten runs saw no purge.
-	cfg.SweepInterval = 100 * time.Millisecond
+	// A pass must finish within 2/3 of three intervals (400ms here), or its
+	// purge is cut short; the steps wait for passes that finished, so the
+	// interval only sets how often a slow machine gets another try. (At
+	// 10ms, when any pass counted, one run in ten under -race on a loaded
+	// machine saw no purge.)
+	cfg.SweepInterval = 200 * time.Millisecond
 	cfgShort, cfgLong := cfg, cfg
 	cfgShort.Retention = time.Hour
 	cfgLong.Retention = 3 * time.Hour
@@ -116,8 +136,8 @@ func TestRetentionPerDispatcherTopic(t *testing.T) {
 	step := func(d time.Duration, wantShort, wantLong int) {
 		t.Helper()
 		clock.Advance(d)
-		passShort.waitPasses(t, 2)
-		passLong.waitPasses(t, 2)
+		passShort.waitFinishedPasses(t, 2)
+		passLong.waitFinishedPasses(t, 2)
 		if got := delivered(short); got != wantShort {
 			t.Fatalf("at +%v: %d delivered events of %s, want %d", d, got, short, wantShort)
 		}
@@ -203,10 +223,13 @@ func TestStopDuringElectionResigns(t *testing.T) {
 	})
 	stopped := make(chan error, 1)
 	go func() { stopped <- d.Stop(ctx) }()
+	// The stop has begun (the dispatcher no longer reports running) while
+	// the election still waits on the lock.
+	eventually(t, "the stop under way", func() bool { return !d.Health().Running })
 	if err := tx.Rollback(ctx); err != nil { // the election goes through now
 		t.Fatal(err)
 	}
-	if err := <-stopped; err != nil {
+	if err := recv(t, "the stop", stopped); err != nil {
 		t.Fatal(err)
 	}
 	var n int

@@ -86,7 +86,7 @@ func TestPurgeFromWatermark(t *testing.T) {
 
 	log := newOutcomeLog()
 	cfg := testConfig(log)
-	cfg.SweepInterval = 100 * time.Millisecond
+	cfg.SweepInterval = 200 * time.Millisecond // the test waits for passes that finished before their deadline
 	cfg.Retention = time.Hour
 	noop := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
 	d, pass := startMaintained(t, c, cfg, noop)
@@ -109,9 +109,9 @@ func TestPurgeFromWatermark(t *testing.T) {
 	}
 
 	deliver(10)
-	pass.waitPasses(t, 2)
+	pass.waitFinishedPasses(t, 2)
 	clock.Advance(61 * time.Minute) // the ten are past the retention
-	pass.waitPasses(t, 2)
+	pass.waitFinishedPasses(t, 2)
 	if n := dueLeft(time.Time{}); n != 0 {
 		t.Fatalf("%d delivered events past the retention left", n)
 	}
@@ -125,7 +125,7 @@ func TestPurgeFromWatermark(t *testing.T) {
 	lateBelow := watermark.Add(-2 * margin)
 	setSettled(t, pool, lateWithin, 1)
 	setSettled(t, pool, lateBelow, 1)
-	pass.waitPasses(t, 2)
+	pass.waitFinishedPasses(t, 2)
 	if n := dueLeft(lateBelow); n != 0 {
 		t.Fatalf("%d delivered events past the retention left, the one settled within the margin below the watermark among them", n)
 	}
@@ -136,11 +136,11 @@ func TestPurgeFromWatermark(t *testing.T) {
 	// Passes cut short do not move the watermark, though the clock did.
 	clock.Advance(5 * time.Minute)
 	st.setCutShort(true)
-	pass.waitPasses(t, 2)
+	pass.waitFinishedPasses(t, 2)
 	st.setCutShort(false)
 	deliver(3)
 	clock.Advance(61 * time.Minute)
-	pass.waitPasses(t, 2)
+	pass.waitFinishedPasses(t, 2)
 	if n := dueLeft(lateBelow); n != 0 {
 		t.Fatalf("%d delivered events past the retention left", n)
 	}

@@ -615,6 +615,28 @@ func newDeliveredCounter(want int) *deliveredCounter {
 	return c
 }
 
+// wait waits for the wanted count; it fails only when no delivery was
+// counted for a whole guard (a hang), however long the deliveries take on
+// a slow machine.
+func (c *deliveredCounter) wait(t *testing.T) {
+	t.Helper()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, lastMoved := c.n.Load(), time.Now()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-tick.C:
+		}
+		if n := c.n.Load(); n != last {
+			last, lastMoved = n, time.Now()
+		} else if time.Since(lastMoved) > guard {
+			t.Fatalf("%d of %d deliveries, and none for %v", n, c.want.Load(), guard)
+		}
+	}
+}
+
 func (c *deliveredCounter) hook(_ outbox.Delivery, o outbox.Outcome) {
 	if !o.LeaseLost && !o.Released && o.Status == outbox.StatusDelivered && c.n.Add(1) >= c.want.Load() {
 		c.once.Do(func() { close(c.done) })
@@ -1456,7 +1478,7 @@ func TestReliabilityManyDispatchers(t *testing.T) {
 		cfg.BatchSize, cfg.Concurrency = 200, 16
 		startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfg, outbox.Publisher{Topic: testTopic, Publish: pubs.wrap(fmt.Sprint("d", i), noopPublish)})
 	}
-	recv(t, fmt.Sprintf("%d deliveries", n), counter.done)
+	counter.wait(t)
 	elapsed := time.Since(start)
 
 	pubs.checkNoOverlap(t)

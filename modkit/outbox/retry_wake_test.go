@@ -10,9 +10,10 @@ import (
 )
 
 // A retry is claimed when it falls due, not at the next poll: the
-// dispatcher arms a timer for the due time it recorded. Polling (every 10s)
-// and notifications are out of the picture, so only that timer can explain
-// a second attempt within 50ms of the row's next_attempt_at.
+// dispatcher arms a timer for the due time it recorded. Polling (hourly)
+// and notifications are out of the picture, so only that timer can bring
+// the second attempt before the test's guard (two minutes) runs out; and
+// it must not come before the row's next_attempt_at.
 func TestRetryClaimedWhenDue(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	id := enqueueN(t, c, tdb.Provider.Pool, 1)[0]
@@ -20,7 +21,7 @@ func TestRetryClaimedWhenDue(t *testing.T) {
 	log := newOutcomeLog()
 	cfg := testConfig(log)
 	cfg.PollOnly = true
-	cfg.LeaseDuration, cfg.PollInterval = time.Minute, 10*time.Second
+	cfg.LeaseDuration, cfg.PollInterval = 3*time.Hour, time.Hour
 	cfg.Retry = outbox.RetryPolicy{BaseDelay: 400 * time.Millisecond, MaxDelay: 400 * time.Millisecond} // 200–400ms
 	startDispatcher(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(_ context.Context, d outbox.Delivery) error {
 		attempts <- time.Now()
@@ -44,7 +45,7 @@ func TestRetryClaimedWhenDue(t *testing.T) {
 	// same host's clock as the publisher's).
 	late := second.Sub(e.NextAttemptAt)
 	t.Logf("retry in %v; second attempt %v after its next_attempt_at", retryIn, late)
-	if retryIn < 200*time.Millisecond || late < 0 || late > 50*time.Millisecond {
-		t.Fatalf("retry due in %v ran %v after its due time; want within 50ms", retryIn, late)
+	if retryIn < 200*time.Millisecond || late < 0 {
+		t.Fatalf("retry due in %v ran %v after its due time; want a delay of at least 200ms, and no attempt before it", retryIn, late)
 	}
 }
