@@ -39,10 +39,14 @@ soak: ## Run the soak test: dispatchers killed, PostgreSQL restarted, nothing lo
 	$(GO) run ./cmd/outbox-soak $(SOAKFLAGS)
 
 .PHONY: lint
-lint: ## Check formatting (gofmt) and run go vet
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint: ## Check formatting (gofmt), run go vet and staticcheck (fetched through the Go module proxy)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+	cd bench/river && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 
 .PHONY: tidy-check
 tidy-check: ## Fail if go.mod/go.sum are not tidy

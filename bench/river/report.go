@@ -105,7 +105,6 @@ type report struct {
 	loadStart, loadEnd string
 	server, version    string
 	settings           string
-	rounds             int
 	rows               []row
 	writes             *writesTable
 	errors             []string

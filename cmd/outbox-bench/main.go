@@ -292,14 +292,14 @@ func run(args []string) int {
 	defer stop()
 	context.AfterFunc(ctx, stop)
 
-	log := slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
+	log := slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
 	dlevel := slog.LevelWarn
 	if opts.verbose {
 		dlevel = slog.LevelInfo
 	}
 	b := &bench{
 		opts: opts, log: log, src: newEventSource(opts.payload),
-		dispatcherLog: slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: dlevel, TimeFormat: time.TimeOnly})),
+		dispatcherLog: slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: dlevel, TimeFormat: time.TimeOnly})),
 		report: &report{
 			Started: time.Now(),
 			Command: strings.TrimSpace("go run ./cmd/outbox-bench " + strings.Join(args, " ")),

@@ -933,17 +933,16 @@ func TestReliabilityAbandonedPublish(t *testing.T) {
 func TestReliabilityBackendKilled(t *testing.T) {
 	const app = "reliability-dispatcher"
 	type fixture struct {
-		client   *outbox.Client // on pool
-		dclient  *outbox.Client // the dispatcher's, on dpool
-		pool     *pgxpool.Pool
-		dpool    *pgxpool.Pool
-		ids      []uuid.UUID
-		settled  *outcomeLog
-		logs     *logCapture
-		pubs     *publishLog
-		cfg      outbox.DispatcherConfig
-		dsn      string
-		dispatch func(t *testing.T, p outbox.Publisher)
+		client  *outbox.Client // on pool
+		dclient *outbox.Client // the dispatcher's, on dpool
+		pool    *pgxpool.Pool
+		dpool   *pgxpool.Pool
+		ids     []uuid.UUID
+		settled *outcomeLog
+		logs    *logCapture
+		pubs    *publishLog
+		cfg     outbox.DispatcherConfig
+		dsn     string
 	}
 	setup := func(t *testing.T, n int) *fixture {
 		client, tdb := newClient(t, outbox.Config{})

@@ -87,7 +87,7 @@ func TestHeadersAndTraceContext(t *testing.T) {
 	// start and the event's id and attempt.
 	attrs := map[string]string{}
 	for _, a := range publish.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	for k, v := range map[string]string{
 		"messaging.system": "modkit-outbox", "messaging.operation.type": "process",

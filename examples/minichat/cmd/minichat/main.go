@@ -29,7 +29,7 @@ func main() {
 // called once run has returned.
 func run() int {
 	opts, verbose := parseFlags()
-	out := slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
+	out := slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
 	// The library and the modules log at Error only, unless -v: a demo
 	// with injected failures would otherwise print a Warn line per retry
 	// between the progress lines. Dead letters are worth a line.
@@ -37,7 +37,7 @@ func run() int {
 	if verbose {
 		libLevel = slog.LevelDebug
 	}
-	opts.Logger = slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: libLevel, TimeFormat: time.TimeOnly}))
+	opts.Logger = slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: libLevel, TimeFormat: time.TimeOnly}))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -50,8 +50,8 @@ func run() int {
 	if verbose {
 		libLevel = slog.LevelDebug
 	}
-	opts.Logger = slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: libLevel, TimeFormat: time.TimeOnly}))
-	out := slog.New(tint.NewHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
+	opts.Logger = slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: libLevel, TimeFormat: time.TimeOnly}))
+	out := slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
