@@ -288,12 +288,11 @@ func (s *methodScanner) scan(b []byte) (methods []method) {
 }
 
 // stallBound bounds the waits for publishes that must not wait for a
-// stalled connection: a hang guard. The rig's connections send heartbeats
-// hourly (the client gives up on a stalled connection after three missed
-// ones), so a publish that waits for the stalled connection fails the test
-// at this bound instead of passing late; the bound is not a performance
-// assertion.
-const stallBound = 2 * time.Minute
+// stalled connection. It is shorter than the 30s (3 heartbeats of 10s)
+// after which the client gives up on a stalled connection and whatever
+// waited for it goes on: a publish that waits for the stalled connection
+// fails the test instead of passing late. Not a performance assertion.
+const stallBound = 10 * time.Second
 
 // awaitWithin receives from c, failing t after d.
 func awaitWithin[T any](t *testing.T, c <-chan T, d time.Duration, what string) T {
@@ -336,9 +335,8 @@ func newStallRig(t *testing.T, cfg outboxamqp.Config, gated bool) *stallRig {
 		if dials.Add(1) > 1 {
 			<-gate
 		}
-		// The default dial's settings, but hourly heartbeats (see
-		// stallBound).
-		c, err := amqp.DialConfig(via.String(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: time.Hour})
+		// The default dial's settings.
+		c, err := amqp.DialConfig(via.String(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second), Heartbeat: 10 * time.Second})
 		if err == nil {
 			r.mu.Lock()
 			r.conns = append(r.conns, c)
