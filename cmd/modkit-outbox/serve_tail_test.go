@@ -80,9 +80,10 @@ func background(t *testing.T, dsn string, args ...string) (out *notifyingBuffer,
 
 func TestTail(t *testing.T) {
 	f := newFixture(t)
-	// --since: the outcomes below are printed even if tail connects late
-	// (it starts at the database's clock, minus its overlap, otherwise).
-	out, ended, stop := background(t, f.dsn, "tail", "--since", "1m", "--interval", "100ms", "--json")
+	// Without --since, tail starts at the database's clock minus its 5s
+	// overlap: the outcomes below are printed if it connects within 5s of
+	// them (TestTailReplayedSoonAfter passes --since instead).
+	out, ended, stop := background(t, f.dsn, "tail", "--interval", "100ms", "--json")
 	ids := f.enqueue(t, orders, 2)
 	delivered := f.settle(t, orders, 1, driver.Delivered, 0)[0]
 	out.waitFor(t, delivered.String(), ended)

@@ -103,8 +103,12 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			}
 			deadline := claimStart.Add(d.cfg.LeaseDuration - d.cfg.LeaseHeadroom)
 			batch := make([]claimed, len(got))
+			skew, skewKnown := d.claimSkew(got, claimStart)
 			for i, c := range got {
-				batch[i] = claimed{d: d.delivery(c), deadline: deadline, enqueued: d.enqueuedLocally(c, claimStart)}
+				batch[i] = claimed{d: d.delivery(c), deadline: deadline, enqueued: c.CreatedAt}
+				if skewKnown {
+					batch[i].enqueued = c.CreatedAt.Add(-skew)
+				}
 			}
 			pool.submit(batch, deadline)
 			now := time.Now()
@@ -186,28 +190,45 @@ func (d *Dispatcher) releaseHeld(ctx context.Context) int64 {
 	return n
 }
 
-// enqueuedLocally returns c's created_at, which the database's clock set,
-// by this process's clock: the claim set its lease to end at the database's
-// clock at the claim's start plus LeaseDuration, so that clock read
-// claimStart's instant, and the difference between the two clocks is taken
-// off created_at. delivery.lag then carries the claim's one-way latency
-// (the statement starts after claimStart) instead of the skew between the
-// application's and the database's clocks, which can exceed the lags
-// measured. With a test clock (Config.Now), which sets leases but not
-// created_at, or a driver that returns no lease end, created_at is taken
-// as it is.
-func (d *Dispatcher) enqueuedLocally(c driver.Claimed, claimStart time.Time) time.Time {
-	if d.c.cfg.Now != nil || c.LockedTill.IsZero() {
-		return c.CreatedAt
+// claimSkew returns how far the database's clock is ahead of this
+// process's (see clockSkew), after a claim that started at claimStart by
+// this process's clock returned got; false when it cannot tell: no event
+// claimed, a driver that returns no lease end, or a test clock
+// (Config.Now), which sets leases but not created_at. delivery.lag takes it
+// off each event's created_at, so that the lag does not carry the skew
+// between the two hosts' clocks. Called by the claimer only.
+func (d *Dispatcher) claimSkew(got []driver.Claimed, claimStart time.Time) (time.Duration, bool) {
+	if d.c.cfg.Now != nil || len(got) == 0 || got[0].LockedTill.IsZero() {
+		return 0, false
 	}
-	return enqueuedLocally(c.CreatedAt, c.LockedTill, d.cfg.LeaseDuration, claimStart)
+	return d.skew.observe(got[0].LockedTill.Add(-d.cfg.LeaseDuration).Sub(claimStart)), true
 }
 
-// enqueuedLocally is createdAt moved by the difference between the
-// database's clock at the claim's start (lockedTill - lease) and this
-// process's (claimStart).
-func enqueuedLocally(createdAt, lockedTill time.Time, lease time.Duration, claimStart time.Time) time.Time {
-	return createdAt.Add(-lockedTill.Add(-lease).Sub(claimStart))
+// clockSkewReadings is how many claims' readings clockSkew keeps.
+const clockSkewReadings = 64
+
+// clockSkew estimates how far the database's clock is ahead of this
+// process's (negative: behind). A claim sets its leases to end at the
+// database's clock at its statement's start plus LeaseDuration, and the
+// claimer read its own clock before the claim, so each claim reads the
+// skew plus the time until its statement started (a wait for a pool
+// connection, the one-way latency). The estimate is the smallest of the
+// last clockSkewReadings readings, the one that delay inflates least; a
+// drift between the clocks is followed within as many claims.
+type clockSkew struct {
+	readings [clockSkewReadings]time.Duration
+	n        int
+}
+
+// observe records a claim's reading and returns the estimate.
+func (s *clockSkew) observe(reading time.Duration) time.Duration {
+	s.readings[s.n%clockSkewReadings] = reading
+	s.n++
+	est := reading
+	for _, r := range s.readings[:min(s.n, clockSkewReadings)] {
+		est = min(est, r)
+	}
+	return est
 }
 
 func (d *Dispatcher) delivery(c driver.Claimed) Delivery {

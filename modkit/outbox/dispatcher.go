@@ -201,6 +201,10 @@ type Dispatcher struct {
 	// maintains ("namespace:topic"), read and written by its maintenance
 	// goroutine only (maintenance.go).
 	purgeMarks map[string]purgeMark
+	// skew is the claimer's estimate of the database clock's lead over
+	// this process's (see clockSkew); the claimer's goroutine alone uses
+	// it.
+	skew clockSkew
 }
 
 // NewDispatcher builds a Dispatcher for pubs, one Publisher per topic. It

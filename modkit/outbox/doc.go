@@ -150,8 +150,9 @@
 // lists them). Recording an outcome checks the lease token, the worker and
 // the lease's expiry; a transactional handler whose lease was lost fails
 // with ErrLeaseLost and its transaction rolls back. Each outcome, lease
-// repair, sweep, replay, skipped dead head and purge appends an entry to the
-// event's history, an append-only ledger that Admin.History reads.
+// repair, sweep, replay, skipped dead head and operator's purge
+// (Admin.Purge, Admin.PurgeDead) appends an entry to the event's history,
+// an append-only ledger that Admin.History reads.
 //
 // Message.Headers travel to Delivery.Headers. Enqueue adds the W3C trace
 // context (traceparent, tracestate) of its ctx and records an "outbox
@@ -221,10 +222,10 @@
 //     recorded for abandoned calls). delivery.lag: from the event's enqueue
 //     (its transaction's start, created_at) to its successful publish;
 //     queueing and retries included. created_at is the database's clock;
-//     the dispatcher moves it to its own by the difference between the two
-//     clocks that each claim shows (the lease it sets ends at the database's
-//     time plus LeaseDuration), so skew between the hosts does not shift the
-//     lags (the claim's one-way latency remains). Their buckets are in seconds, from
+//     the dispatcher moves it to its own by the database clock's lead that
+//     its claims show (a lease ends at the database's time at the claim's
+//     start plus LeaseDuration; the smallest reading of the last 64
+//     claims), so skew between the hosts does not shift the lags. Their buckets are in seconds, from
 //     1 ms to 60 s and to 1 h (a MeterProvider view may set others).
 //   - The gauges are read from the table by the one dispatcher that holds a
 //     topic's maintenance lease (only topics with a running dispatcher are

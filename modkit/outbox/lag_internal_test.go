@@ -7,35 +7,51 @@ import (
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
-// TestEnqueuedLocally: created_at, set by the database's clock, is moved by
-// the difference between that clock and this process's, read from the
-// lease a claim set (its end minus LeaseDuration is the database's clock at
-// the claim's start), so that delivery.lag does not carry the skew.
-func TestEnqueuedLocally(t *testing.T) {
-	local := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC) // this process's clock at the claim's start
+// TestClaimSkew: each claim reads the database clock's lead over this
+// process's from the lease it set (its end minus LeaseDuration is the
+// database's clock at the claim's start), plus the time until the claim's
+// statement started; the estimate is the smallest of the recent readings,
+// and delivery.lag takes it off created_at.
+func TestClaimSkew(t *testing.T) {
+	local := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC) // this process's clock at a claim's start
 	lease := 30 * time.Second
-	for _, skew := range []time.Duration{0, 5 * time.Second, -3 * time.Second, 1500 * time.Microsecond} {
-		dbAtClaim := local.Add(skew)
-		createdAt := dbAtClaim.Add(-20 * time.Millisecond) // enqueued 20 ms before the claim, by the database's clock
-		got := enqueuedLocally(createdAt, dbAtClaim.Add(lease), lease, local)
-		if want := local.Add(-20 * time.Millisecond); !got.Equal(want) {
-			t.Errorf("database clock %v ahead: enqueued at %v by this process's clock, want %v", skew, got, want)
+	d := &Dispatcher{c: &Client{}, cfg: DispatcherConfig{LeaseDuration: lease}}
+	claim := func(skew, delay time.Duration) []driver.Claimed {
+		dbAtStatement := local.Add(skew + delay)
+		return []driver.Claimed{{CreatedAt: dbAtStatement.Add(-20 * time.Millisecond), LockedTill: dbAtStatement.Add(lease)}}
+	}
+	const skew = 5 * time.Second // the database's clock ahead
+	for _, step := range []struct {
+		delay, want time.Duration // the claim's delay until its statement, and the estimate after it
+	}{
+		{3 * time.Millisecond, skew + 3*time.Millisecond},
+		{time.Millisecond, skew + time.Millisecond},
+		{40 * time.Millisecond, skew + time.Millisecond}, // a wait for a connection does not inflate the estimate
+	} {
+		got, ok := d.claimSkew(claim(skew, step.delay), local)
+		if !ok || got != step.want {
+			t.Fatalf("after a claim delayed %v: skew %v (%v), want %v", step.delay, got, ok, step.want)
 		}
 	}
-
-	// Without a lease end, or under a test clock (which sets leases but
-	// not created_at), created_at is taken as it is.
-	created := local.Add(-time.Second)
-	c := driver.Claimed{CreatedAt: created, LockedTill: local.Add(time.Hour + lease)}
-	d := &Dispatcher{c: &Client{}, cfg: DispatcherConfig{LeaseDuration: lease}}
-	if got := d.enqueuedLocally(c, local); !got.Equal(created.Add(-time.Hour)) {
-		t.Fatalf("database clock an hour ahead: %v, want %v", got, created.Add(-time.Hour))
+	// The reading of 1ms leaves the window after clockSkewReadings more
+	// claims, so a change between the clocks is followed.
+	for range clockSkewReadings {
+		d.claimSkew(claim(-3*time.Second, 2*time.Millisecond), local)
 	}
-	if got := d.enqueuedLocally(driver.Claimed{CreatedAt: created}, local); !got.Equal(created) {
-		t.Fatalf("no lease end: %v, want created_at %v", got, created)
+	if got, _ := d.claimSkew(claim(-3*time.Second, 2*time.Millisecond), local); got != -3*time.Second+2*time.Millisecond {
+		t.Fatalf("after the database's clock moved 3s behind: skew %v, want %v", got, -3*time.Second+2*time.Millisecond)
+	}
+
+	// No estimate without an event, without a lease end, or under a test
+	// clock (which sets leases but not created_at).
+	if _, ok := d.claimSkew(nil, local); ok {
+		t.Fatal("a skew from a claim of no event")
+	}
+	if _, ok := d.claimSkew([]driver.Claimed{{CreatedAt: local}}, local); ok {
+		t.Fatal("a skew from a claim without a lease end")
 	}
 	d.c.cfg.Now = func() time.Time { return local.Add(time.Hour) }
-	if got := d.enqueuedLocally(c, local); !got.Equal(created) {
-		t.Fatalf("test clock: %v, want created_at %v", got, created)
+	if _, ok := d.claimSkew(claim(skew, 0), local); ok {
+		t.Fatal("a skew under a test clock")
 	}
 }

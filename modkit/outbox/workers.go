@@ -36,7 +36,7 @@ type claimed struct {
 	deadline time.Time       // publish deadline by the local clock (lease end minus headroom)
 	ctx      context.Context // the publish context of its claim's batch: ends at deadline
 	// enqueued is d.CreatedAt (the database's clock) by this process's
-	// clock, for delivery.lag (see enqueuedLocally).
+	// clock, for delivery.lag (see claimSkew).
 	enqueued time.Time
 }
 

@@ -274,7 +274,10 @@ type Claimed struct {
 	OrderingSeq int64
 	// Repaired: the event's previous lease had expired without an
 	// outcome; this claim repaired it.
-	Repaired   bool
+	Repaired bool
+	// LockedTill is when the lease ends: the database's clock at the
+	// claim's start plus ClaimParams.Lease (the dispatcher reads the
+	// database clock's lead over its own from it, for delivery.lag).
 	LockedTill time.Time
 	CreatedAt  time.Time
 }
