@@ -20,7 +20,9 @@ import (
 type KillReport struct {
 	PID string
 	// PaidBefore is what the rail had paid at the kill; InFlight the
-	// victim's requests the rail was handling.
+	// victim's requests the rail was still handling once it was dead
+	// (requests whose answers it never read, so it died holding their
+	// leases).
 	PaidBefore, InFlight int
 }
 

@@ -322,6 +322,12 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			return
 		}
 		victim.kill()
+		// What was in flight when the condition held may have been
+		// answered and recorded (its lease gone) before the kill landed.
+		// A request of the victim the rail still counts now was never
+		// answered (the rail counts it out before its answer is sent), so
+		// the victim died holding its lease.
+		_ = rail.WaitFor(ctx, func(_ int, by map[string]int) bool { inFlight = by[victim.pid]; return true })
 		k := KillReport{PID: victim.pid, PaidBefore: len(rail.Payments()), InFlight: inFlight}
 		o.Progress("SIGKILLed dispatcher %s after %d payments, with requests in flight at the rail: %d", k.PID, k.PaidBefore, k.InFlight)
 		killed <- k
