@@ -53,8 +53,11 @@ type DispatcherConfig struct {
 	// leaving time to record the outcome before the lease ends; it also
 	// bounds how long a claim (and the give-back of one that returns after
 	// a stop), a maintenance election and a release of held events may
-	// take. The maintenance pass's sweep and purge are bounded by the
-	// leadership they run under (two thirds of its term).
+	// take. A claim that runs out of it may still have leased its events
+	// (its answer was late, not its commit): they wait for that lease to
+	// end and are claimed again then, as after a crash. The maintenance
+	// pass's sweep and purge are bounded by the leadership they run under
+	// (two thirds of its term).
 	// Default LeaseDuration/5, at most 5s. Must be at least 20ms and at
 	// most LeaseDuration/2 (a headroom just below the lease would leave
 	// publishes a few milliseconds).

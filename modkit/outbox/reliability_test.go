@@ -843,7 +843,13 @@ func TestReliabilityAbandonedPublish(t *testing.T) {
 			unstall := make(chan struct{})
 			outcomesA, logA := newOutcomeLog(), newLogCapture(slog.LevelWarn)
 			cfgA := testConfig(outcomesA)
-			cfgA.LeaseDuration, cfgA.PollInterval = time.Second, 100*time.Millisecond
+			// The most headroom a 1s lease allows. It bounds A's claims: a
+			// claim that commits but answers after it leaves its event leased
+			// to nobody, and A would publish y first. And it is the margin
+			// between A's abandoning x, a quarter of it after the publish
+			// deadline, and the lease's end, before which the abandonment
+			// must give x back.
+			cfgA.LeaseDuration, cfgA.LeaseHeadroom, cfgA.PollInterval = time.Second, 500*time.Millisecond, 100*time.Millisecond
 			cfgA.Concurrency, cfgA.BatchSize = 1, 1
 			cfgA.Logger = logA.logger()
 			a := startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{}), cfgA, outbox.Publisher{Topic: testTopic,
@@ -856,7 +862,7 @@ func TestReliabilityAbandonedPublish(t *testing.T) {
 					return tc.result
 				})})
 			if dA := recv(t, "A's publish of x", entered); dA.ID != x {
-				t.Fatalf("A published %s first, want %s", dA.ID, x)
+				t.Fatalf("A published %s first, want %s (A's warnings: %v)", dA.ID, x, logA.records())
 			}
 			outcomesA.waitFor(t, "A abandoning x", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m[x]) > 0 })
 			outcomesA.mu.Lock()
