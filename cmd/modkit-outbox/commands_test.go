@@ -91,8 +91,29 @@ func TestStatsBlockedKeys(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json").must(t, exitOK).stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.BlockedKeys) != 1 || st.BlockedKeys[0].OrderingKey != "acct-7" || st.BlockedKeys[0].Waiting != 2 || st.BlockedKeys[0].HeadSequence != 1 {
-		t.Fatalf("stats --json blocked keys: %+v", st.BlockedKeys)
+	if len(st.BlockedKeys) != 1 || st.BlockedKeys[0].OrderingKey != "acct-7" || st.BlockedKeys[0].Waiting != 2 ||
+		st.BlockedKeys[0].HeadSequence != 1 || st.MoreBlockedKeys || strings.Contains(out, "more ordering keys") {
+		t.Fatalf("stats --json blocked keys: %+v", st)
+	}
+
+	// More blocked keys than listed: stats says so.
+	f.enqueueKey(t, orders, "acct-8", 1)
+	if head := f.settle(t, orders, 1, driver.Dead, 0); len(head) != 1 {
+		t.Fatalf("claimed %d events, want acct-8's head", len(head))
+	}
+	out = cli(t, f.dsn, "stats", "--blocked-keys", "1").must(t, exitOK).stdout
+	if !strings.Contains(out, "acct-7") || strings.Contains(out, "acct-8") || !strings.Contains(out, "more ordering keys are blocked than these 1") {
+		t.Fatalf("stats --blocked-keys 1 of two blocked keys:\n%s", out)
+	}
+	st = statsJSON{}
+	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json", "--blocked-keys", "1").must(t, exitOK).stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.BlockedKeys) != 1 || !st.MoreBlockedKeys {
+		t.Fatalf("stats --json --blocked-keys 1 of two blocked keys: %+v", st)
+	}
+	if out := cli(t, f.dsn, "stats", "--blocked-keys", "2").must(t, exitOK).stdout; !strings.Contains(out, "acct-8") || strings.Contains(out, "more ordering keys") {
+		t.Fatalf("stats --blocked-keys 2 of two blocked keys:\n%s", out)
 	}
 }
 
@@ -239,8 +260,13 @@ func TestEventsShowHistory(t *testing.T) {
 	}
 	out = cli(t, f.dsn, "events", "show", "--json", id.String()).must(t, exitOK).stdout
 	v = eventView{}
-	if err := json.Unmarshal([]byte(out), &v); err != nil || !v.Purged || len(v.History) != 5 || v.History[4].Outcome != "purged" {
+	if err := json.Unmarshal([]byte(out), &v); err != nil || !v.Purged || v.ID != id.String() || len(v.History) != 5 || v.History[4].Outcome != "purged" {
 		t.Fatalf("show of a purged event: %+v %v\n%s", v, err, out)
+	}
+	for _, field := range []string{`"status"`, `"namespace"`, `"attempts"`, `"created_at"`} {
+		if strings.Contains(out, field) { // no row: zero values would pass for its fields
+			t.Errorf("show --json of a purged event has %s:\n%s", field, out)
+		}
 	}
 	if out := cli(t, f.dsn, "events", "show", id.String()).must(t, exitOK).stdout; !strings.Contains(out, "purged") {
 		t.Fatalf("show of a purged event:\n%s", out)
@@ -304,6 +330,51 @@ func TestDeadReplay(t *testing.T) {
 		t.Fatalf("replaying a delivered event: %+v", r)
 	}
 	cli(t, f.dsn, "dead", "replay", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
+}
+
+// TestDeadFilterFlags: a filter given empty or twice is refused and
+// changes nothing (an empty --topic would match every topic); a selection
+// cut by --limit says that more match.
+func TestDeadFilterFlags(t *testing.T) {
+	f := newFixture(t)
+	dead := f.enqueue(t, orders, 3) // oldest first, as the filter selects them
+	f.settle(t, orders, 3, driver.Dead, 0)
+	f.enqueue(t, mails, 1)
+	deadMail := f.settle(t, mails, 1, driver.Dead, 0)[0]
+	for _, args := range [][]string{
+		{"dead", "purge", "--topic", "", "--yes"},
+		{"dead", "purge", "--namespace", " ", "--yes"},
+		{"dead", "replay", "--tenant", "", "--yes"},
+		{"dead", "purge", "--topic", "shop/order_paid", "--topic", "crm/welcome_mail", "--yes"},
+		{"events", "list", "--since", ""},
+		{"tail", "--topic", ""},
+	} {
+		r := cli(t, f.dsn, args...)
+		if r.code != exitUsage || !(strings.Contains(r.stderr, "is empty") || strings.Contains(r.stderr, "given twice")) {
+			t.Errorf("%q: exit %d, want %d saying the filter is empty or given twice:\n%s", args, r.code, exitUsage, r.stderr)
+		}
+	}
+	for _, id := range append(dead, deadMail) {
+		if s := f.status(t, id); s != outbox.StatusDead {
+			t.Fatalf("after refused command lines %s is %s", id, s)
+		}
+	}
+
+	r := cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--limit", "2", "--dry-run").must(t, exitOK)
+	if !strings.Contains(r.stderr, "more dead events match than --limit 2") || !strings.Contains(r.stdout, "2 dead event(s) would be replayed") {
+		t.Fatalf("dry run cut by --limit:\n%s\n%s", r.stdout, r.stderr)
+	}
+	r = cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--limit", "2", "--yes").must(t, exitOK)
+	if !strings.Contains(r.stderr, "run it again") || !strings.Contains(r.stdout, "replayed 2 event(s)") {
+		t.Fatalf("replay cut by --limit:\n%s\n%s", r.stdout, r.stderr)
+	}
+	if s := f.status(t, dead[2]); s != outbox.StatusDead {
+		t.Fatalf("the newest dead event, past --limit, is %s", s)
+	}
+	r = cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--limit", "1", "--yes").must(t, exitOK)
+	if strings.Contains(r.stderr, "more dead events match") || !strings.Contains(r.stdout, "replayed 1 event(s)") {
+		t.Fatalf("replay of as many as --limit:\n%s\n%s", r.stdout, r.stderr)
+	}
 }
 
 // TestDeadPurge: a dry run changes nothing; a purge asks even for one
@@ -394,11 +465,21 @@ func TestExitCodes(t *testing.T) {
 		{f.dsn, []string{"events", "list", "--topic", "shop/"}, exitUsage, "NAMESPACE/TOPIC"},
 		{f.dsn, []string{"dead", "replay", "--topic", "/order_paid", "--yes"}, exitUsage, "NAMESPACE/TOPIC"},
 		{f.dsn, []string{"dead", "replay", "--by", " "}, exitUsage, "--by"},
+		{f.dsn, []string{"stats", "--connect-timeout", "0s"}, exitUsage, "--connect-timeout is 0s"},
+		{f.dsn, []string{"migrate", "sql", "--database-url", f.dsn}, exitUsage, "without connecting"},
+		{f.dsn, []string{"events", "show", uuid.NewString(), "--topic", "shop/order_paid"}, exitUsage, "is for events list"},
+		{f.dsn, []string{"events", "list", "--payload"}, exitUsage, "needs --json"},
+		{f.dsn, []string{"dead", "replay", uuid.NewString(), "--limit", "5"}, exitUsage, "--limit bounds a replay by filter"},
+		{f.dsn, []string{"purge", "--topic", "shop/order_paid", "--older-than", "-1h", "--yes"}, exitUsage, "--older-than is -1h0m0s"},
+		{f.dsn, []string{"stats", "--blocked-keys", "0"}, exitUsage, "--blocked-keys is 0"},
 	} {
 		r := cli(t, c.dsn, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.hint) {
 			t.Errorf("%v: exit %d, want %d with %q in stderr:\n%s", c.args, r.code, c.code, c.hint, r.stderr)
 		}
+	}
+	if r := cli(t, f.dsn, "purge", "--help"); r.code != exitOK || strings.Contains(r.stdout, "default -1") {
+		t.Errorf("purge --help shows a default for --older-than: %+v", r)
 	}
 	if r := cli(t, f.dsn, "stats", "--help"); r.code != exitOK || !strings.Contains(r.stdout, "Examples:") || strings.Contains(r.stdout, f.dsn) {
 		t.Errorf("stats --help: %+v", r)
@@ -567,5 +648,44 @@ func TestConfirmWithoutAnswer(t *testing.T) {
 	}
 	if err := confirm(env{stdin: strings.NewReader("yes"), stdout: io.Discard, stderr: io.Discard, interactive: true}, "Skip it?"); err != nil {
 		t.Fatalf("confirm answered yes without a newline: %v", err)
+	}
+}
+
+// TestReaderRole: as a reader, a payload asked for is reported hidden (not
+// printed empty), and an operator's action is refused with what to grant;
+// an unmigrated schema's error says how to migrate from the shell.
+func TestReaderRole(t *testing.T) {
+	f := newFixture(t)
+	id := f.enqueue(t, orders, 1)[0]
+	f.settle(t, orders, 1, driver.Dead, 0)
+	reader, name := f.login(t, "modkit_outbox_reader")
+
+	r := cli(t, reader, "events", "show", id.String(), "--payload").must(t, exitOK)
+	if !strings.Contains(r.stderr, "payloads hidden: database role "+name) ||
+		!strings.Contains(r.stdout, "(hidden: database role "+name+" may not read payloads") || strings.Contains(r.stdout, "s3cr3t") {
+		t.Fatalf("events show --payload as a reader:\n%s\n%s", r.stdout, r.stderr)
+	}
+	r = cli(t, reader, "events", "list", "--json", "--payload").must(t, exitOK)
+	if !strings.Contains(r.stderr, "payloads hidden") || strings.Contains(r.stdout, `"payload"`) {
+		t.Fatalf("events list --json --payload as a reader:\n%s\n%s", r.stdout, r.stderr)
+	}
+	if r := cli(t, f.dsn, "events", "show", id.String(), "--payload").must(t, exitOK); strings.Contains(r.stderr, "hidden") ||
+		!strings.Contains(r.stdout, "s3cr3t") {
+		t.Fatalf("events show --payload as the owner:\n%s\n%s", r.stdout, r.stderr)
+	}
+
+	r = cli(t, reader, "dead", "replay", id.String(), "--yes").must(t, exitFailure)
+	if !strings.Contains(r.stderr, "SQLSTATE 42501") || !strings.Contains(r.stderr, "need modkit_outbox_operator") {
+		t.Fatalf("dead replay as a reader:\n%s", r.stderr)
+	}
+	if s := f.status(t, id); s != outbox.StatusDead {
+		t.Fatalf("after a refused replay the event is %s", s)
+	}
+	if _, err := f.pool.Exec(bg, "CREATE SCHEMA IF NOT EXISTS not_migrated"); err != nil {
+		t.Fatal(err)
+	}
+	r = cli(t, f.dsn, "stats", "--schema", "not_migrated").must(t, exitFailure)
+	if !strings.Contains(r.stderr, "modkit-outbox migrate up (with the same --schema)") {
+		t.Fatalf("stats on a schema not migrated:\n%s", r.stderr)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os/user"
 	"slices"
@@ -69,8 +68,7 @@ func runDead(ctx context.Context, e env, args []string) error {
 		f.printUsage(e.stderr)
 		return usageErr("dead needs a subcommand: replay, purge or skip-head")
 	}
-	set := map[string]bool{}
-	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := f.setFlags()
 	if pos[0] == "skip-head" {
 		for _, name := range []string{"namespace", "tenant", "since", "until", "limit"} {
 			if set[name] {
@@ -106,6 +104,9 @@ func runDead(ctx context.Context, e env, args []string) error {
 	if len(ids) > 0 && filter != (outbox.EventFilter{}) {
 		return usageErr("give event ids or filter flags, not both")
 	}
+	if len(ids) > 0 && set["limit"] {
+		return usageErr("--limit bounds a %s by filter; with event ids, every id given is %s", action.verb, action.done)
+	}
 	if *limit < 1 || *limit > 10000 {
 		return usageErr("--limit is %d; use 1 to 10000", *limit)
 	}
@@ -116,9 +117,15 @@ func runDead(ctx context.Context, e env, args []string) error {
 	defer pool.Close()
 	a := c.Admin()
 
-	targets, err := deadTargets(ctx, e, a, action, ids, filter, *limit)
+	targets, more, err := deadTargets(ctx, e, a, action, ids, filter, *limit)
 	if err != nil {
 		return err
+	}
+	// Said first, so that neither the confirmation nor the result reads
+	// as everything the filter matches.
+	if more {
+		fmt.Fprintf(e.stderr, "more dead events match than --limit %d: this %s takes the oldest %d; run it again, or raise --limit (at most 10000), for the rest\n",
+			*limit, action.verb, len(targets))
 	}
 	if len(targets) == 0 {
 		fmt.Fprintf(e.stdout, "no dead event matches; nothing to %s\n", action.verb)
@@ -174,17 +181,17 @@ func pos0(pos []string) string {
 
 // deadTargets resolves the dead events to replay or purge: the ids given
 // (each must exist; ones not dead are reported and skipped), or those the
-// filter matches, oldest first, at most limit.
-func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction, ids []uuid.UUID, f outbox.EventFilter, limit int) ([]outbox.Event, error) {
-	var out []outbox.Event
+// filter matches, oldest first, at most limit; more says that the filter
+// matches more than limit.
+func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction, ids []uuid.UUID, f outbox.EventFilter, limit int) (out []outbox.Event, more bool, err error) {
 	if len(ids) > 0 {
 		for _, id := range ids {
 			ev, err := a.Get(ctx, id)
 			if errors.Is(err, outbox.ErrNotFound) {
-				return nil, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema); nothing was %s", id, action.done))
+				return nil, false, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema); nothing was %s", id, action.done))
 			}
 			if err != nil {
-				return nil, err
+				return nil, false, err
 			}
 			if ev.Status != outbox.StatusDead {
 				fmt.Fprintf(e.stderr, "skipping %s: it is %s, not dead\n", id, ev.Status)
@@ -192,25 +199,27 @@ func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction,
 			}
 			out = append(out, ev)
 		}
-		return out, nil
+		return out, false, nil
 	}
 	f.Status = outbox.StatusDead
-	for len(out) < limit {
+	for {
 		f.Limit = min(1000, limit-len(out))
 		page, err := a.List(ctx, f)
 		if errors.Is(err, outbox.ErrInvalidConfig) {
-			return nil, withCode(exitUsage, err)
+			return nil, false, withCode(exitUsage, err)
 		}
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		out = append(out, page.Events...)
 		if page.NextPage == "" {
-			break
+			return out, false, nil
+		}
+		if len(out) >= limit {
+			return out, true, nil
 		}
 		f.After = page.NextPage
 	}
-	return out, nil
 }
 
 func defaultBy() string {

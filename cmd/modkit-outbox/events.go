@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
@@ -42,6 +43,9 @@ func runEvents(ctx context.Context, e env, args []string) error {
 		if len(pos) != 1 {
 			return usageErr("events list takes no arguments (got %q)", pos[1:])
 		}
+		if *payload && !*asJSON {
+			return usageErr("--payload with events list needs --json: the table has no payload column (events show ID --payload prints one)")
+		}
 		filter, err := ff.filter(time.Now())
 		if err != nil {
 			return err
@@ -55,10 +59,18 @@ func runEvents(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		defer pool.Close()
-		return listEvents(ctx, e, c.Admin(), filter, *all, *asJSON, *payload)
+		withPayload, _, err := payloadsReadable(ctx, e, pool, f.schema, *payload)
+		if err != nil {
+			return err
+		}
+		return listEvents(ctx, e, c.Admin(), filter, *all, *asJSON, withPayload)
 	case "show":
 		if len(pos) != 2 {
 			return usageErr("events show needs one event id")
+		}
+		if err := f.refuse([]string{"namespace", "topic", "tenant", "since", "until", "status", "limit", "after", "all"},
+			"is for events list; events show takes one event id"); err != nil {
+			return err
 		}
 		id, err := uuid.Parse(pos[1])
 		if err != nil {
@@ -69,18 +81,22 @@ func runEvents(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		defer pool.Close()
-		return showEvent(ctx, e, c.Admin(), id, *asJSON, *payload)
+		withPayload, hidden, err := payloadsReadable(ctx, e, pool, f.schema, *payload)
+		if err != nil {
+			return err
+		}
+		return showEvent(ctx, e, c.Admin(), id, *asJSON, withPayload, hidden)
 	}
 	return usageErr("events %q: use list or show", pos[0])
 }
 
 type pageJSON struct {
-	Events   []eventJSON `json:"events"`
+	Events   []EventJSON `json:"events"`
 	NextPage string      `json:"next_page,omitempty"`
 }
 
 func listEvents(ctx context.Context, e env, a *outbox.Admin, f outbox.EventFilter, all, asJSON, withPayload bool) error {
-	out := pageJSON{Events: []eventJSON{}}
+	out := pageJSON{Events: []EventJSON{}}
 	var events []outbox.Event
 	for {
 		page, err := a.List(ctx, f)
@@ -118,9 +134,13 @@ func listEvents(ctx context.Context, e env, a *outbox.Admin, f outbox.EventFilte
 	return nil
 }
 
-// eventView is what events show prints: the row and its history.
+// eventView is what events show prints: the row and its history. The
+// JSON of a purged event has its id, "purged" and its history only: no
+// row, so none of the row's fields (not zero values standing in for them).
 type eventView struct {
-	eventJSON
+	*EventJSON
+	// ID is the event's id, row or not (it hides the row's own).
+	ID string `json:"id"`
 	// Purged: the event's row is gone (purged after delivery); its
 	// history is kept.
 	Purged  bool          `json:"purged,omitempty"`
@@ -153,11 +173,10 @@ func loadEventView(ctx context.Context, a *outbox.Admin, id uuid.UUID, withPaylo
 	if purged && len(history) == 0 {
 		return eventView{}, withCode(exitNotFound, fmt.Errorf("no event %s in this schema (check --schema)", id))
 	}
-	v := eventView{Purged: purged, History: make([]attemptJSON, len(history))}
-	if purged {
-		v.ID = id.String()
-	} else {
-		v.eventJSON = toJSON(ev, withPayload)
+	v := eventView{ID: id.String(), Purged: purged, History: make([]attemptJSON, len(history))}
+	if !purged {
+		row := toJSON(ev, withPayload)
+		v.EventJSON = &row
 	}
 	for i, h := range history {
 		v.History[i] = attemptJSON{No: h.No, Outcome: h.Outcome, Attempt: h.Attempt, Worker: uuidString(h.Worker),
@@ -170,7 +189,29 @@ func loadEventView(ctx context.Context, a *outbox.Admin, id uuid.UUID, withPaylo
 	return v, nil
 }
 
-func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON, withPayload bool) error {
+// payloadsReadable says whether to print payloads: when they were asked
+// for and the database role may read them. When it may not, it says so on
+// stderr (the reader role's reads return no payload, which would otherwise
+// print as an empty one) and returns why, for the text output.
+func payloadsReadable(ctx context.Context, e env, pool *pgxpool.Pool, schema string, asked bool) (ok bool, hidden string, err error) {
+	if !asked {
+		return false, "", nil
+	}
+	r, err := roleRights(ctx, pool, schema)
+	if err != nil {
+		return false, "", err
+	}
+	if r.payloads != nil && !*r.payloads {
+		hidden = fmt.Sprintf("database role %s may not read payloads (grant it modkit_outbox_operator)", r.user)
+		fmt.Fprintf(e.stderr, "payloads hidden: %s\n", hidden)
+		return false, hidden, nil
+	}
+	return true, "", nil
+}
+
+// showEvent prints an event and its history; hidden, when not empty, says
+// why the payload asked for is not printed.
+func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON, withPayload bool, hidden string) error {
 	v, err := loadEventView(ctx, a, id, withPayload)
 	if err != nil {
 		return err
@@ -202,9 +243,12 @@ func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON
 		fmt.Fprintf(tw, "leased to\t%s until %s\n", *v.LockedBy, fmtTime(*v.LockedUntil))
 	}
 	fmt.Fprintf(tw, "last error\t%s\n", str(v.LastError))
-	if withPayload {
+	switch {
+	case withPayload:
 		fmt.Fprintf(tw, "payload\t%s\n", v.Payload)
-	} else {
+	case hidden != "":
+		fmt.Fprintf(tw, "payload\t(hidden: %s)\n", hidden)
+	default:
 		fmt.Fprintf(tw, "payload\t(hidden; add --payload)\n")
 	}
 	if err := tw.Flush(); err != nil {

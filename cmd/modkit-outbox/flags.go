@@ -72,6 +72,26 @@ func (f *cmdFlags) parse(e env, args []string) ([]string, error) {
 	}
 }
 
+// setFlags returns the names of the flags given on the command line.
+func (f *cmdFlags) setFlags() map[string]bool {
+	set := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	return set
+}
+
+// refuse returns a usage error for the first of names that was given: a
+// flag the command line's subcommand does not use is refused, not ignored.
+// why ends the message ("is for events list only").
+func (f *cmdFlags) refuse(names []string, why string) error {
+	set := f.setFlags()
+	for _, name := range names {
+		if set[name] {
+			return usageErr("--%s %s", name, why)
+		}
+	}
+	return nil
+}
+
 // connect opens a pool on the database and checks that it answers.
 func (f *cmdFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if f.databaseURL == "" {
@@ -79,6 +99,9 @@ func (f *cmdFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if f.databaseURL == "" {
 		return nil, usageErr("no database: set DATABASE_URL or pass --database-url")
+	}
+	if f.connectTimeout <= 0 {
+		return nil, usageErr("--connect-timeout is %v; give how long to try, such as 10s", f.connectTimeout)
 	}
 	cfg, err := pgxpool.ParseConfig(f.databaseURL)
 	if err != nil {
@@ -121,11 +144,36 @@ type filterFlags struct {
 }
 
 func (ff *filterFlags) register(f *cmdFlags) {
-	f.StringVar(&ff.namespace, "namespace", "", "only events of this namespace")
-	f.StringVar(&ff.topic, "topic", "", "only events of this topic: NAMESPACE/TOPIC, or TOPIC in any namespace")
-	f.StringVar(&ff.tenant, "tenant", "", "only events of this tenant id (a UUID)")
-	f.StringVar(&ff.since, "since", "", "only events enqueued at or after this time: RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (90m)")
-	f.StringVar(&ff.until, "until", "", "only events enqueued before this time: RFC 3339 or a duration ago")
+	ff.registerTopic(f)
+	f.Var((*filterValue)(&ff.tenant), "tenant", "only events of this tenant id (a `UUID`)")
+	f.Var((*filterValue)(&ff.since), "since", "only events enqueued at or after this `time`: RFC 3339 (2026-01-02T15:04:05Z) or a duration ago (90m)")
+	f.Var((*filterValue)(&ff.until), "until", "only events enqueued before this `time`: RFC 3339 or a duration ago")
+}
+
+// registerTopic registers --namespace and --topic only (tail's filters).
+func (ff *filterFlags) registerTopic(f *cmdFlags) {
+	f.Var((*filterValue)(&ff.namespace), "namespace", "only events of this `namespace`")
+	f.Var((*filterValue)(&ff.topic), "topic", "only events of this `topic`: NAMESPACE/TOPIC, or TOPIC in any namespace")
+}
+
+// filterValue is a filter flag's value. A filter narrows what a command
+// reads or changes, so it refuses what would silently widen it: an empty
+// value (--topic "$T" with T unset would otherwise match every topic, and
+// dead purge would delete them all) and a second value (which would
+// otherwise replace the first, not add to it).
+type filterValue string
+
+func (v *filterValue) String() string { return string(*v) }
+
+func (v *filterValue) Set(s string) error {
+	switch {
+	case *v != "":
+		return fmt.Errorf("given twice (%q, then %q); a filter takes one value", string(*v), s)
+	case strings.TrimSpace(s) == "":
+		return errors.New("is empty; leave the flag out to match every value")
+	}
+	*v = filterValue(s)
+	return nil
 }
 
 func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
@@ -187,3 +235,26 @@ type listFlag []string
 
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// requiredDuration is a duration flag without a default: set tells
+// whether it was given, and the usage shows no default.
+type requiredDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (r *requiredDuration) String() string {
+	if r == nil || !r.set {
+		return ""
+	}
+	return r.d.String()
+}
+
+func (r *requiredDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errors.New("is not a duration (such as 72h or 90m)")
+	}
+	r.d, r.set = d, true
+	return nil
+}

@@ -13,8 +13,9 @@
 // environment variable) and --schema (default public).
 //
 // Exit codes: 0 success; 1 the operation failed; 2 bad command line; 3 the
-// database cannot be reached; 4 an event was not found; 5 aborted, because
-// a confirmation was not given.
+// database cannot be reached; 4 an event was not found (for dead
+// skip-head: no dead head holds the key back); 5 aborted, because a
+// confirmation was not given.
 package main
 
 import (
@@ -25,6 +26,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
 // Exit codes.
@@ -117,7 +122,7 @@ Exit codes:
   1  the operation failed
   2  bad command line
   3  the database cannot be reached
-  4  an event was not found
+  4  an event was not found (dead skip-head: no dead head holds the key back)
   5  aborted: a confirmation was not given
 `
 
@@ -161,9 +166,26 @@ func report(e env, err error) int {
 		return exitOK
 	}
 	fmt.Fprintln(e.stderr, "modkit-outbox:", err)
+	if hint := hintFor(err); hint != "" {
+		fmt.Fprintln(e.stderr, "modkit-outbox:", hint)
+	}
 	var x *exitError
 	if errors.As(err, &x) {
 		return x.code
 	}
 	return exitFailure
+}
+
+// hintFor says what to do about a database error whose own message speaks
+// to an application (Client.Migrate) or only names the object refused.
+func hintFor(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, outbox.ErrNotMigrated):
+		return "from the shell: modkit-outbox migrate up (with the same --schema)"
+	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
+		return "the database role may not do this: reading needs modkit_outbox_reader; replay, purge and skip-head " +
+			"need modkit_outbox_operator (grant it to the role, or connect as one that has it)"
+	}
+	return ""
 }

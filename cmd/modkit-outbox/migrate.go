@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -38,14 +37,18 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	}
 	// A flag the subcommand does not use is refused, not ignored: a
 	// schema that sql ignored put the tables in another schema.
-	set := map[string]bool{}
-	f.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := f.setFlags()
 	for name, subcommands := range map[string]string{"steps": "down", "yes": "down", "format": "sql", "out": "sql"} {
 		if set[name] && subcommands != pos[0] {
 			return usageErr("--%s is for migrate %s only", name, subcommands)
 		}
 	}
 	if pos[0] == "sql" {
+		for _, name := range []string{"database-url", "connect-timeout"} {
+			if set[name] {
+				return usageErr("migrate sql does not take --%s: it prints the migrations without connecting", name)
+			}
+		}
 		if set["schema"] {
 			return usageErr("migrate sql does not take --schema: the files create the outbox in the first schema of the " +
 				"search_path of the session that runs them; run them with it set (PGOPTIONS='-c search_path=shop' psql …), " +

@@ -16,8 +16,10 @@ const purgeExamples = `  modkit-outbox purge --topic shop/order_paid --older-tha
 func runPurge(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "purge", "purge --topic NAMESPACE/TOPIC... --older-than DURATION [flags]", purgeExamples)
 	var topicArgs listFlag
-	f.Var(&topicArgs, "topic", "a topic to purge, NAMESPACE/TOPIC (repeat for several)")
-	olderThan := f.Duration("older-than", -1, "delete delivered events whose delivery is older than this (0s: all delivered)")
+	f.Var(&topicArgs, "topic", "a topic to purge, `NAMESPACE/TOPIC` (repeat for several)")
+	var olderThanFlag requiredDuration
+	f.Var(&olderThanFlag, "older-than", "delete delivered events whose delivery is older than this `duration` (0s: all delivered)")
+	olderThan := &olderThanFlag.d
 	yes := f.Bool("yes", false, "do not ask for confirmation")
 	pos, err := f.parse(e, args)
 	if err != nil {
@@ -26,9 +28,12 @@ func runPurge(ctx context.Context, e env, args []string) error {
 	if len(pos) > 0 {
 		return usageErr("purge takes no arguments (got %q); name topics with --topic", pos)
 	}
-	if len(topicArgs) == 0 || *olderThan < 0 {
+	if len(topicArgs) == 0 || !olderThanFlag.set {
 		f.printUsage(e.stderr)
 		return usageErr("purge needs --topic and --older-than")
+	}
+	if *olderThan < 0 {
+		return usageErr("--older-than is %v; give how old a delivery must be to go, such as 72h (0s: all delivered)", *olderThan)
 	}
 	topics := make([]outbox.Topic, len(topicArgs))
 	for i, v := range topicArgs {

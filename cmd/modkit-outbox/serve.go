@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -94,6 +95,9 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	ln, err := net.Listen("tcp", *addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("--addr %s: %w (another server listens there: stop it, or choose another port)", *addr, err)
+	}
 	if err != nil {
 		return usageErr("--addr %s: %v", *addr, err)
 	}

@@ -18,6 +18,8 @@ type statsJSON struct {
 	Topics      []topicStatsJSON `json:"topics"`
 	Total       topicStatsJSON   `json:"total"`
 	BlockedKeys []blockedKeyJSON `json:"blocked_keys"`
+	// MoreBlockedKeys: more keys are blocked than --blocked-keys listed.
+	MoreBlockedKeys bool `json:"more_blocked_keys,omitempty"`
 }
 
 type blockedKeyJSON struct {
@@ -31,8 +33,8 @@ type blockedKeyJSON struct {
 	LastError    string `json:"last_error,omitempty"`
 }
 
-// blockedKeysShown bounds the blocked keys stats prints.
-const blockedKeysShown = 100
+// blockedKeysMax bounds --blocked-keys (Admin.BlockedKeys' own bound).
+const blockedKeysMax = 10000
 
 type topicStatsJSON struct {
 	Namespace           string  `json:"namespace,omitempty"`
@@ -57,12 +59,16 @@ func runStats(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "stats", "stats [flags]", statsExamples)
 	asJSON := f.Bool("json", false, "print JSON instead of a table")
 	backlog := f.Bool("backlog", false, "count pending, processing and dead events only, from their indexes, without reading the delivered events kept (no DELIVERED column; no \"delivered\" in the JSON; on a schema before migration 0027 it reads the whole table)")
+	shown := f.Int("blocked-keys", 100, "list at most this many blocked ordering keys, longest dead first (at most 10000)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
 		return usageErr("stats takes no arguments (got %q)", pos)
+	}
+	if *shown < 1 || *shown > blockedKeysMax {
+		return usageErr("--blocked-keys is %d; use 1 to %d", *shown, blockedKeysMax)
 	}
 	c, pool, err := f.client(ctx)
 	if err != nil {
@@ -77,12 +83,16 @@ func runStats(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	blocked, err := c.Admin().BlockedKeys(ctx, blockedKeysShown)
+	// One more than shown, to tell whether there are more.
+	blocked, err := c.Admin().BlockedKeys(ctx, min(*shown+1, blockedKeysMax))
 	if err != nil {
 		return err
 	}
+	more := len(blocked) > *shown
+	blocked = blocked[:min(len(blocked), *shown)]
 	if *asJSON {
-		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total, *backlog), BlockedKeys: []blockedKeyJSON{}}
+		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total, *backlog), BlockedKeys: []blockedKeyJSON{},
+			MoreBlockedKeys: more}
 		for _, t := range st.Topics {
 			out.Topics = append(out.Topics, topicStatsToJSON(t, *backlog))
 		}
@@ -125,5 +135,11 @@ func runStats(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.Topic.Namespace, b.Topic.Topic, b.OrderingKey, b.Head, b.HeadSequence,
 			b.Waiting, fmtAge(time.Since(b.DeadSince)))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if more {
+		fmt.Fprintf(e.stdout, "… more ordering keys are blocked than these %d; --blocked-keys lists more (at most %d)\n", *shown, blockedKeysMax)
+	}
+	return nil
 }

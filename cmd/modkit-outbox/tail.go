@@ -24,8 +24,7 @@ const tailOverlap = 5 * time.Second
 func runTail(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "tail", "tail [flags]", tailExamples)
 	var ff filterFlags
-	f.StringVar(&ff.namespace, "namespace", "", "only events of this namespace")
-	f.StringVar(&ff.topic, "topic", "", "only events of this topic: NAMESPACE/TOPIC, or TOPIC in any namespace")
+	ff.registerTopic(f)
 	since := f.Duration("since", 0, "start with the outcomes of this long ago")
 	interval := f.Duration("interval", time.Second, "how often to poll")
 	asJSON := f.Bool("json", false, "print one JSON object per line")

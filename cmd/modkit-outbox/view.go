@@ -12,8 +12,9 @@ import (
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
-// eventJSON is an event as the JSON outputs print it.
-type eventJSON struct {
+// EventJSON is an event as the JSON outputs print it. (Exported only so
+// that encoding/json can fill eventView's embedded pointer to it.)
+type EventJSON struct {
 	ID            string          `json:"id"`
 	Namespace     string          `json:"namespace"`
 	Topic         string          `json:"topic"`
@@ -30,8 +31,8 @@ type eventJSON struct {
 	Payload       json.RawMessage `json:"payload,omitempty"`
 }
 
-func toJSON(ev outbox.Event, withPayload bool) eventJSON {
-	j := eventJSON{ID: ev.ID.String(), Namespace: ev.Namespace, Topic: ev.Topic, DedupeKey: ev.DedupeKey, Status: ev.Status,
+func toJSON(ev outbox.Event, withPayload bool) EventJSON {
+	j := EventJSON{ID: ev.ID.String(), Namespace: ev.Namespace, Topic: ev.Topic, DedupeKey: ev.DedupeKey, Status: ev.Status,
 		Attempts: ev.Attempts, NextAttemptAt: ev.NextAttemptAt.UTC(), LastError: ev.LastError,
 		CreatedAt: ev.CreatedAt.UTC(), UpdatedAt: ev.UpdatedAt.UTC()}
 	if ev.TenantID != nil {
