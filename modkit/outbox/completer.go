@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -202,7 +203,51 @@ func retryAfter(err error) time.Duration {
 	return min(max(ra.RetryAfter(), 0), retryAfterMax)
 }
 
+// settle records a batch of results. A batch may hold two results of one
+// event: one of an earlier claim that reached the completer late (a
+// give-back sent as its lease ended, while the writes lagged) and one of
+// the event's next claim. One write records one outcome an event, so each
+// repeat goes in a later write, in the order the results came: the stale
+// one then fails its lease check and the other is recorded, where in one
+// write the first would have been tried and the other dropped.
 func (d *Dispatcher) settle(ctx context.Context, batch []result, due *dueTimes) {
+	for len(batch) > 0 {
+		var later []result
+		batch, later = splitRepeats(batch)
+		d.settleOnce(ctx, batch, due)
+		batch = later
+	}
+}
+
+// splitRepeats returns batch's results of events not seen earlier in it,
+// and the rest (nil when every event is there once, the usual case, when
+// first is batch itself), each in batch's order.
+func splitRepeats(batch []result) (first, later []result) {
+	if len(batch) < 2 {
+		return batch, nil
+	}
+	seen := make(map[uuid.UUID]struct{}, len(batch))
+	for i, r := range batch {
+		if _, ok := seen[r.c.d.ID]; !ok {
+			seen[r.c.d.ID] = struct{}{}
+			continue
+		}
+		first = append(make([]result, 0, len(batch)), batch[:i]...)
+		for _, r := range batch[i:] {
+			if _, ok := seen[r.c.d.ID]; ok {
+				later = append(later, r)
+			} else {
+				seen[r.c.d.ID] = struct{}{}
+				first = append(first, r)
+			}
+		}
+		return first, later
+	}
+	return batch, nil
+}
+
+// settleOnce records results of distinct events in one write.
+func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTimes) {
 	outcomes := make([]driver.Outcome, 0, len(batch))
 	reports := make([]Outcome, 0, len(batch))
 	kept := make([]*result, 0, len(batch)) // the results outcomes[i] records

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // The completer's batching: a few results wait for more (up to
@@ -139,4 +141,42 @@ func TestWriteOutcomesConcurrency(t *testing.T) {
 		release <- struct{}{}
 		<-done
 	})
+}
+
+// splitRepeats keeps the first result of each event in a batch, in order,
+// and puts the repeats after them, in order; a batch without repeats is
+// returned as it is.
+func TestSplitRepeats(t *testing.T) {
+	ids := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
+	of := func(idx ...int) []result {
+		var rs []result
+		for n, i := range idx {
+			rs = append(rs, result{c: claimed{d: Delivery{ID: ids[i], Attempt: n}}})
+		}
+		return rs
+	}
+	attempts := func(rs []result) []int {
+		var out []int
+		for _, r := range rs {
+			out = append(out, r.c.d.Attempt)
+		}
+		return out
+	}
+	batch := of(0, 1, 2)
+	if first, later := splitRepeats(batch); &first[0] != &batch[0] || len(first) != 3 || later != nil {
+		t.Fatalf("a batch without repeats: %v, %v", attempts(first), attempts(later))
+	}
+	// Events 0 1 0 2 1 0: positions 0 1 3 first; 2 4 5 later, of which 5
+	// repeats 2's event again (a third write).
+	first, later := splitRepeats(of(0, 1, 0, 2, 1, 0))
+	if got := attempts(first); !slices.Equal(got, []int{0, 1, 3}) {
+		t.Fatalf("first: %v, want positions 0 1 3", got)
+	}
+	if got := attempts(later); !slices.Equal(got, []int{2, 4, 5}) {
+		t.Fatalf("later: %v, want positions 2 4 5", got)
+	}
+	second, third := splitRepeats(later)
+	if !slices.Equal(attempts(second), []int{2, 4}) || !slices.Equal(attempts(third), []int{5}) {
+		t.Fatalf("the repeats split again: %v, %v", attempts(second), attempts(third))
+	}
 }

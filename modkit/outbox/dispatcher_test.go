@@ -581,3 +581,50 @@ func TestDispatcherFailsFastWithoutTable(t *testing.T) {
 	}
 	_ = d.Stop(ctx)
 }
+
+// A stale result of an event (a give-back of an earlier claim that reached
+// the completer after its lease ended) and the result of the event's next
+// claim in one batch: the stale one is refused as lease lost and the
+// delivery is recorded. In one write the stale one was tried and the
+// delivery dropped, so the event was published again.
+func TestStaleResultBesideTheNextClaimsResult(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	id := enqueueN(t, client, pool, 1)[0]
+	outcomes := newOutcomeLog()
+	cfg := testConfig(outcomes)
+	cfg.WorkerID = uuid.New()
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := admStore(t, pool, "public", nil)
+	claim := func() driver.Claimed {
+		t.Helper()
+		got, err := st.Claim(ctx, driver.ClaimParams{Topics: []string{testTopic.Namespace + ":" + testTopic.Topic}, Limit: 1,
+			MaxAttempts: 3, Worker: cfg.WorkerID, Lease: time.Minute})
+		if err != nil || len(got) != 1 || got[0].ID != id {
+			t.Fatalf("claim: %+v %v, want the event", got, err)
+		}
+		return got[0]
+	}
+	stale := claim()
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	fresh := claim()
+	if fresh.LeaseToken == stale.LeaseToken {
+		t.Fatal("the second claim has the first one's lease token")
+	}
+
+	outbox.SettleInOneBatch(ctx, d, outbox.SettleItem{Claim: stale}, outbox.SettleItem{Claim: fresh, Deliver: true})
+	if ev := get(t, client, id); ev.Status != outbox.StatusDelivered {
+		t.Fatalf("the event after the two results: %+v, want delivered", ev)
+	}
+	outcomes.mu.Lock()
+	defer outcomes.mu.Unlock()
+	got := outcomes.byID[id]
+	if len(got) != 2 || !got[0].LeaseLost || got[1].LeaseLost || got[1].Status != outbox.StatusDelivered {
+		t.Fatalf("outcomes %+v, want the stale give-back's lease lost, then the delivery", got)
+	}
+}

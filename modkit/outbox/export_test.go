@@ -1,8 +1,11 @@
 package outbox
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
 // OnMaintenance sets a hook called after each maintenance pass of d with
@@ -32,3 +35,24 @@ func (a *AtomicTime) Load() time.Time { return *a.v.Load() }
 // PurgeMargin is how far below a topic's purge watermark d's next purge
 // starts.
 func PurgeMargin(d *Dispatcher) time.Duration { return d.purgeMargin() }
+
+// SettleItem is one result for SettleInOneBatch: a give-back of Claim, or
+// its delivery.
+type SettleItem struct {
+	Claim   driver.Claimed
+	Deliver bool
+}
+
+// SettleInOneBatch has d's completer record items as one batch, in the
+// order given, as it records the results that reach it together (the
+// claims must be of d's WorkerID).
+func SettleInOneBatch(ctx context.Context, d *Dispatcher, items ...SettleItem) {
+	batch := make([]result, len(items))
+	for i, it := range items {
+		batch[i] = result{c: claimed{d: d.delivery(it.Claim), deadline: time.Now().Add(time.Minute)}, kind: released, why: "test"}
+		if it.Deliver {
+			batch[i].kind = published
+		}
+	}
+	d.settle(ctx, batch, newDueTimes())
+}
