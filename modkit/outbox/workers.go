@@ -439,9 +439,17 @@ func (p *workerPool) runOne(k *call) (next *call) {
 		k.rest = nil
 		booked = len(back) > 0 && p.reserveLocked()
 		p.finishLocked(k)
+		if booked {
+			// Handed over before this worker takes the next call: the
+			// hand-over can wait for the completer, and a call taken
+			// first would count as running meanwhile, and could be
+			// abandoned at its deadline without having started.
+			p.mu.Unlock()
+			p.send(booked, back...)
+			p.mu.Lock()
+		}
 		next = p.pumpTakingLocked(true)
 		p.mu.Unlock()
-		p.send(booked, back...)
 	case callAbandoned:
 		k.lane.abandoned--
 		p.abandoned--
