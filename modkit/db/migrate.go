@@ -65,9 +65,14 @@ type MigratorConfig struct {
 	Logger *slog.Logger
 	// Table records the applied versions of this set of migrations.
 	// Default MigrationsTable. Give each independent set (an application's
-	// own tables, say) a table of its own so versions do not collide: a
-	// Migrator that finds another set's versions in its table fails with
-	// ErrMigrationConflict.
+	// own tables, say) a table of its own so versions do not collide. A
+	// table records versions and names only, so a Migrator can tell
+	// another set's versions from its own by name alone: one that finds a
+	// version of its set recorded under another name fails with
+	// ErrMigrationConflict, as does a Down that finds a version newer than
+	// its set's newest. Two sets whose versions share names (0001_init in
+	// both), or never overlap, are not told apart: each would take the
+	// other's rows for its own, or leave them alone.
 	Table string
 }
 
@@ -138,6 +143,7 @@ func readMigrations(fsys fs.FS) ([]Migration, error) {
 		return nil, fmt.Errorf("modkit/db: read migrations: %w", err)
 	}
 	byVersion := map[int64]*Migration{}
+	files := map[string]string{} // "version.up" or "version.down": its file's name
 	for _, e := range entries {
 		if e.IsDir() || path.Ext(e.Name()) != ".sql" {
 			continue
@@ -161,11 +167,22 @@ func readMigrations(fsys fs.FS) ([]Migration, error) {
 		} else if mig.Name != m[2] {
 			return nil, fmt.Errorf("modkit/db: migration %d has two names, %q and %q", version, mig.Name, m[2])
 		}
+		// 0001_x.up.sql and 1_x.up.sql are one version: one would
+		// silently replace the other.
+		part := fmt.Sprintf("%d.%s", version, m[3])
+		if other, ok := files[part]; ok {
+			return nil, fmt.Errorf("modkit/db: migration %d has two .%s.sql files, %q and %q", version, m[3], other, e.Name())
+		}
+		files[part] = e.Name()
 		if m[3] == "up" {
 			mig.up = string(body)
 		} else {
 			mig.down = string(body)
 		}
+	}
+	if len(byVersion) == 0 {
+		return nil, errors.New("modkit/db: no migrations: no NNNN_name.up.sql / .down.sql files at the root of the FS " +
+			"(for files in a directory of an embed.FS, pass fs.Sub(fsys, \"dir\"))")
 	}
 	out := make([]Migration, 0, len(byVersion))
 	for _, m := range byVersion {
@@ -308,11 +325,26 @@ func (m *Migrator) locked(ctx context.Context, fn func(conn *pgx.Conn) error) er
 		defer func() {
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", m.lockKey())
 		}()
+		// Each is created only when missing: PostgreSQL checks the right
+		// to create before IF NOT EXISTS, so a role that may use an
+		// existing schema, but not create schemas in the database (no
+		// role but the owner may, by default), could not migrate.
 		schema := pgx.Identifier{m.schema}.Sanitize()
-		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema+";\n"+
-			"CREATE TABLE IF NOT EXISTS "+m.table()+
-			" (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
-			return fmt.Errorf("modkit/db: migrate: create %s: %w", m.table(), err)
+		var schemaExists, tableExists bool
+		if err := conn.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL", schema, m.table()).
+			Scan(&schemaExists, &tableExists); err != nil {
+			return fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
+		}
+		if !schemaExists {
+			if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+				return fmt.Errorf("modkit/db: migrate: create schema %s: %w", schema, err)
+			}
+		}
+		if !tableExists {
+			if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+m.table()+
+				" (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+				return fmt.Errorf("modkit/db: migrate: create %s: %w", m.table(), err)
+			}
 		}
 		return fn(conn)
 	})

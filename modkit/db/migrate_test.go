@@ -11,6 +11,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -213,6 +214,10 @@ func TestMigratorRejectsBadInput(t *testing.T) {
 		{"0001_x.down.sql": {Data: []byte("SELECT 1")}},                                              // no up
 		{"x.up.sql": {Data: []byte("SELECT 1")}},                                                     // no version
 		{"0001_a.up.sql": {Data: []byte("SELECT 1")}, "0001_b.down.sql": {Data: []byte("SELECT 1")}}, // two names
+		{"0001_a.up.sql": {Data: []byte("SELECT 1")}, "1_a.up.sql": {Data: []byte("SELECT 2")},
+			"0001_a.down.sql": {Data: []byte("SELECT 1")}}, // two files for one version's up
+		{}, // nothing at the root
+		{"migrations/0001_a.up.sql": {Data: []byte("SELECT 1")}, "migrations/0001_a.down.sql": {Data: []byte("SELECT 1")}}, // in a directory
 	}
 	for i, fsys := range bad {
 		if _, err := db.NewMigrator(pool, db.MigratorConfig{FS: fsys}); err == nil {
@@ -221,5 +226,60 @@ func TestMigratorRejectsBadInput(t *testing.T) {
 	}
 	if _, err := db.NewMigrator(nil, db.MigratorConfig{}); err == nil {
 		t.Error("nil pool accepted")
+	}
+}
+
+// A role that owns its schema but may not create schemas in the database
+// (as no role but the owner may by default) migrates it: the migrator
+// creates the schema only when it is missing.
+func TestMigratorWithoutDatabaseCreate(t *testing.T) {
+	ctx := context.Background()
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	role := "mk_migrator_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	for _, stmt := range []string{
+		"CREATE ROLE " + role + " LOGIN PASSWORD 'pw'",
+		"CREATE SCHEMA mk_owned AUTHORIZATION " + role,
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, stmt := range []string{"DROP SCHEMA mk_owned CASCADE", "DROP ROLE " + role} {
+			if _, err := pool.Exec(context.Background(), stmt); err != nil {
+				t.Errorf("%s: %v", stmt, err)
+			}
+		}
+	})
+	var mayCreate bool
+	if err := pool.QueryRow(ctx, "SELECT has_database_privilege($1, current_database(), 'CREATE')", role).Scan(&mayCreate); err != nil || mayCreate {
+		t.Fatalf("the role may create schemas in the database (%v, %v): the test needs one that may not", mayCreate, err)
+	}
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, "pw"
+	rolePool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rolePool.Close()
+	m, err := db.NewMigrator(rolePool, db.MigratorConfig{Schema: "mk_owned", Logger: quiet, FS: fstest.MapFS{
+		"0001_things.up.sql":   {Data: []byte("CREATE TABLE things (id int);")},
+		"0001_things.down.sql": {Data: []byte("DROP TABLE things;")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := m.Up(ctx); err != nil || len(applied) != 1 {
+		t.Fatalf("Up as the schema's owner: applied %d, %v", len(applied), err)
+	}
+	if !tableExists(t, pool, "mk_owned.things") {
+		t.Fatal("Up did not create mk_owned.things")
+	}
+	if st, err := m.Status(ctx); err != nil || len(st) != 1 || !st[0].Applied {
+		t.Fatalf("Status: %+v, %v", st, err)
 	}
 }

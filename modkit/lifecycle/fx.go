@@ -9,7 +9,8 @@ import (
 // Hook registers t with an fx lifecycle: OnStart starts it (waiting for
 // ready if the task awaits it, until fx's start timeout; a task not ready
 // by then is stopped before OnStart returns, which may take up to its stop
-// timeout more) and OnStop stops it (bounded by the task's stop timeout and
+// timeout more; a stop that times out is in OnStart's error, as
+// ErrStopTimeout, since fx runs no OnStop for a failed start) and OnStop stops it (bounded by the task's stop timeout and
 // fx's stop timeout, whichever ends first; see StopDeadline). A stop that
 // times out fails the app's Stop with ErrStopTimeout.
 func Hook(lc fx.Lifecycle, t *Task) {

@@ -205,7 +205,8 @@ func (t *Task) Done() <-chan struct{} {
 // Without AwaitReady it returns at once. With AwaitReady it returns nil when
 // the task signals ready, the task's error if it ends first, or ctx's error
 // (after cancelling the task and waiting up to the stop timeout for it) if
-// ctx ends first. Starting a task that is Starting or Running returns
+// ctx ends first, joined with that stop's error when it has one
+// (ErrStopTimeout: the run goes on; or how the run failed). Starting a task that is Starting or Running returns
 // ErrAlreadyStarted; one whose last Stop timed out and whose run has not
 // returned yet returns ErrStillStopping.
 func (t *Task) Start(ctx context.Context) error {
@@ -262,8 +263,14 @@ func (t *Task) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w (task %q)", ErrExitedBeforeReady, t.cfg.Name)
 	case <-ctx.Done():
-		_, _ = t.Stop(context.Background())
-		return fmt.Errorf("lifecycle: task %q was not ready before the start context ended: %w", t.cfg.Name, context.Cause(ctx))
+		notReady := fmt.Errorf("lifecycle: task %q was not ready before the start context ended: %w", t.cfg.Name, context.Cause(ctx))
+		// The stop's own error says whether the run is gone (a timeout
+		// leaves it running, and fx runs no stop hook for a failed start)
+		// or how it failed.
+		if _, err := t.Stop(context.Background()); err != nil {
+			return errors.Join(notReady, err)
+		}
+		return notReady
 	}
 }
 

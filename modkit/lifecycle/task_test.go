@@ -191,6 +191,28 @@ func TestStartContextEndsBeforeReady(t *testing.T) {
 	}
 }
 
+// A task that is not ready when the start context ends, and does not stop
+// when cancelled: Start says both, so that a caller (fx runs no stop hook
+// for a failed start) knows the run goes on.
+func TestStartContextEndsBeforeReadyAndStopTimesOut(t *testing.T) {
+	release := make(chan struct{})
+	task := newTask(t, lifecycle.Config{AwaitReady: true, StopTimeout: time.Millisecond}, func(ctx context.Context, ready func()) error {
+		<-release // never ready, deaf to cancellation
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := task.Start(ctx)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, lifecycle.ErrStopTimeout) {
+		t.Fatalf("start = %v, want context.Canceled and ErrStopTimeout", err)
+	}
+	if s := task.Status(); s != lifecycle.Stopping {
+		t.Fatalf("status = %s, want stopping while the run goes on", s)
+	}
+	close(release)
+	<-task.Done()
+}
+
 func TestStopTimesOut(t *testing.T) {
 	release := make(chan struct{})
 	task := newTask(t, lifecycle.Config{StopTimeout: time.Millisecond}, func(ctx context.Context, ready func()) error {
