@@ -7,6 +7,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox/internal/dedupekey"
 )
 
 // Message is one event to enqueue.
@@ -138,7 +140,7 @@ func validate(i int, m *Message, maxPayload int) error {
 		case !utf8.ValidString(*k) || strings.ContainsRune(*k, 0):
 			return bad("DedupeKey", ErrInvalidDedupeKey, "must be valid UTF-8 without NUL bytes")
 		}
-		owner, n, prefixed := tenantPrefix(*k)
+		owner, n, prefixed := dedupekey.TenantPrefix(*k)
 		switch {
 		case m.TenantID != nil && prefixed && owner == *m.TenantID && len(*k)-n+36 > dedupeKeyMaxLen:
 			// The prefix is stored hyphenated: 32 hex digits take 4 bytes more.
@@ -192,20 +194,6 @@ func validHeaders(h map[string]string) string {
 	return ""
 }
 
-// tenantPrefix reports whether key begins with a tenant prefix: a UUID, in
-// its 32-digit or hyphenated form and any letter case, followed by "/". It
-// returns that tenant and the prefix's length without the "/".
-func tenantPrefix(key string) (uuid.UUID, int, bool) {
-	for _, n := range []int{32, 36} { // the two forms' lengths
-		if len(key) > n && key[n] == '/' {
-			if id, err := uuid.Parse(key[:n]); err == nil { // n excludes the {…} and urn: forms
-				return id, n, true
-			}
-		}
-	}
-	return uuid.Nil, 0, false
-}
-
 // storedKey is the dedupe key as stored: a tenant's key with its prefix in
 // the one canonical spelling (lower-case, hyphenated), so that every
 // spelling of one key finds the same row. Call it on validated messages.
@@ -216,7 +204,7 @@ func storedKey(m *Message) *string {
 	var canonical [36]byte // m.TenantID.String(), without allocating it
 	uuidText(&canonical, *m.TenantID)
 	key := *m.DedupeKey
-	_, n, _ := tenantPrefix(key)
+	_, n, _ := dedupekey.TenantPrefix(key)
 	if n == len(canonical) && key[:n] == string(canonical[:]) {
 		return m.DedupeKey // already in the canonical spelling, as most keys are
 	}

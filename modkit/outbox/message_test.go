@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+
+	"github.com/modkit-go/modkit/modkit/outbox/internal/dedupekey"
 )
 
 // BenchmarkValidate measures the client-side cost of checking one typical
@@ -45,8 +47,8 @@ func TestNamesAndTenantKeys(t *testing.T) {
 		"{0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65}/x": false, "urn:uuid:0b7c6f1e-5a4d-4c3b-9a2f-1e0d9c8b7a65/x": false,
 		"0b7c6f1e5a4d4c3b9a2f1e0d9c8b7a6g/x": false,
 	} {
-		if id, _, ok := tenantPrefix(key); (ok && id == tenant) != want {
-			t.Errorf("tenantPrefix(%q) = %v, %v; want tenant %v: %v", key, id, ok, tenant, want)
+		if id, _, ok := dedupekey.TenantPrefix(key); (ok && id == tenant) != want {
+			t.Errorf("TenantPrefix(%q) = %v, %v; want tenant %v: %v", key, id, ok, tenant, want)
 		}
 	}
 }

@@ -2,8 +2,10 @@ package outboxtest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +21,11 @@ import (
 // after a millisecond or so, three attempts in all, then dead-lettered:
 // check them with c.Admin(). Other topics' events are left alone.
 //
-// It fails t if the dispatcher cannot start or the topics are not drained
-// within WaitTimeout. Two kinds of event keep a topic from draining, so a
+// It looks again after each outcome its dispatcher records, and every
+// drainRecheck besides, for events that another dispatcher (the module's
+// own, in an fx test) or the sweeper settles. It fails t if the dispatcher
+// cannot start or the topics are not drained within WaitTimeout, naming
+// some of the events left and their last errors. Two kinds of event keep a topic from draining, so a
 // test that makes them waits out WaitTimeout and fails: one held behind a
 // dead event of its ordering key (unless the publisher sets
 // SkipDeadHeads), and a retry whose error asks for a later time
@@ -93,6 +98,8 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	defer stop()
 	timeout := time.NewTimer(WaitTimeout)
 	defer timeout.Stop()
+	recheck := time.NewTicker(drainRecheck)
+	defer recheck.Stop()
 	for {
 		left, err := undelivered(ctx, c, topics)
 		if err != nil {
@@ -103,14 +110,52 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 		}
 		select {
 		case <-outcome:
+		case <-recheck.C:
 		case <-timeout.C:
-			fatal(t, "drain: %d event(s) of %d topic(s) still pending or processing after %v", left, len(topics), WaitTimeout)
+			left, _ = undelivered(ctx, c, topics)
+			fatal(t, "drain: %d event(s) of %d topic(s) still pending or processing after %v%s", left, len(topics), WaitTimeout,
+				leftOver(ctx, c, topics))
 		}
 	}
 	stop()
 	mu.Lock()
 	defer mu.Unlock()
 	return published
+}
+
+// drainRecheck is how often Drain looks at the backlog besides after its
+// own dispatcher's outcomes.
+const drainRecheck = 100 * time.Millisecond
+
+// leftOverShown bounds the events a failed Drain names.
+const leftOverShown = 5
+
+// leftOver names some of the topics' pending and processing events with
+// their last errors, for a Drain that timed out (its dispatcher's log goes
+// nowhere, so this is where a publisher's error shows).
+func leftOver(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]bool) string {
+	var b strings.Builder
+	shown := 0
+	for topic := range topics {
+		for _, status := range []outbox.Status{outbox.StatusPending, outbox.StatusProcessing} {
+			page, err := c.Admin().List(ctx, outbox.EventFilter{Namespace: topic.Namespace, Topic: topic.Topic, Status: status,
+				Limit: leftOverShown - shown})
+			if err != nil {
+				return fmt.Sprintf("\n(listing them failed: %v)", err)
+			}
+			for _, e := range page.Events {
+				last := "none"
+				if e.LastError != nil {
+					last = *e.LastError
+				}
+				fmt.Fprintf(&b, "\n  %s %s, %s, attempt %d, last error: %s", e.ID, topic, e.Status, e.Attempts, last)
+				if shown++; shown == leftOverShown {
+					return b.String()
+				}
+			}
+		}
+	}
+	return b.String()
 }
 
 // undelivered counts the topics' pending and processing events (from

@@ -89,3 +89,37 @@ func TestDrainHandleTxAndRecorderWait(t *testing.T) {
 		t.Fatalf("recorded %+v", got)
 	}
 }
+
+// Drain sees events settled by another dispatcher (the module's own, in an
+// fx test), not only by its own: it looks again every so often, not only
+// after its own outcomes.
+func TestDrainSeesOthersDeliver(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
+	entered, release := make(chan struct{}), make(chan struct{})
+	other, err := c.NewDispatcher(outbox.DispatcherConfig{}, outbox.Publisher{Topic: placed,
+		Publish: func(ctx context.Context, d outbox.Delivery) error {
+			close(entered)
+			<-release
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Stop(ctx) })
+	<-entered // leased to the other dispatcher: Drain's cannot claim it
+	var got []outbox.Delivery
+	f, done := &failT{T: t}, make(chan struct{})
+	go func() { defer close(done); got = outboxtest.Drain(f, c, outboxtest.NewRecorder().Publisher(placed)) }()
+	close(release)
+	<-done
+	if f.failure != "" || len(got) != 0 {
+		t.Fatalf("Drain: %q, %+v; want nothing published by its own dispatcher (the other one had the event)", f.failure, got)
+	}
+	if e := outboxtest.RequireEnqueued(t, c, placed); e[0].Status != outbox.StatusDelivered {
+		t.Fatalf("after Drain: %+v", e[0])
+	}
+}

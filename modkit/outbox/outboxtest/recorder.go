@@ -14,7 +14,8 @@ import (
 var WaitTimeout = time.Minute
 
 // Recorder is a capturing publisher: its Publishers record every call and
-// succeed, or return what Fail says. It is safe for concurrent use.
+// succeed, or return what Fail says. It is safe for concurrent use; its
+// zero value is ready to use, as NewRecorder's is.
 type Recorder struct {
 	// Fail, if set, decides each publish's result: return nil to succeed,
 	// an error to have the dispatcher retry (or outbox.Permanent(err) to
@@ -38,10 +39,10 @@ func (r *Recorder) Publisher(topic outbox.Topic) outbox.Publisher {
 				err = r.Fail(d)
 			}
 			r.mu.Lock()
+			defer r.mu.Unlock()
 			r.calls = append(r.calls, d)
-			close(r.changed)
+			close(r.changedLocked())
 			r.changed = make(chan struct{})
-			r.mu.Unlock()
 			return err
 		}}
 }
@@ -62,7 +63,7 @@ func (r *Recorder) Wait(t TB, n int) []outbox.Delivery {
 	defer timeout.Stop()
 	for {
 		r.mu.Lock()
-		got, changed := slices.Clone(r.calls), r.changed
+		got, changed := slices.Clone(r.calls), r.changedLocked()
 		r.mu.Unlock()
 		if len(got) >= n {
 			return got
@@ -73,4 +74,13 @@ func (r *Recorder) Wait(t TB, n int) []outbox.Delivery {
 			fatal(t, "waited %v for %d publish calls, got %d", WaitTimeout, n, len(got))
 		}
 	}
+}
+
+// changedLocked returns the channel closed at the next recorded call,
+// making it in a Recorder not made by NewRecorder.
+func (r *Recorder) changedLocked() chan struct{} {
+	if r.changed == nil {
+		r.changed = make(chan struct{})
+	}
+	return r.changed
 }

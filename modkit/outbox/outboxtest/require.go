@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/big"
 	"reflect"
 	"strings"
@@ -15,14 +16,18 @@ import (
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/internal/dedupekey"
 )
 
 // Matcher narrows the events an assertion considers. Build one with
 // Payload, PayloadJSON, PayloadWhere, DedupeKey or Tenant; an assertion
 // given several requires all of them.
 type Matcher struct {
-	desc  string
-	match func(outbox.Event) bool
+	desc string
+	// match says whether an event matches; why, when not empty, says that
+	// it cannot tell (the payload is hidden from the client's role, or
+	// does not decode as the matcher needs).
+	match func(outbox.Event) (ok bool, why string)
 	// bad says why the matcher cannot match anything (its JSON does not
 	// parse or encode); every assertion given it fails at once.
 	bad string
@@ -31,29 +36,45 @@ type Matcher struct {
 // String describes the matcher, as failure messages show it.
 func (m Matcher) String() string { return m.desc }
 
+// payloadHidden is why a payload matcher cannot judge an event whose
+// payload the client may not read.
+const payloadHidden = "its payload is hidden from the client's database role (modkit_outbox_reader may not read payloads: " +
+	"assert with a client of the operator role or of the tables' owner)"
+
 // Payload matches events whose payload is the JSON encoding of want,
 // compared as JSON values (key order, spacing and number spelling do not
 // matter). JSON text goes to PayloadJSON (or in a json.RawMessage): a
-// string that holds a JSON object or array, and a []byte, which encodes as
-// a base64 string, are refused, since they would match no such payload and
-// RequireNotEnqueued would pass whatever was enqueued.
+// string (or a pointer to one, or a type defined as one) that holds a JSON
+// object or array, and a byte slice other than a json.RawMessage, which
+// encodes as a base64 string, are refused, since they would match no such
+// payload and RequireNotEnqueued would pass whatever was enqueued.
 func Payload(want any) Matcher {
 	refuse := func(why string) Matcher {
-		return Matcher{desc: fmt.Sprintf("payload %#v", want), bad: why, match: func(outbox.Event) bool { return false }}
+		return Matcher{desc: fmt.Sprintf("payload %#v", want), bad: why, match: func(outbox.Event) (bool, string) { return false, "" }}
 	}
-	switch w := want.(type) {
-	case string:
-		if t := strings.TrimSpace(w); strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[") {
-			return refuse("a string holding JSON text matches a JSON string payload only; compare JSON text with PayloadJSON")
+	if _, marshals := want.(json.Marshaler); !marshals {
+		v := reflect.ValueOf(want)
+		for v.Kind() == reflect.Pointer && !v.IsNil() {
+			v = v.Elem()
 		}
-	case []byte:
-		return refuse("a []byte encodes as a base64 string; compare JSON text with PayloadJSON or pass a json.RawMessage")
+		switch {
+		case v.Kind() == reflect.String && isJSONContainer(v.String()):
+			return refuse("a string holding a JSON object or array matches a JSON string payload only; compare JSON text with PayloadJSON")
+		case v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Uint8:
+			return refuse("a byte slice encodes as a base64 string; compare JSON text with PayloadJSON or pass a json.RawMessage")
+		}
 	}
 	raw, err := json.Marshal(want)
 	if err != nil {
 		return refuse(fmt.Sprintf("it cannot be encoded as JSON: %v", err))
 	}
 	return payloadJSON(raw)
+}
+
+// isJSONContainer reports whether s is a JSON object or array.
+func isJSONContainer(s string) bool {
+	t := strings.TrimSpace(s)
+	return (strings.HasPrefix(t, "{") || strings.HasPrefix(t, "[")) && json.Valid([]byte(t))
 }
 
 // PayloadJSON matches events whose payload equals the JSON document want,
@@ -64,14 +85,21 @@ func payloadJSON(want []byte) Matcher {
 	w, err := decodeJSON(want)
 	desc := "payload " + string(want)
 	if err != nil {
-		return Matcher{desc: desc, bad: "not valid JSON: " + err.Error(), match: func(outbox.Event) bool { return false }}
+		return Matcher{desc: desc, bad: "not valid JSON: " + err.Error(), match: func(outbox.Event) (bool, string) { return false, "" }}
 	}
-	return Matcher{desc: desc, match: func(e outbox.Event) bool {
+	return Matcher{desc: desc, match: func(e outbox.Event) (bool, string) {
+		if e.Payload == nil {
+			return false, payloadHidden
+		}
 		got, err := decodeJSON(e.Payload)
-		return err == nil && reflect.DeepEqual(got, w)
+		if err != nil {
+			return false, "its payload is not JSON: " + err.Error()
+		}
+		return reflect.DeepEqual(got, w), ""
 	}}
 }
 
+// decodeJSON decodes one JSON document, and nothing after it.
 func decodeJSON(b []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
@@ -79,8 +107,15 @@ func decodeJSON(b []byte) (any, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("more after the JSON value at offset %d (two values, or a stray character?)", dec.InputOffset())
+	}
 	return normaliseNumbers(v), nil
 }
+
+// exactNumber is a JSON number that int64 cannot hold, in big.Rat's exact
+// form: a type of its own, so that it never equals a JSON string.
+type exactNumber string
 
 // normaliseNumbers rewrites json.Numbers in a canonical form, exact as
 // jsonb's numeric is, so that 1.0, 1 and 1e0 compare equal and
@@ -95,9 +130,9 @@ func normaliseNumbers(v any) any {
 			if r.IsInt() && r.Num().IsInt64() {
 				return r.Num().Int64()
 			}
-			return r.RatString()
+			return exactNumber(r.RatString())
 		}
-		return x.String()
+		return exactNumber(x.String())
 	case []any:
 		for i := range x {
 			x[i] = normaliseNumbers(x[i])
@@ -112,25 +147,36 @@ func normaliseNumbers(v any) any {
 
 // PayloadWhere matches events whose payload decodes (encoding/json) into a
 // T for which f returns true. desc says what it checks, for failure
-// messages.
+// messages. A payload that does not decode into a T fails the assertion
+// (unless another matcher already rules the event out): RequireNotEnqueued
+// could not tell whether it is the event it must not find.
 func PayloadWhere[T any](desc string, f func(T) bool) Matcher {
-	return Matcher{desc: desc, match: func(e outbox.Event) bool {
+	return Matcher{desc: desc, match: func(e outbox.Event) (bool, string) {
+		if e.Payload == nil {
+			return false, payloadHidden
+		}
 		var v T
-		return json.Unmarshal(e.Payload, &v) == nil && f(v)
+		if err := json.Unmarshal(e.Payload, &v); err != nil {
+			return false, fmt.Sprintf("its payload does not decode into a %T: %v", v, err)
+		}
+		return f(v), ""
 	}}
 }
 
-// DedupeKey matches events with that dedupe key.
+// DedupeKey matches events with that dedupe key, compared as stored: a
+// tenant prefix in any of its spellings (32 hex digits or hyphenated, any
+// case) matches, as it finds the same row.
 func DedupeKey(key string) Matcher {
-	return Matcher{desc: fmt.Sprintf("dedupe key %q", key), match: func(e outbox.Event) bool {
-		return e.DedupeKey != nil && *e.DedupeKey == key
+	stored := dedupekey.Stored(key)
+	return Matcher{desc: fmt.Sprintf("dedupe key %q", key), match: func(e outbox.Event) (bool, string) {
+		return e.DedupeKey != nil && *e.DedupeKey == stored, ""
 	}}
 }
 
 // Tenant matches events of that tenant.
 func Tenant(id uuid.UUID) Matcher {
-	return Matcher{desc: "tenant " + id.String(), match: func(e outbox.Event) bool {
-		return e.TenantID != nil && *e.TenantID == id
+	return Matcher{desc: "tenant " + id.String(), match: func(e outbox.Event) (bool, string) {
+		return e.TenantID != nil && *e.TenantID == id, ""
 	}}
 }
 
@@ -185,12 +231,13 @@ func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]o
 	if err != nil {
 		fatal(t, "list events of %s: %v", topic, err)
 	}
-	found := filter(all, match)
+	found, unsure := filter(all, match)
 	if len(found) == 0 {
 		if len(all) == 0 {
 			fatal(t, "no event of %s was enqueued%s (the topic has none)", topic, describe(match))
 		}
-		fatal(t, "no event of %s was enqueued%s; the topic has %d other event(s):%s", topic, describe(match), len(all), summary(all))
+		fatal(t, "no event of %s was enqueued%s; the topic has %d other event(s):%s%s", topic, describe(match), len(all), summary(all),
+			unsure.String())
 	}
 	return found
 }
@@ -202,23 +249,47 @@ func requireNotEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() (
 	if err != nil {
 		fatal(t, "list events of %s: %v", topic, err)
 	}
-	if found := filter(all, match); len(found) > 0 {
+	found, unsure := filter(all, match)
+	if len(found) > 0 {
 		fatal(t, "%d event(s) of %s were enqueued%s, want none:%s", len(found), topic, describe(match), summary(found))
+	}
+	if len(unsure) > 0 {
+		fatal(t, "cannot tell whether an event of %s was enqueued%s:%s", topic, describe(match), unsure.String())
 	}
 }
 
-func filter(events []outbox.Event, match []Matcher) []outbox.Event {
-	var out []outbox.Event
+// undecided lists the events a matcher could not judge, and why.
+type undecided []string
+
+func (u undecided) String() string {
+	if len(u) == 0 {
+		return ""
+	}
+	return "\nevents no matcher ruled out but one could not judge:\n  " + strings.Join(u, "\n  ")
+}
+
+// filter returns the events every matcher matches, and the events that no
+// matcher ruled out but one could not judge.
+func filter(events []outbox.Event, match []Matcher) (found []outbox.Event, unsure undecided) {
 next:
 	for _, e := range events {
+		var why string
 		for _, m := range match {
-			if !m.match(e) {
+			ok, cannot := m.match(e)
+			switch {
+			case cannot != "":
+				why = fmt.Sprintf("%s: %s: %s", e.ID, m.desc, cannot)
+			case !ok:
 				continue next
 			}
 		}
-		out = append(out, e)
+		if why != "" {
+			unsure = append(unsure, why)
+			continue
+		}
+		found = append(found, e)
 	}
-	return out
+	return found, unsure
 }
 
 // committedEvents lists every event of topic through the client's Admin.

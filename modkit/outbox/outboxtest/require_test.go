@@ -81,6 +81,11 @@ func TestRequireEnqueued(t *testing.T) {
 		"Payload":                     outboxtest.Payload(func() {}),
 		"Payload of JSON text":        outboxtest.Payload(`{"id":"o-1"}`),
 		"Payload of JSON text, bytes": outboxtest.Payload([]byte(`{"id":"o-1"}`)),
+		"Payload of JSON text, a defined byte type":   outboxtest.Payload(rawBytes(`{"id":"o-1"}`)),
+		"Payload of JSON text, a defined string type": outboxtest.Payload(text(`{"id":"o-1"}`)),
+		"Payload of JSON text, a *string":             outboxtest.Payload(ptr(`[{"id":"o-1"}]`)),
+		"PayloadJSON with more after the value":       outboxtest.PayloadJSON(`{"id":"o-1"}}`),
+		"PayloadJSON of two values":                   outboxtest.PayloadJSON(`{"id":"o-1"},{"id":"o-2"}`),
 	} {
 		msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, m) })
 		if !strings.Contains(msg, "matcher") {
@@ -96,6 +101,68 @@ func TestRequireEnqueued(t *testing.T) {
 	}
 }
 
+type (
+	rawBytes []byte
+	text     string
+)
+
+func ptr(s string) *string { return &s }
+
+// A dedupe key matches in any spelling of its tenant prefix, as the outbox
+// stores one spelling; a string payload that merely starts with a bracket
+// is a string, not JSON text.
+func TestMatchersAsStored(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	tenant := uuid.New()
+	hex32 := strings.ReplaceAll(tenant.String(), "-", "")
+	enqueue(t, c, pool, placed, `{"id":"o-1"}`, func(m *outbox.Message) {
+		m.TenantID, m.DedupeKey = &tenant, outbox.Key(strings.ToUpper(hex32)+"/o-1")
+	})
+	for _, key := range []string{tenant.String() + "/o-1", hex32 + "/o-1", strings.ToUpper(tenant.String()) + "/o-1"} {
+		if got := outboxtest.RequireEnqueued(t, c, placed, outboxtest.DedupeKey(key)); len(got) != 1 {
+			t.Errorf("DedupeKey(%q): %d events, want 1", key, len(got))
+		}
+	}
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.DedupeKey(tenant.String()+"/o-2"))
+
+	enqueue(t, c, pool, shipped, `"[WARN] disk full"`)
+	outboxtest.RequireEnqueued(t, c, shipped, outboxtest.Payload("[WARN] disk full"))
+}
+
+// A matcher that cannot judge an event no other matcher ruled out (its
+// payload does not decode into the matcher's type) fails RequireNotEnqueued
+// rather than passing it, and is named when RequireEnqueued finds nothing.
+func TestMatcherThatCannotJudge(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueue(t, c, pool, placed, `{"id":"o-1","cents":"100"}`)
+	o1 := outboxtest.PayloadWhere("order o-1", func(o order) bool { return o.ID == "o-1" })
+	msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, o1) })
+	if !strings.Contains(msg, "cannot tell") || !strings.Contains(msg, "does not decode into a outboxtest_test.order") {
+		t.Errorf("RequireNotEnqueued with a payload that does not decode: %q", msg)
+	}
+	msg = failure(t, func(t outboxtest.TB) { outboxtest.RequireEnqueued(t, c, placed, o1) })
+	if !strings.Contains(msg, "could not judge") {
+		t.Errorf("RequireEnqueued with a payload that does not decode: %q", msg)
+	}
+	// Ruled out by another matcher first: nothing to judge.
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Tenant(uuid.New()), o1)
+}
+
+// A Recorder's zero value works as NewRecorder's does.
+func TestZeroRecorder(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
+	var rec outboxtest.Recorder
+	if got := outboxtest.Drain(t, c, rec.Publisher(placed)); len(got) != 1 {
+		t.Fatalf("drained %d, want 1", len(got))
+	}
+	if got := rec.Wait(t, 1); len(got) != 1 {
+		t.Fatalf("recorded %d, want 1", len(got))
+	}
+}
+
 // Payloads compare as jsonb compares them: numbers by value, exactly, even
 // beyond int64 and float64 (which took 18446744073709551615 for …614);
 // JSON text in a json.RawMessage and a plain string payload still match.
@@ -108,6 +175,9 @@ func TestPayloadMatchesAsJSONB(t *testing.T) {
 	outboxtest.RequireEnqueued(t, c, placed, outboxtest.Payload(json.RawMessage(`{"n":100.0,"ratio":15e-1,"big":18446744073709551615}`)))
 	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.PayloadJSON(`{"n":100,"ratio":1.5,"big":18446744073709551614}`))
 	outboxtest.RequireEnqueued(t, c, shipped, outboxtest.Payload("just a string"))
+	// A number beyond int64 is not the string of its digits, nor 1.5 "3/2".
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.PayloadJSON(`{"n":100,"ratio":1.5,"big":"18446744073709551615"}`))
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.PayloadJSON(`{"n":100,"ratio":"3/2","big":18446744073709551615}`))
 }
 
 // The Tx forms see the caller's uncommitted events, through any runner, in
