@@ -2,6 +2,9 @@
 GO        ?= go
 PKGS      ?= ./...
 TESTFLAGS ?=
+# Installs what a fresh machine lacks for a target (scripts/setup.sh says
+# what); SETUP= skips it.
+SETUP     ?= ./scripts/setup.sh
 
 .DEFAULT_GOAL := help
 
@@ -11,18 +14,22 @@ help: ## List the targets with one line each
 
 .PHONY: test
 test: ## Run the whole test suite with -race (starts a throwaway PostgreSQL unless DATABASE_URL is set)
+	@$(if $(SETUP),$(SETUP) test)
 	$(GO) test -race -count=1 -timeout 15m $(TESTFLAGS) $(PKGS)
 
 .PHONY: demo
 demo: ## Run the Mini Chat demo end to end (throwaway PostgreSQL unless DATABASE_URL is set)
+	@$(if $(SETUP),$(SETUP) demo)
 	$(GO) run ./examples/minichat/cmd/minichat
 
 .PHONY: demo-payments
 demo-payments: ## Run the payments demo: rail faults, a dispatcher SIGKILLed, reconciliation (throwaway PostgreSQL unless DATABASE_URL is set)
+	@$(if $(SETUP),$(SETUP) demo)
 	$(GO) run ./examples/payments/cmd/payments $(DEMOFLAGS)
 
 .PHONY: bench
 bench: ## Run both benchmark programs, one after the other: the outbox against raw SQL, then beside River
+	@$(if $(SETUP),$(SETUP) demo)
 	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
 	cd bench/river && $(GO) run . $(RIVERFLAGS)
 
@@ -36,6 +43,7 @@ bench-river: ## Run the outbox and River v0.51.1 side by side (module bench/rive
 
 .PHONY: soak
 soak: ## Run the soak test: dispatchers killed, PostgreSQL restarted, nothing lost (SOAKFLAGS='-preset harsh', -help)
+	@$(if $(SETUP),$(SETUP) demo)
 	$(GO) run ./cmd/outbox-soak $(SOAKFLAGS)
 
 .PHONY: lint

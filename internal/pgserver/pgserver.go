@@ -68,14 +68,18 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	removeAbandoned()
 	c := &Cluster{binDir: binDir, opts: opts}
+	base := os.TempDir()
 	if os.Geteuid() == 0 {
 		if c.cred, err = unprivilegedUser(); err != nil {
 			return nil, err
 		}
+		if base, err = reachableTempDir(base); err != nil {
+			return nil, err
+		}
 	}
-	c.dir, err = os.MkdirTemp("", dirPrefix)
+	removeAbandoned(base)
+	c.dir, err = os.MkdirTemp(base, dirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("pgserver: temp dir: %w", err)
 	}
@@ -163,7 +167,10 @@ func (c *Cluster) command(ctx context.Context, name string, args ...string) *exe
 	cmd := exec.CommandContext(ctx, filepath.Join(c.binDir, name), args...)
 	cmd.Dir = c.dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "TZ=UTC")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	// A process group of its own: a terminal's Ctrl-C goes to the
+	// foreground group, and would shut the server down (SIGINT is its fast
+	// shutdown) under the program, which stops gracefully and needs it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Setpgid: true}
 	return cmd
 }
 
@@ -364,8 +371,8 @@ func freePort() (int, error) {
 
 // removeAbandoned deletes cluster directories whose owning process is gone
 // (it was killed before it could call Stop).
-func removeAbandoned() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+func removeAbandoned(base string) {
+	dirs, _ := filepath.Glob(filepath.Join(base, dirPrefix+"*"))
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
 		if err != nil {
@@ -377,6 +384,40 @@ func removeAbandoned() {
 		}
 		if syscall.Kill(pid, 0) == syscall.ESRCH {
 			_ = os.RemoveAll(d)
+		}
+	}
+}
+
+// reachableTempDir returns dir when every directory on its path lets
+// others through (the server runs as another user, who must reach its
+// cluster's directory), else /tmp when that does: a root-only temp dir
+// (libpam-tmpdir's /tmp/user/0, a CI runner's private one) made initdb
+// fail with a bare "permission denied".
+func reachableTempDir(dir string) (string, error) {
+	if othersMayEnter(dir) {
+		return dir, nil
+	}
+	if othersMayEnter("/tmp") {
+		return "/tmp", nil
+	}
+	return "", fmt.Errorf("pgserver: the temp dir %s (and /tmp) is closed to other users, and the server runs as one "+
+		"(root may not run it): set TMPDIR to a directory every user may enter", dir)
+}
+
+// othersMayEnter reports whether dir and each directory above it are
+// searchable by users other than their owner.
+func othersMayEnter(dir string) bool {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for d := abs; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == filepath.Dir(d) {
+			return true
 		}
 	}
 }

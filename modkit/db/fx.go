@@ -2,7 +2,6 @@ package db
 
 import (
 	"context"
-	"fmt"
 
 	"go.uber.org/fx"
 )
@@ -40,39 +39,7 @@ func newFx(p FxParams) (*Provider, error) {
 			}
 			return nil
 		},
-		// pgxpool's Close waits for every connection to come back. A
-		// connection still out at the stop is held by a component that
-		// outlived its own stop (fx stops this module last): waiting for
-		// it would hold the app's stop to its deadline, and fx would
-		// then report the deadline alone, dropping the other hooks'
-		// errors (a task's ErrStopTimeout). So the stop says so at once,
-		// and the pool closes in the background when it comes back.
-		OnStop: func(ctx context.Context) error {
-			sqlClosed, closed := make(chan struct{}), make(chan struct{})
-			go func() {
-				defer close(closed)
-				// database/sql keeps idle connections acquired from the
-				// pool: closing it first leaves only what others hold.
-				_ = prov.Bun.Close()
-				close(sqlClosed)
-				prov.Close()
-			}()
-			select {
-			case <-sqlClosed:
-			case <-ctx.Done():
-				return fmt.Errorf("modkit/db: closing the database/sql handle: %w", ctx.Err())
-			}
-			if n := prov.Pool.Stat().AcquiredConns(); n > 0 {
-				return fmt.Errorf("modkit/db: %d connection(s) still in use when the app stopped: a component outlived its "+
-					"own stop; the pool closes when they are returned", n)
-			}
-			select {
-			case <-closed:
-				return nil
-			case <-ctx.Done():
-				return fmt.Errorf("modkit/db: closing the pool: %w", ctx.Err())
-			}
-		},
+		OnStop: func(_ context.Context) error { prov.Close(); return nil },
 	})
 	return prov, nil
 }
