@@ -70,6 +70,12 @@ type env struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal asks the command to stop; a second one ends the
+	// process at once, as it would without the first being caught.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	e := env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, interactive: isTerminal(os.Stdin)}
 	os.Exit(run(ctx, e, os.Args[1:]))
 }

@@ -102,8 +102,19 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return usageErr("--addr %s: %v", *addr, err)
 	}
 	allowed := allowedHosts(*hosts, ln.Addr())
+	if allowed == nil {
+		fmt.Fprintf(e.stderr, "modkit-outbox: serve answers any Host on %s: on a private address, pass --hosts with the names "+
+			"it is reached by, so that a web page cannot reach it by pointing its own name there (DNS rebinding)\n", ln.Addr())
+	}
+	// Requests run on a context of their own, cancelled when a shutdown
+	// gives up waiting for them: a page waiting on the database would
+	// otherwise hold the shutdown, and then the pool's close, for as long
+	// as its query ran.
+	reqCtx, cancelRequests := context.WithCancel(context.Background())
+	defer cancelRequests()
 	srv := &http.Server{Handler: hostGuard(allowed, ui), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}
+		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return reqCtx }}
 	fmt.Fprintf(e.stdout, "dashboard on http://%s/ — %s\n", ln.Addr(), mode)
 	if s, ok := e.stdout.(interface{ Sync() error }); ok {
 		_ = s.Sync()
@@ -115,16 +126,22 @@ func runServe(ctx context.Context, e env, args []string) error {
 		return err
 	case <-ctx.Done():
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), serveShutdownWait)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return err
+		logger.Warn("requests still running at the shutdown were cut off", "waited", serveShutdownWait, "error", err)
+		cancelRequests()
+		_ = srv.Close()
 	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
 }
+
+// serveShutdownWait is how long serve's shutdown waits for requests in
+// flight before it cancels them.
+const serveShutdownWait = 5 * time.Second
 
 // allowedHosts is the set of host names (without ports, lower case) the
 // dashboard answers to: those of list, else the loopback names when addr is

@@ -273,3 +273,54 @@ func TestServeAllowedHosts(t *testing.T) {
 		}
 	}
 }
+
+// A shutdown does not wait on a request that waits on the database: after
+// serveShutdownWait it cancels it, and serve ends while the database still
+// holds it up.
+func TestServeShutdownCutsAWaitingRequest(t *testing.T) {
+	f := newFixture(t)
+	out, ended, stop := background(t, f.dsn, "serve", "--addr", "127.0.0.1:0")
+	out.waitFor(t, "dashboard on", ended)
+	url := regexp.MustCompile(`http://\S+/`).FindString(out.String())
+	tx, err := f.pool.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(bg) }()
+	if _, err := tx.Exec(bg, "LOCK TABLE modkit_outbox_events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	// The page's query waits for the lock.
+	guard := time.After(2 * time.Minute)
+	for {
+		var waiting int
+		if err := f.pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`).
+			Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		select {
+		case <-guard:
+			t.Fatal("the page's query never waited for the lock")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	stopped := make(chan int, 1)
+	go func() { stopped <- stop() }()
+	select {
+	case code := <-stopped:
+		if code != exitOK {
+			t.Fatalf("serve ended with %d", code)
+		}
+	case <-time.After(2 * time.Minute): // a guard: the lock is released only below
+		_ = tx.Rollback(bg)
+		t.Fatalf("serve did not end while a request waited on the database")
+	}
+}

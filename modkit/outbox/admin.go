@@ -314,6 +314,16 @@ func (f EventFilter) toDriver(limitDefault, limitMax int) (driver.ListFilter, er
 	if f.Status != "" && !f.Status.valid() {
 		return out, configError("EventFilter.Status is %q; use one of pending, processing, delivered, dead", f.Status)
 	}
+	// A name no event can have is a mistake, not a filter that matches
+	// nothing (and a NUL byte or invalid UTF-8 would reach the database).
+	if f.Namespace != "" && !validName(f.Namespace) {
+		return out, configError("EventFilter.Namespace is %q; a namespace is 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
+			truncateForMessage(f.Namespace))
+	}
+	if f.Topic != "" && !validName(f.Topic) {
+		return out, configError("EventFilter.Topic is %q; a topic is 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
+			truncateForMessage(f.Topic))
+	}
 	if out.Limit == 0 {
 		out.Limit = limitDefault
 	}

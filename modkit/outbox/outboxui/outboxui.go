@@ -31,8 +31,12 @@
 //   - Read-only by default. With Options.OperatorToken set, an operator who
 //     signs in with that token may replay or purge dead events and purge
 //     delivered ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
-//     valid until the handler is rebuilt (a restart signs everyone out)
-//     unless Options.SigningKey is set, as below.
+//     valid for at most OperatorSessionMax and until the handler is rebuilt
+//     (a restart signs everyone out) unless Options.SigningKey is set, as
+//     below. Signing out replaces the browser's id, to which the sign-in
+//     was bound; the dashboard keeps no sessions, so a copy of a browser's
+//     two cookies taken before it signed out stays valid until the
+//     sign-in's time is up (change the key or the token to end it sooner).
 //   - The sign-in cookie, the CSRF tokens and the messages after an action
 //     are signed with a key that never leaves the process: by default a
 //     random one that New makes for its handler. Several replicas behind a
@@ -44,11 +48,13 @@
 //     replica than its page came from is refused as stale, a sign-in holds
 //     on one replica only, and the message after an action is dropped by
 //     the replica that shows the next page. With a SigningKey a sign-in
-//     also outlives restarts: it holds until the browser closes, or the
-//     key or the operator token changes (change either to sign everyone
-//     out).
+//     also outlives restarts: it holds until the browser closes, its time
+//     is up, or the key or the operator token changes (change either to
+//     sign everyone out).
 //   - Every POST must carry the CSRF token of the page it came from (bound
-//     to a per-browser cookie with an HMAC); a POST whose Origin is another
+//     to a per-browser cookie with an HMAC; that cookie is SameSite=Lax, so
+//     that a link from another site, which does not send it, does not
+//     replace it and sign the operator out); a POST whose Origin is another
 //     host is refused too.
 //   - An action redirects to a page that says what it did; that message is
 //     signed for the browser that acted, so a link cannot make the
@@ -64,8 +70,9 @@
 //   - The dashboard has no user accounts: put it behind your own
 //     authentication, or bind it to a private address, for reading too.
 //     Mounted in your own server on a loopback or private address, check
-//     the Host header as modkit-outbox serve does (a page of another site
-//     can point its own name at such an address: DNS rebinding). Behind a
+//     the Host header (a page of another site can point its own name at
+//     such an address: DNS rebinding), as modkit-outbox serve does on a
+//     loopback address, and on any with --hosts. Behind a
 //     proxy that terminates TLS, set Options.SecureCookies.
 //
 // Every call goes through outbox.Admin; the dashboard has no SQL of its
@@ -85,6 +92,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -242,12 +250,30 @@ func (h *handler) sign(parts ...string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// operatorSig is the operator cookie's value for browser. It is bound to
-// the operator token too, so that with a lasting Options.SigningKey a
-// change of token still signs everyone out.
-func (h *handler) operatorSig(browser string) string {
+// OperatorSessionMax is the longest a sign-in holds: the operator cookie
+// carries its time, signed, and is refused after this.
+const OperatorSessionMax = 12 * time.Hour
+
+// operatorCookieValue is the operator cookie's value for browser, signed
+// in at issued: the time (Unix seconds) and the signature of both. It is
+// bound to the operator token too, so that with a lasting
+// Options.SigningKey a change of token still signs everyone out.
+func (h *handler) operatorCookieValue(browser string, issued int64) string {
 	t := sha256.Sum256([]byte(h.opts.OperatorToken))
-	return h.sign("operator", browser, hex.EncodeToString(t[:]))
+	at := strconv.FormatInt(issued, 10)
+	return at + "." + h.sign("operator", browser, hex.EncodeToString(t[:]), at)
+}
+
+// operatorCookieValid reports whether v is browser's operator cookie,
+// signed in less than OperatorSessionMax before now.
+func (h *handler) operatorCookieValid(v, browser string, now time.Time) bool {
+	at, _, ok := strings.Cut(v, ".")
+	issued, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || !hmac.Equal([]byte(v), []byte(h.operatorCookieValue(browser, issued))) {
+		return false
+	}
+	age := now.Sub(time.Unix(issued, 0))
+	return age < OperatorSessionMax && age > -time.Minute // a minute of clock skew between replicas
 }
 
 // browserID returns the per-browser CSRF cookie, setting one when the
@@ -259,8 +285,15 @@ func (h *handler) browserID(w http.ResponseWriter, r *http.Request) string {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b)
 	v := hex.EncodeToString(b)
-	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: cookiePath(r), HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: h.secure(r)})
+	h.setBrowserID(w, r, v)
 	return v
+}
+
+// setBrowserID sets the per-browser cookie. It is SameSite=Lax: a
+// Strict one is not sent when a link from another site leads here, and
+// the page would set a new one, signing the operator out.
+func (h *handler) setBrowserID(w http.ResponseWriter, r *http.Request, v string) {
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: cookiePath(r), HttpOnly: true, SameSite: http.SameSiteLaxMode, Secure: h.secure(r)})
 }
 
 // secure says whether the cookies set for r are Secure (see
@@ -285,7 +318,7 @@ func (h *handler) isOperator(r *http.Request, browser string) bool {
 		return false
 	}
 	c, err := r.Cookie(operatorCookie)
-	return err == nil && hmac.Equal([]byte(c.Value), []byte(h.operatorSig(browser)))
+	return err == nil && h.operatorCookieValid(c.Value, browser, time.Now())
 }
 
 // page is what every template gets.
@@ -390,13 +423,22 @@ func (h *handler) action(operator bool, fn func(w http.ResponseWriter, r *http.R
 // for this browser (its CSRF cookie, which every action has), so that
 // only the dashboard can make a page show one.
 func (h *handler) redirect(w http.ResponseWriter, r *http.Request, to, flash string) {
+	browser := ""
+	if c, err := r.Cookie(csrfCookie); err == nil {
+		browser = c.Value
+	}
+	h.redirectFor(w, r, browser, to, flash)
+}
+
+// redirectFor is redirect with the message signed for browser ("": none).
+func (h *handler) redirectFor(w http.ResponseWriter, r *http.Request, browser, to, flash string) {
 	to = cookiePath(r) + strings.TrimPrefix(to, "./")
-	if c, err := r.Cookie(csrfCookie); flash != "" && err == nil {
+	if flash != "" && browser != "" {
 		sep := "?"
 		if strings.Contains(to, "?") {
 			sep = "&"
 		}
-		to += sep + url.Values{"flash": {flash}, "flash_sig": {h.sign("flash", c.Value, flash)}}.Encode()
+		to += sep + url.Values{"flash": {flash}, "flash_sig": {h.sign("flash", browser, flash)}}.Encode()
 	}
 	http.Redirect(w, r, to, http.StatusSeeOther)
 }
@@ -409,7 +451,7 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, _ := r.Cookie(csrfCookie)
-	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.operatorSig(c.Value), Path: cookiePath(r), HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: h.operatorCookieValue(c.Value, time.Now().Unix()), Path: cookiePath(r), HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: h.secure(r)})
 	h.redirect(w, r, "./", "Signed in as operator.")
 }
@@ -417,7 +459,14 @@ func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 func (h *handler) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: operatorCookie, Value: "", Path: cookiePath(r), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: h.secure(r)})
-	h.redirect(w, r, "./", "Signed out.")
+	// A new browser id, to which the old sign-in is not bound: a copy of
+	// the operator cookie that the browser failed to delete (or that was
+	// taken) no longer goes with this browser's id.
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	browser := hex.EncodeToString(b)
+	h.setBrowserID(w, r, browser)
+	h.redirectFor(w, r, browser, "./", "Signed out.")
 }
 
 // replayMax caps the ids one replay form may carry (a page of events).
