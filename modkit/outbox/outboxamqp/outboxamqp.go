@@ -8,7 +8,10 @@
 // content-type application/json, delivery mode persistent, message-id =
 // the event id (the same on every redelivery: consumers de-duplicate on
 // it), type "<namespace>.<topic>", timestamp = the event's creation, and
-// the event's headers as AMQP headers.
+// the event's headers as AMQP headers, except any named CC or BCC: RabbitMQ
+// reads those as more routing keys (sender-selected distribution), which
+// an event must not be able to give, and closes the channel, failing every
+// publish on it, when their value is not an array.
 //
 // # Example
 //
@@ -260,11 +263,17 @@ func (p *Publisher) Message(d outbox.Delivery) amqp.Publishing {
 	if len(d.Headers) > 0 {
 		m.Headers = make(amqp.Table, len(d.Headers))
 		for k, v := range d.Headers {
-			m.Headers[k] = v
+			if !routingHeader(k) {
+				m.Headers[k] = v
+			}
 		}
 	}
 	return m
 }
+
+// routingHeader reports whether RabbitMQ reads a header of that name as
+// routing keys (sender-selected distribution): CC and BCC, as written.
+func routingHeader(name string) bool { return name == "CC" || name == "BCC" }
 
 // Publish sends d with the mandatory flag and waits for the broker's
 // confirmation or the end of ctx (see the package doc for the outcomes). A

@@ -177,7 +177,10 @@ func TestMessage(t *testing.T) {
 	queue, ch := declareQueue(t, u)
 	c, db := outboxtest.NewClient(t, outbox.Config{})
 	res, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: "test", Topic: "events",
-		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			// RabbitMQ would read these as routing keys, and close the
+			// channel on a string: left out.
+			"CC": "another-queue", "BCC": "another-queue"},
 		Payload: json.RawMessage(`{"hello":"world"}`)})
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +195,9 @@ func TestMessage(t *testing.T) {
 		m.Type != "test.events" || m.Timestamp.IsZero() || m.Headers["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
 		t.Errorf("message id %q mode %d type %q content-type %q timestamp %v headers %v",
 			m.MessageId, m.DeliveryMode, m.Type, m.ContentType, m.Timestamp, m.Headers)
+	}
+	if _, ok := m.Headers["CC"]; ok || m.Headers["BCC"] != nil {
+		t.Errorf("headers %v: CC and BCC must be left out", m.Headers)
 	}
 	var body map[string]string
 	if err := json.Unmarshal(m.Body, &body); err != nil || body["hello"] != "world" {

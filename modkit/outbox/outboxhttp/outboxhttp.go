@@ -33,7 +33,8 @@
 // event header net/http cannot send (a name that is not a token, such as
 // x/trace, which the outbox accepts; a value with control characters), or
 // one a receiver would not get as it was sent (a value that begins or ends
-// with a space or tab, which HTTP drops as optional whitespace).
+// with a space or tab, which HTTP drops as optional whitespace; two headers
+// whose names differ by letter case alone, which HTTP reads as one).
 //
 // # Retry-After
 //
@@ -257,6 +258,12 @@ func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Reque
 			if !sendableHeader(k, v) {
 				return nil, fmt.Errorf("outboxhttp: header %q of event %s cannot be sent over HTTP unchanged (its name must be a token, "+
 					"its value free of control characters and of spaces or tabs at either end; change or encode it, e.g. base64)", k, d.ID)
+			}
+			// HTTP header names are case-insensitive, the outbox's are
+			// not: two that differ by case alone would become one.
+			if _, dup := req.Header[http.CanonicalHeaderKey(k)]; dup {
+				return nil, fmt.Errorf("outboxhttp: headers of event %s differ by letter case alone (%q is one of them), "+
+					"which HTTP cannot tell apart; one would be lost: give them distinct names", d.ID, k)
 			}
 			req.Header.Set(k, v)
 		}

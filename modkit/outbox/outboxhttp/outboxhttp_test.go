@@ -205,6 +205,7 @@ func TestUnsendableIsPermanent(t *testing.T) {
 		{"http://127.0.0.1:1/hook", map[string]string{"x-note": "two\nlines"}},
 		{"http://127.0.0.1:1/hook", map[string]string{"x-note": " lead"}},
 		{"http://127.0.0.1:1/hook", map[string]string{"x-note": "trail\t"}},
+		{"http://127.0.0.1:1/hook", map[string]string{"x-tenant": "alpha", "X-Tenant": "beta"}}, // one HTTP header
 	} {
 		target = tc.url
 		err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Headers: tc.headers})

@@ -29,8 +29,12 @@
 //
 // A topic not created yet, an unreachable broker or a missing
 // acknowledgement is an error to retry. A record too large for the client
-// or the broker, or one the broker refuses as invalid, is wrapped in
-// outbox.Permanent, since no retry can change it. So is an event mapped to
+// (kgo.ProducerBatchMaxBytes), or one the broker refuses as invalid, is
+// wrapped in outbox.Permanent, since no retry can change it. The broker's
+// "too large" answers a whole batch (records of other events published at
+// the same moment share it), so it is retried for a record under the
+// client's limit; keep ProducerBatchMaxBytes at most the topic's
+// max.message.bytes so that batches are not refused. So is an event mapped to
 // a topic name that Kafka refuses (see ErrInvalidTopic), which is not
 // produced: Publish checks the name first, because a broker can answer for
 // such a name as for a topic not created yet (kfake does), and the event
@@ -153,6 +157,9 @@ type Publisher struct {
 	// record to when alwaysDefault (kgo.DefaultProduceTopicAlways).
 	defaultTopic  string
 	alwaysDefault bool
+	// batchMax is the client's kgo.ProducerBatchMaxBytes: a record over
+	// it can never be produced.
+	batchMax int
 }
 
 // New returns a Publisher producing through cl. It fails with an error
@@ -190,7 +197,9 @@ func New(cl *kgo.Client, cfg Config) (*Publisher, error) {
 	if cfg.Key == nil {
 		cfg.Key = DefaultKey
 	}
-	return &Publisher{cl: cl, topic: cfg.Topic, key: cfg.Key, defaultTopic: def, alwaysDefault: always && def != ""}, nil
+	batchMax, _ := cl.OptValue(kgo.ProducerBatchMaxBytes).(int32)
+	return &Publisher{cl: cl, topic: cfg.Topic, key: cfg.Key, defaultTopic: def, alwaysDefault: always && def != "",
+		batchMax: int(batchMax)}, nil
 }
 
 // For returns the outbox.Publisher of topic, for NewDispatcher.
@@ -242,7 +251,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 			return nil
 		}
 		err = fmt.Errorf("%w: topic %q: %w", ErrNotAcknowledged, r.Topic, err)
-		if isPermanent(err) {
+		if p.isPermanent(err, r) {
 			return outbox.Permanent(err)
 		}
 		return err
@@ -253,11 +262,29 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	}
 }
 
-func isPermanent(err error) bool {
-	for _, k := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidTopicException, kerr.InvalidRecord} {
-		if errors.Is(err, k) {
-			return true
-		}
+// isPermanent reports whether producing r failed in a way no retry can
+// change. A broker's "too large" answers a whole batch, which holds the
+// records of other events published at the same time (franz-go fails
+// each record of a refused batch with it): it is permanent only for a
+// record over the client's batch limit, which can never be produced;
+// another is retried, in a batch of its own or a smaller one, and dead
+// after its attempts if it is over the topic's limit by itself.
+func (p *Publisher) isPermanent(err error, r *kgo.Record) bool {
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+		return p.batchMax > 0 && recordBytes(r) >= p.batchMax
+	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord):
+		return true
 	}
 	return false
+}
+
+// recordBytes is what r holds: its key, value and headers (less than its
+// encoding, which adds a few bytes of lengths and offsets).
+func recordBytes(r *kgo.Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }

@@ -7,10 +7,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -252,6 +254,41 @@ func TestTooLargeIsPermanent(t *testing.T) {
 	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: big})
 	if !outbox.IsPermanent(err) {
 		t.Fatalf("got %v, want a permanent error", err)
+	}
+}
+
+// TestBatchTooLargeIsRetried: the broker's "too large" answers a whole
+// batch; records that fit on their own, refused with a batch of others
+// published at the same moment, are retried, not dead-lettered.
+func TestBatchTooLargeIsRetried(t *testing.T) {
+	cluster := startCluster(t, kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4096"}))
+	p := newPublisher(t, newClient(t, cluster.ListenAddrs()), outboxkafka.Config{})
+	payload := json.RawMessage(`"` + strings.Repeat("x", 1500) + `"`)
+	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: payload}); err != nil {
+		t.Fatalf("a record that fits, alone: %v", err)
+	}
+	refused := 0
+	for round := 0; round < 20 && refused == 0; round++ {
+		errs := make([]error, 200)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Go(func() {
+				errs[i] = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: payload})
+			})
+		}
+		wg.Wait()
+		for _, err := range errs {
+			if err == nil {
+				continue
+			}
+			refused++
+			if outbox.IsPermanent(err) || !errors.Is(err, kerr.MessageTooLarge) {
+				t.Fatalf("a record that fits, refused with its batch: %v, want MessageTooLarge to retry", err)
+			}
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no batch of concurrent publishes went over the broker's limit in 20 rounds: the test did not test")
 	}
 }
 

@@ -41,7 +41,10 @@
 // missing ack are returned as errors to retry. A message over the server's
 // maximum payload or its stream's maximum message size, or a subject that
 // NATS refuses, is returned wrapped in outbox.Permanent, since no retry
-// can change it.
+// can change it. A subject with an empty token (the outbox's names may end
+// in '.': "billing." / "x" gives "billing..x"), a wildcard token or white
+// space is refused before sending, permanently too: no stream could store
+// it, and the server's answer would be a timeout to retry.
 //
 // # Headers
 //
@@ -204,6 +207,10 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 		return outbox.Permanent(err)
 	}
 	m := p.Msg(d)
+	if !publishableSubject(m.Subject) {
+		return outbox.Permanent(fmt.Errorf("%w: subject %q: %w: an empty token, a wildcard or white space, which no stream "+
+			"can store (Config.Subject maps the event's names to it)", ErrNotAcknowledged, m.Subject, nats.ErrBadSubject))
+	}
 	fut, err := p.js.PublishMsgAsync(m)
 	if err != nil {
 		return classify(m.Subject, err)
@@ -216,6 +223,18 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	case <-ctx.Done():
 		return fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, m.Subject, context.Cause(ctx))
 	}
+}
+
+// publishableSubject reports whether a message can be published on s:
+// dot-separated tokens, none empty, none a wildcard (* or >), no white
+// space.
+func publishableSubject(s string) bool {
+	for tok := range strings.SplitSeq(s, ".") {
+		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
+			return false
+		}
+	}
+	return true
 }
 
 func classify(subject string, err error) error {

@@ -307,6 +307,21 @@ func TestFailures(t *testing.T) {
 	if !outbox.IsPermanent(err) {
 		t.Errorf("a header name NATS refuses: got %v, want a permanent error", err)
 	}
+	// Subjects no stream can store (the server would not answer: a
+	// timeout, retried until dead): permanent, before sending.
+	for _, d := range []outbox.Delivery{
+		{Namespace: "test.", Topic: "events"}, // test..events
+		{Namespace: "test", Topic: "events."}, // test.events.
+	} {
+		d.ID, d.Payload = uuid.New(), json.RawMessage(`{}`)
+		if err := p.Publish(ctx, d); !outbox.IsPermanent(err) || !errors.Is(err, nats.ErrBadSubject) {
+			t.Errorf("subject of %s/%s: got %v, want a permanent ErrBadSubject", d.Namespace, d.Topic, err)
+		}
+	}
+	wild := newPublisher(t, js, outboxnats.Config{Subject: func(outbox.Delivery) string { return "test.*" }})
+	if err := wild.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); !outbox.IsPermanent(err) {
+		t.Errorf("a wildcard subject: got %v, want a permanent error", err)
+	}
 }
 
 // An event's headers cannot give JetStream instructions: names beginning
