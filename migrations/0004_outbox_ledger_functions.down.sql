@@ -6,7 +6,7 @@ DECLARE
 BEGIN
     FOR fn IN
         SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
-        WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'modkit\_outbox\_%'
+        WHERE p.pronamespace = quote_ident(current_schema())::regnamespace AND p.proname LIKE 'modkit\_outbox\_%'
           AND p.proname <> 'modkit_outbox_attempts_append_only'
     LOOP
         EXECUTE format('DROP FUNCTION %s', fn);

@@ -9,7 +9,9 @@
 // configured schema.
 //
 // Released files are never edited; every change is a new, higher-numbered
-// pair.
+// pair. (One exception: a down file that fails may be corrected, as 0004's
+// was for a schema whose name has upper-case letters; what an up file did
+// is recorded, what a down file does is not.)
 package migrations
 
 import "embed"

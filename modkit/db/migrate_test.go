@@ -283,3 +283,54 @@ func TestMigratorWithoutDatabaseCreate(t *testing.T) {
 		t.Fatalf("Status: %+v, %v", st, err)
 	}
 }
+
+// The outbox is not migrated into a schema where PUBLIC (PostgreSQL 14's
+// default for public) or one of its runtime roles may create objects: a
+// function created there could run as the outbox functions' owner. Once
+// that is revoked, it migrates.
+func TestMigrateRefusesASchemaOthersMayCreateIn(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	for _, grantee := range []string{"PUBLIC", "modkit_outbox_producer"} {
+		schema := "mk_open_" + strings.ToLower(strings.TrimPrefix(grantee, "modkit_outbox_"))
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA "+schema+"; GRANT CREATE ON SCHEMA "+schema+" TO "+grantee); err != nil {
+			t.Fatal(err)
+		}
+		m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: schema, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = m.Up(ctx)
+		if err == nil || !strings.Contains(err.Error(), "REVOKE CREATE ON SCHEMA "+schema+" FROM "+grantee) &&
+			!strings.Contains(err.Error(), "create objects in it") {
+			t.Fatalf("%s may create in %s: Up = %v, want it refused", grantee, schema, err)
+		}
+		if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA "+schema+" FROM "+grantee); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Up(ctx); err != nil {
+			t.Fatalf("Up once %s may no longer create in %s: %v", grantee, schema, err)
+		}
+	}
+}
+
+// Every migration goes down in a schema whose name has upper-case letters
+// (0004's down read the name as an identifier, folded to lower case).
+func TestMigratorDownInAMixedCaseSchema(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "Shop", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := m.Migrations()
+	if applied, err := m.Up(ctx); err != nil || len(applied) != len(all) {
+		t.Fatalf("Up: %d of %d, %v", len(applied), len(all), err)
+	}
+	if reverted, err := m.Down(ctx, len(all)); err != nil || len(reverted) != len(all) {
+		t.Fatalf("Down: %d of %d, %v", len(reverted), len(all), err)
+	}
+	if tableExists(t, pool, `"Shop".modkit_outbox_events`) {
+		t.Fatal(`Down left "Shop".modkit_outbox_events behind`)
+	}
+}

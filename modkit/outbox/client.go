@@ -381,7 +381,7 @@ func (c *Client) enqueueError(what string, err error) error {
 	case errors.Is(err, driver.ErrInvisibleDuplicate), errors.Is(err, driver.ErrSerialization):
 		return fmt.Errorf("outbox: %s: %w: %w", what, ErrConflict, err)
 	case pgCode(err) == "40P01": // deadlock_detected: two transactions enqueued ordering keys (or dedupe keys) in opposite orders
-		return fmt.Errorf("outbox: %s: %w (enqueue a transaction's ordering keys in one order, sorted say, to avoid it): %w", what, ErrConflict, err)
+		return fmt.Errorf("outbox: %s: %w (enqueue a transaction's ordering keys, and dedupe keys, in one order, sorted say, to avoid it): %w", what, ErrConflict, err)
 	case pgConstraint(err) == payloadSizeConstraint:
 		return fmt.Errorf("outbox: %s: %w: its stored (binary jsonb) form exceeds the database's limit, 4 MiB unless raised "+
 			"with %s.modkit_outbox_set_payload_limit(bytes); see Config.MaxPayloadBytes: %w", what, ErrPayloadTooLarge, c.cfg.Schema, err)

@@ -606,6 +606,34 @@ func TestPayloadOverTheStoredLimit(t *testing.T) {
 	if n := countRows(t, pool, "true"); n != 0 {
 		t.Fatalf("%d rows, want none", n)
 	}
+
+	// In the caller's transaction, a batch large enough for COPY (pgx) and
+	// one through database/sql: the refusal leaves the transaction
+	// aborted alike, as the docs say (the COPY's savepoint was rolled back
+	// to, leaving it usable, its batch silently gone on commit).
+	big := []outbox.Message{m}
+	for i := range 70 {
+		big = append(big, msg(i))
+	}
+	pgxTx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pgxTx.Rollback(ctx) }()
+	sqlTx, err := tdb.Provider.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sqlTx.Rollback() }()
+	for name, tx := range map[string]db.Runner{"pgx.Tx, COPY": pgxTx, "database/sql": db.SQL(sqlTx)} {
+		if _, err := c.EnqueueBatch(ctx, tx, big); !errors.Is(err, outbox.ErrPayloadTooLarge) {
+			t.Fatalf("%s: %v, want ErrPayloadTooLarge", name, err)
+		}
+		q, _ := db.AsQuerier(tx)
+		if _, err := q.Exec(ctx, "SELECT 1"); err == nil || !strings.Contains(err.Error(), "25P02") {
+			t.Errorf("%s: a statement after the refused batch: %v, want the transaction aborted (25P02)", name, err)
+		}
+	}
 }
 
 // Two transactions that enqueue two ordering keys in opposite orders

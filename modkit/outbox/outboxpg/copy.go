@@ -80,10 +80,14 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 		if err = r.SendBatch(ctx, &pgx.Batch{}).Close(); err != nil {
 			return false, insertError(err)
 		}
-		if err = s.copyIn(ctx, conn, rows, s.copyStatement(true, notify)); err != nil {
-			// Undo the COPY (and the announcement) and leave the caller's
-			// transaction usable. Should the rollback fail too (the
-			// connection is gone), the COPY's error says more.
+		if err = s.copyIn(ctx, conn, rows, s.copyStatement(true, notify)); isUniqueViolation(err) {
+			// A dedupe key exists or repeats: undo the COPY (and the
+			// announcement) and leave the caller's transaction usable for
+			// the INSERT path, which sorts the duplicates out. Should the
+			// rollback fail too (the connection is gone), that path's error
+			// says so. Any other failure leaves the transaction aborted, as
+			// the INSERT path's (and every other runner's) does: the batch
+			// is not in it, and the caller must roll it back.
 			_, _ = r.Exec(ctx, "ROLLBACK TO SAVEPOINT "+copySavepoint+"; RELEASE SAVEPOINT "+copySavepoint)
 		}
 	case *pgxpool.Pool:
@@ -95,11 +99,16 @@ func (s *store) tryCopy(ctx context.Context, tx any, rows []driver.InsertRow, no
 	default:
 		return false, nil
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation: a dedupe key exists or repeats
+	if isUniqueViolation(err) { // a dedupe key exists or repeats: the INSERT path resolves it
 		return false, nil
 	}
 	return err == nil, insertError(err)
+}
+
+// isUniqueViolation reports whether err is PostgreSQL's unique_violation.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // copyIn sends rows to conn with the COPY query sql, and reports the COPY

@@ -1,0 +1,2 @@
+-- 0028 only checked the schema: nothing to undo.
+SELECT 1;
