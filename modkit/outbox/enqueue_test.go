@@ -21,6 +21,7 @@ import (
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
@@ -788,5 +789,53 @@ func TestEnqueueBatchLarge(t *testing.T) {
 	}
 	if n := countRows(t, pool, "dedupe_key LIKE 'rolled-back-%'"); n != 0 {
 		t.Fatalf("%d rows after a rolled-back batch, want 0", n)
+	}
+}
+
+// After the payload limit is lowered below an event enqueued under the old
+// one, that event is still given back (a first attempt released) and
+// replayed, and the other outcomes of the same write are recorded: the
+// limit applies to new events only. A new event over it is refused.
+func TestLoweredPayloadLimitSparesOlderEvents(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	big, small := msg(0), msg(1)
+	var random strings.Builder // stored as it is: a repeated letter would compress below the limit
+	for random.Len() < 6000 {
+		random.WriteString(uuid.NewString())
+	}
+	big.Payload = json.RawMessage(`"` + random.String() + `"`)
+	if _, err := c.EnqueueBatch(ctx, pool, []outbox.Message{big, small}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT modkit_outbox_set_payload_limit(1024)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "SELECT modkit_outbox_set_payload_limit(4194304)") })
+	st := admStore(t, pool, "public", nil)
+	claimed := admClaim(t, st, 2)
+	if len(claimed) != 2 {
+		t.Fatalf("claimed %d, want 2", len(claimed))
+	}
+	outcomes := make([]driver.Outcome, 2)
+	for i, cl := range claimed {
+		outcomes[i] = driver.Outcome{ID: cl.ID, LeaseToken: cl.LeaseToken, Kind: driver.Release, Error: "given back"}
+		if len(cl.Payload) < 1000 {
+			outcomes[i].Kind = driver.Delivered
+		}
+	}
+	if settled, err := st.Complete(ctx, nil, admWorker, outcomes); err != nil || !settled[0] || !settled[1] {
+		t.Fatalf("a release of the large event beside a delivery: %v, %v", settled, err)
+	}
+	// Dead, then replayed: pending with no attempt again.
+	dead := admKillAll(t, st)
+	if len(dead) != 1 {
+		t.Fatalf("dead-lettered %d, want the large event", len(dead))
+	}
+	if ids, err := c.Admin().ReplayDead(ctx, "test", outbox.EventFilter{}, dead[0].ID); err != nil || len(ids) != 1 {
+		t.Fatalf("replay of the large event: %v, %v", ids, err)
+	}
+	if _, err := c.Enqueue(ctx, pool, big); !errors.Is(err, outbox.ErrPayloadTooLarge) {
+		t.Fatalf("a new event over the lowered limit: %v, want ErrPayloadTooLarge", err)
 	}
 }
