@@ -112,8 +112,32 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return nil, err
 		}
 	}
+	if err := c.closePublicSchema(ctx); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
 	c.logf("pgserver: PostgreSQL %s started on 127.0.0.1:%d (data in %s)", c.version, c.port, c.dir)
 	return c, nil
+}
+
+// closePublicSchema takes from PUBLIC the right to create objects in the
+// public schema of the databases that others are created from and of
+// postgres, as PostgreSQL 15 does: on 14 and earlier every role has it,
+// and the outbox refuses a schema others may create objects in (see
+// migration 0028).
+func (c *Cluster) closePublicSchema(ctx context.Context) error {
+	for _, db := range []string{"template1", "postgres"} {
+		conn, err := pgconn.Connect(ctx, c.DSN(db))
+		if err != nil {
+			return fmt.Errorf("pgserver: connect to %s: %w", db, err)
+		}
+		_, err = conn.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM PUBLIC").ReadAll()
+		_ = conn.Close(ctx)
+		if err != nil {
+			return fmt.Errorf("pgserver: in %s, REVOKE CREATE ON SCHEMA public FROM PUBLIC: %w", db, err)
+		}
+	}
+	return nil
 }
 
 // DSN returns the connection URL of database name (the superuser is

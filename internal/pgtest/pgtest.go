@@ -204,6 +204,12 @@ func createTemplate(ctx context.Context) error {
 		return err
 	}
 	defer pool.Close()
+	// As PostgreSQL 15 does: on 14 and earlier every role may create
+	// objects in public, and the outbox refuses such a schema (migration
+	// 0028). The template is this binary's own.
+	if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+		return err
+	}
 	m, err := db.NewMigrator(pool, db.MigratorConfig{Logger: discardLogger()})
 	if err != nil {
 		return err
