@@ -575,8 +575,16 @@ func (p *workerPool) stop() {
 	p.send(booked, back...)
 }
 
-// wait waits for the running publishes until ctx ends.
+// wait waits for the running publishes until ctx ends. With none running
+// it returns true, also for a ctx already ended (a stop whose stages are
+// late: a select would pick either).
 func (p *workerPool) wait(ctx context.Context) bool {
+	p.mu.Lock()
+	idle := len(p.calls) == 0
+	p.mu.Unlock()
+	if idle {
+		return true
+	}
 	done := make(chan struct{})
 	go func() { p.running.Wait(); close(done) }()
 	select {
