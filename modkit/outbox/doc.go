@@ -42,7 +42,9 @@
 // # Guarantees
 //
 //   - Completeness: an event enqueued in a transaction is committed with it or
-//     not at all. Enqueue adds no network call beyond the INSERT itself.
+//     not at all. Enqueue adds no network call beyond the INSERT itself
+//     (and, when its dedupe key exists already, one more to find the
+//     existing event).
 //   - Idempotent enqueue: while a row with the same (namespace, topic,
 //     dedupe_key) exists, enqueueing again inserts nothing and reports
 //     Enqueued.AlreadyEnqueued with the existing id, also under races. The
@@ -144,7 +146,10 @@
 // # Least privilege, history and tracing
 //
 // Every read and write of the PostgreSQL driver calls a SECURITY DEFINER
-// function with a pinned search_path; the roles modkit_outbox_producer,
+// function with a pinned search_path, with one exception: a producer
+// inserts new events without an ordering key itself (a plain INSERT, or
+// COPY for a batch of 64 or more through pgx), into the message columns
+// only, which the table's checks guard as the functions do. The roles modkit_outbox_producer,
 // modkit_outbox_dispatcher, modkit_outbox_operator and modkit_outbox_reader
 // may each call only what their job needs (the README's "Least privilege"
 // lists them). Recording an outcome checks the lease token, the worker and

@@ -209,8 +209,9 @@ func ExamplePublisher_handleTx() {
 	// Output: booked 250
 }
 
-// An operator lists dead events and replays them, by id or by filter. The
-// replay is recorded in last_error with who asked.
+// An operator lists dead events and replays them, by id or by filter. Each
+// replay is recorded in the event's History (a "replayed" entry naming who
+// asked); last_error keeps the error the event died with.
 func ExampleAdmin_ReplayDead() {
 	tdb, client, done := exampleDB()
 	defer done()
