@@ -1,8 +1,13 @@
 package outbox
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
@@ -54,4 +59,43 @@ func TestClaimSkew(t *testing.T) {
 	if _, ok := d.claimSkew(claim(skew, 0), local); ok {
 		t.Fatal("a skew under a test clock")
 	}
+}
+
+// delivery.lag runs from the event's enqueue to its publish's end, not to
+// the recording of its outcome, which may come much later (the outcome
+// write's wait for more results, a slow database, its retries).
+func TestLagEndsAtThePublish(t *testing.T) {
+	prev := otel.GetMeterProvider()
+	t.Cleanup(func() { otel.SetMeterProvider(prev) })
+	reader := sdkmetric.NewManualReader()
+	otel.SetMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	reg, err := newRegistry(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMetrics(&Dispatcher{reg: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now().Add(-time.Hour) // an outcome recorded an hour after its publish
+	enqueued := started.Add(-3 * time.Second)
+	m.observe(result{c: claimed{d: Delivery{Namespace: "test", Topic: "events"}, enqueued: enqueued}, started: started,
+		elapsed: 500 * time.Millisecond}, Outcome{Status: StatusDelivered})
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name != "outbox.delivery.lag" {
+				continue
+			}
+			h := mt.Data.(metricdata.Histogram[float64])
+			if len(h.DataPoints) != 1 || h.DataPoints[0].Count != 1 || h.DataPoints[0].Sum != 3.5 {
+				t.Fatalf("delivery.lag: %+v, want one value of 3.5s (enqueue to the publish's end)", h.DataPoints)
+			}
+			return
+		}
+	}
+	t.Fatal("no outbox.delivery.lag recorded")
 }

@@ -179,7 +179,14 @@ func (m *metrics) observe(r result, o Outcome) {
 		if enqueued.IsZero() {
 			enqueued = msg.CreatedAt
 		}
-		m.lag.Record(ctx, time.Since(enqueued).Seconds(), attrs)
+		// To the publish's end, not to now: the outcome's write (its wait
+		// for more results, the database, its retries) is not the
+		// delivery's lag.
+		delivered := time.Now()
+		if !r.started.IsZero() {
+			delivered = r.started.Add(r.elapsed)
+		}
+		m.lag.Record(ctx, delivered.Sub(enqueued).Seconds(), attrs)
 	case o.Status == StatusDead:
 		m.dead.Add(ctx, 1, attrs)
 	default:

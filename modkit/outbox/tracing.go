@@ -115,14 +115,20 @@ func publishSpanOptions(t Topic) []trace.SpanStartOption {
 // spans that record only: building them for every event cost about a
 // tenth of a drain's client CPU with no TracerProvider set.
 func startPublishSpan(ctx context.Context, m Delivery, opts []trace.SpanStartOption) (context.Context, trace.Span) {
+	fromEvent := false
 	if _, ok := m.Headers["traceparent"]; ok {
-		ctx = traceContext.Extract(ctx, propagation.MapCarrier(m.Headers))
+		// Extracted on its own, so that a span context ctx already
+		// carries is not taken for the event's when its header does not
+		// parse.
+		if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier(m.Headers))); sc.IsValid() {
+			ctx, fromEvent = trace.ContextWithRemoteSpanContext(ctx, sc), true
+		}
 	}
 	// Without the enqueue's trace context (none, or one that does not
-	// parse), the span is a root: ctx may still carry a span of the
-	// process (the one Dispatcher.Start was called under), which is no
-	// parent of this event's publish.
-	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() && !sc.IsRemote() {
+	// parse), the span is a root: ctx may still carry a span context of
+	// the process (the one Dispatcher.Start was called under, local or
+	// remote), which is no parent of this event's publish.
+	if !fromEvent && trace.SpanContextFromContext(ctx).IsValid() {
 		opts = append(opts[:len(opts):len(opts)], trace.WithNewRoot())
 	}
 	ctx, span := tracer().Start(ctx, "outbox publish", opts...)

@@ -1,9 +1,13 @@
 package outbox
 
 import (
+	"context"
 	"testing"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -58,5 +62,41 @@ func TestTracerFollowsTheGlobalProvider(t *testing.T) {
 	_ = tracer()
 	if c := cachedTracer.Load(); c == nil || c.provider != trace.TracerProvider(second) {
 		t.Fatalf("cache after the provider changed: %+v, want the second provider", c)
+	}
+}
+
+// A publish span is a child of the event's enqueue when the event carries
+// its trace context, and a root otherwise, also when ctx carries a remote
+// span context (a Start under a request's extracted context) or the
+// event's traceparent does not parse.
+func TestPublishSpanParent(t *testing.T) {
+	prev := otel.GetTracerProvider()
+	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	rec := tracetest.NewSpanRecorder()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+
+	process := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5, 6},
+		TraceFlags: trace.FlagsSampled, Remote: true})
+	startCtx := trace.ContextWithRemoteSpanContext(context.Background(), process)
+	const event = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	for _, c := range []struct {
+		name    string
+		headers map[string]string
+		parent  string // hex span id, "" for a root
+	}{
+		{"the event's trace context", map[string]string{"traceparent": event}, "b7ad6b7169203331"},
+		{"none", nil, ""},
+		{"one that does not parse", map[string]string{"traceparent": "garbage"}, ""},
+	} {
+		_, span := startPublishSpan(startCtx, Delivery{ID: uuid.New(), Headers: c.headers}, nil)
+		span.End()
+		spans := rec.Ended()
+		got := spans[len(spans)-1].Parent()
+		switch {
+		case c.parent == "" && got.IsValid():
+			t.Errorf("%s: the span's parent is %s (trace %s), want a root", c.name, got.SpanID(), got.TraceID())
+		case c.parent != "" && got.SpanID().String() != c.parent:
+			t.Errorf("%s: the span's parent is %s, want %s", c.name, got.SpanID(), c.parent)
+		}
 	}
 }

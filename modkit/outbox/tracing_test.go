@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -222,5 +224,41 @@ func TestPublishSpanWithoutTraceContextIsARoot(t *testing.T) {
 	if publish.Parent().IsValid() || publish.SpanContext().TraceID() == startup.SpanContext().TraceID() {
 		t.Fatalf("publish span: parent %v in trace %s, want a root span (the dispatcher was started in trace %s)",
 			publish.Parent().SpanID(), publish.SpanContext().TraceID(), startup.SpanContext().TraceID())
+	}
+}
+
+// A transactional handler whose lease ended before its commit delivered
+// nothing (its transaction rolled back): its publish span ends with an
+// error, not as a success.
+func TestLostLeaseInTxSpanIsAnError(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+
+	client, tdb := newClient(t, outbox.Config{})
+	id := enqueueN(t, client, tdb.Provider.Pool, 1)[0]
+	clock := newTestClock()
+	outcomes := newOutcomeLog()
+	cfg := testConfig(outcomes)
+	startDispatcher(t, clientOn(t, tdb.NewPool(t), outbox.Config{Now: clock.Now}), cfg, outbox.Publisher{Topic: testTopic,
+		HandleTx: func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+			if d.Attempt == 1 {
+				clock.Advance(2 * cfg.LeaseDuration) // the lease ends before the delivered mark
+			}
+			return nil
+		}})
+	outcomes.waitFor(t, "the lost lease, then the delivery", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		return len(m[id]) == 2
+	})
+	var statuses []codes.Code
+	for _, s := range rec.Ended() {
+		if s.Name() == "outbox publish" {
+			statuses = append(statuses, s.Status().Code)
+		}
+	}
+	if len(statuses) != 2 || statuses[0] != codes.Error || statuses[1] == codes.Error {
+		t.Fatalf("publish span statuses %v, want an error for the attempt whose lease ended, then none", statuses)
 	}
 }

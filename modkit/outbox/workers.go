@@ -656,7 +656,11 @@ func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
 	} else {
 		res.err = d.callSafely(p, m, func() error { return p.Publish(ctx, m) })
 	}
-	endSpan(span, res.err)
+	spanErr := res.err
+	if res.kind == lostInTx { // rolled back: nothing was delivered
+		spanErr = ErrLeaseLost
+	}
+	endSpan(span, spanErr)
 	res.elapsed = time.Since(res.started)
 	if res.kind == published && res.err != nil && d.hardStop.Load() {
 		// Cut short by a hard stop: the outcome is unknown, so the event
