@@ -281,6 +281,7 @@ func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTim
 	defer cancel()
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
+		d.setOutcomeFailing(err != nil)
 		if err == nil {
 			// The database set each retry's next_attempt_at from its clock
 			// during Complete, so now+delay is never before it: the wake-up

@@ -196,6 +196,9 @@ type Dispatcher struct {
 	pool       *workerPool // of the current run; nil when stopped
 	claimErr   error       // the last claim's error, nil after a success
 	claimErrAt time.Time
+	// outcomeErrAt is when outcome writes began failing; zero after one
+	// that succeeded.
+	outcomeErrAt time.Time
 	// onMaintenance, if set, is called after each maintenance pass with
 	// the roles held and whether the pass finished before its deadline
 	// (tests).
@@ -320,7 +323,7 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	defer d.metrics.register()()
 	pool := newWorkerPool(d, pubCtx, results)
 	d.mu.Lock()
-	d.pool, d.claimErr = pool, nil
+	d.pool, d.claimErr, d.outcomeErrAt = pool, nil, time.Time{}
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
@@ -429,14 +432,14 @@ func (h Health) State() string {
 
 // Health reports whether the dispatcher is ready (its first claim
 // succeeded) and whether it is degraded: a topic has publishes that
-// outlived their deadline (the publisher ignores its context), or claims
-// are failing. In an fx app, take the *Dispatcher from the graph (it is nil
+// outlived their deadline (the publisher ignores its context), claims
+// are failing, or outcome writes are. In an fx app, take the *Dispatcher from the graph (it is nil
 // when no publisher is registered) to read it, show it on the outboxui
 // dashboard (Options.Dispatchers) or serve it to probes
 // (outboxui.HealthHandler).
 func (d *Dispatcher) Health() Health {
 	d.mu.Lock()
-	pool, claimErr, claimErrAt := d.pool, d.claimErr, d.claimErrAt
+	pool, claimErr, claimErrAt, outcomeErrAt := d.pool, d.claimErr, d.claimErrAt, d.outcomeErrAt
 	d.mu.Unlock()
 	status := d.task.Status()
 	h := Health{Running: pool != nil && status == lifecycle.Running, Starting: pool != nil && status == lifecycle.Starting}
@@ -460,6 +463,10 @@ func (d *Dispatcher) Health() Health {
 		h.Problems = append(h.Problems, fmt.Sprintf("claims failing since %s (the error is in Health.ClaimError and the dispatcher's log)",
 			claimErrAt.Format(time.RFC3339)))
 	}
+	if !outcomeErrAt.IsZero() {
+		h.Problems = append(h.Problems, fmt.Sprintf("recording outcomes failing since %s (the error is in the dispatcher's log): "+
+			"published events are not marked delivered, and are published again when their leases end", outcomeErrAt.Format(time.RFC3339)))
+	}
 	h.Degraded = len(h.Problems) > 0
 	return h
 }
@@ -481,6 +488,18 @@ func (d *Dispatcher) abandonedReturned(c claimed, r result) {
 	d.log.Warn("an abandoned publish returned; its result is ignored (the event was given back and is delivered again)",
 		"namespace", c.d.Namespace, "topic", c.d.Topic, "event_id", c.d.ID, "elapsed", r.elapsed,
 		"publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
+}
+
+// setOutcomeFailing records whether the last outcome write failed.
+func (d *Dispatcher) setOutcomeFailing(failing bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case !failing:
+		d.outcomeErrAt = time.Time{}
+	case d.outcomeErrAt.IsZero():
+		d.outcomeErrAt = time.Now()
+	}
 }
 
 func (d *Dispatcher) setClaimErr(err error) {

@@ -2,11 +2,18 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // A dispatcher is ready only once a claim succeeds: while its claims fail
@@ -71,5 +78,56 @@ func TestHealthReadyAfterFirstClaim(t *testing.T) {
 	}
 	if h := d.Health(); h.State() != "stopped" {
 		t.Fatalf("health after Stop: %+v (%s)", h, h.State())
+	}
+}
+
+// failingCompleteStore fails every outcome write while failing is set.
+type failingCompleteStore struct {
+	driver.Store
+	failing atomic.Bool
+}
+
+func (s *failingCompleteStore) Complete(ctx context.Context, tx any, worker uuid.UUID, o []driver.Outcome) ([]bool, error) {
+	if s.failing.Load() {
+		return nil, errors.New("test: outcome writes fail")
+	}
+	return s.Store.Complete(ctx, tx, worker, o)
+}
+
+type failingCompleteDriver struct {
+	driver.Driver
+	store *failingCompleteStore
+}
+
+func (d failingCompleteDriver) Open(opts driver.Options) (driver.Store, error) {
+	st, err := d.Driver.Open(opts)
+	d.store.Store = st
+	return d.store, err
+}
+
+// While outcome writes fail, events are published but never marked
+// delivered (and are published again when their leases end): Health says
+// so, and is healthy again once a write succeeds.
+func TestHealthDegradedWhileOutcomeWritesFail(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	store := &failingCompleteStore{}
+	store.failing.Store(true)
+	fc, err := outbox.New(failingCompleteDriver{Driver: outboxpg.New(tdb.Provider.Pool), store: store}, outbox.Config{Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := enqueueN(t, c, tdb.Provider.Pool, 1)[0]
+	outcomes := newOutcomeLog()
+	d := startDispatcher(t, fc, testConfig(outcomes), outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	eventually(t, "failing outcome writes reported", func() bool { return d.Health().Degraded })
+	if h := d.Health(); !h.Running || !strings.Contains(strings.Join(h.Problems, "\n"), "recording outcomes failing since") {
+		t.Fatalf("health while outcome writes fail: %+v", h)
+	}
+	store.failing.Store(false)
+	outcomes.waitFor(t, "the delivery recorded", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		return slices.ContainsFunc(m[id], func(o outbox.Outcome) bool { return o.Status == outbox.StatusDelivered })
+	})
+	if h := d.Health(); h.Degraded || len(h.Problems) > 0 {
+		t.Fatalf("health after an outcome write succeeded: %+v", h)
 	}
 }
