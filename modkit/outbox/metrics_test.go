@@ -228,9 +228,8 @@ func TestDispatcherMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Each dispatcher meters into a MeterProvider of its own, as one per
-	// process would. (On one provider the second dispatcher's gauges are
-	// lost: the SDK keeps an observable instrument's first callbacks only.)
+	// One MeterProvider for the test's dispatchers (each reports its own
+	// gauges on it: TestGaugesOfTwoDispatchersInOneProcess).
 	reader := mtInstall(t)
 	// The probe's dispatcher: delivered, dead, and a retry an hour away
 	// (pending, not due).
