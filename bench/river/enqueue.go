@@ -140,8 +140,9 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8)`
 var uniqueByArgs = river.InsertOpts{UniqueOpts: river.UniqueOpts{ByArgs: true}}
 
 // bulkLoad writes total events in batches of batch, one transaction per
-// batch, from one producer, and returns events per second; the batches are
-// built before the clock starts.
+// batch, from one producer, and returns events per second; write builds
+// each batch inside the timed loop, for every side alike (unlike
+// cmd/outbox-bench, which builds its messages before timing).
 func (b *bench) bulkLoad(ctx context.Context, total, batch int, write func(ctx context.Context, tx pgx.Tx, first, n int) error) (float64, error) {
 	if err := b.env.reset(ctx); err != nil {
 		return 0, err

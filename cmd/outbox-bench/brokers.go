@@ -59,7 +59,9 @@ func (b *bench) runBrokers(ctx context.Context) error {
 				if err := b.prepareDrain(ctx, "brokers", 0, n); err != nil {
 					return drainResult{}, err
 				}
-				return b.drainDispatcherWith(ctx, n, b.opts.batch, b.opts.concurrency, nil, &pub)
+				// The session settings of the no-op side (-dispatcher-settings), so
+				// that the two sides differ by their publisher only.
+				return b.drainDispatcherWith(ctx, n, b.opts.batch, b.opts.concurrency, b.opts.dispatcherSettings, &pub)
 			}},
 			{"no-op publisher", func(ctx context.Context, _ int) (drainResult, error) {
 				return b.drainLibrary(ctx, "brokers-noop", 0, n, b.opts.batch)
