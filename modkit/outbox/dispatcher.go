@@ -432,11 +432,11 @@ func (h Health) State() string {
 
 // Health reports whether the dispatcher is ready (its first claim
 // succeeded) and whether it is degraded: a topic has publishes that
-// outlived their deadline (the publisher ignores its context), claims
-// are failing, or outcome writes are. In an fx app, take the *Dispatcher from the graph (it is nil
-// when no publisher is registered) to read it, show it on the outboxui
-// dashboard (Options.Dispatchers) or serve it to probes
-// (outboxui.HealthHandler).
+// outlived their deadline (the publisher ignores its context), claims are
+// failing, or outcome writes are (until one succeeds). In an fx app, take
+// the *Dispatcher from the graph (it is nil when no publisher is
+// registered) to read it, show it on the outboxui dashboard
+// (Options.Dispatchers) or serve it to probes (outboxui.HealthHandler).
 func (d *Dispatcher) Health() Health {
 	d.mu.Lock()
 	pool, claimErr, claimErrAt, outcomeErrAt := d.pool, d.claimErr, d.claimErrAt, d.outcomeErrAt
