@@ -291,7 +291,16 @@ func (c *Cluster) waitReady(ctx context.Context, exited <-chan struct{}) error {
 	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
 		conn, err := pgconn.Connect(ctx, c.DSN("postgres"))
 		if err == nil {
+			// Ours, not another server that took the port meanwhile (a
+			// restart binds the port it had before).
+			res, qerr := conn.Exec(ctx, "SHOW data_directory").ReadAll()
 			_ = conn.Close(ctx)
+			if qerr != nil {
+				return fmt.Errorf("pgserver: the server on port %d: %w", c.port, qerr)
+			}
+			if len(res) != 1 || len(res[0].Rows) != 1 || string(res[0].Rows[0][0]) != c.dataDir() {
+				return fmt.Errorf("pgserver: port %d is answered by another PostgreSQL server, not the one started in %s", c.port, c.dataDir())
+			}
 			return nil
 		}
 		select {

@@ -10,7 +10,9 @@ import (
 )
 
 // WaitTimeout bounds Recorder.Wait and Drain: reaching it fails the test.
-// It only catches hangs; nothing is expected to come near it.
+// It only catches hangs; nothing is expected to come near it. It is read
+// by every test of the binary: change it in TestMain, before the tests
+// run, not from a test (tests running in parallel would race on it).
 var WaitTimeout = time.Minute
 
 // Recorder is a capturing publisher: its Publishers record every call and
