@@ -337,12 +337,13 @@ func (e *notMigratedError) Error() string {
 func (e *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.err} }
 
 // notMigrated reports whether err says the outbox's objects do not exist:
-// PostgreSQL's undefined_table (42P01), undefined_function (42883) or
-// invalid_schema_name (3F000). The outbox's own statements name only its
-// own objects, so these mean the migrations have not run.
+// PostgreSQL's undefined_table (42P01), undefined_column (42703),
+// undefined_function (42883) or invalid_schema_name (3F000). The outbox's
+// own statements name only its own objects, so these mean the migrations
+// have not run, or not all of them (a column a later one added).
 func notMigrated(err error) bool {
 	switch pgCode(err) {
-	case "42P01", "42883", "3F000":
+	case "42P01", "42703", "42883", "3F000":
 		return true
 	}
 	return false

@@ -53,6 +53,18 @@ func TestNotMigratedSaysWhatToDo(t *testing.T) {
 	check("Admin.History", err)
 	_, err = admin.ReplayDead(ctx, "test", outbox.EventFilter{})
 	check("Admin.ReplayDead", err)
+	// A schema whose table lacks a column a later migration added (a
+	// migration left out) says the same.
+	partly := clientOn(t, tdb.Provider.Pool, outbox.Config{Schema: "partly", Logger: quietLog})
+	if err := partly.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tdb.Provider.Pool.Exec(ctx, "ALTER TABLE partly.modkit_outbox_events DROP COLUMN headers CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := partly.Enqueue(ctx, tdb.Provider.Pool, msg(1)); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("Enqueue into a table without a column a migration added: %v, want ErrNotMigrated", err)
+	}
 	// A migrated database is not reported as unmigrated.
 	if _, err := clientOn(t, tdb.Provider.Pool, outbox.Config{}).Enqueue(ctx, tdb.Provider.Pool, msg(3)); err != nil {
 		t.Fatal(err)
