@@ -61,8 +61,9 @@ type Summary struct {
 	// WatchdogRaces is how many turns the scenario finalised from the
 	// normal path and the watchdog at once.
 	WatchdogRaces int64
-	// Chat are the chat service's counters: LostRaces and
-	// DuplicateEnqueues are the finalisations that wrote no event.
+	// Chat are the chat service's counters: LostRaces are the
+	// finalisations that wrote no event, DuplicateEnqueues the re-sent
+	// events already enqueued.
 	Chat chat.Stats
 	// Collector are the usage collector's counters.
 	Collector usage.Stats

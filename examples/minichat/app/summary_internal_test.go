@@ -2,6 +2,7 @@ package app
 
 import (
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,5 +50,40 @@ func TestMismatchComparesWhoWasBilled(t *testing.T) {
 		if s.TurnsMismatched != int64(i+1) {
 			t.Fatalf("a usage record billed to another %s: %d turns mismatched, want %d", column, s.TurnsMismatched, i+1)
 		}
+	}
+}
+
+// A usage event lost after its turn was finalised (its row gone) does not
+// hold the run up until its drain timeout: the run settles, and the
+// reconciliation reports the turn without an event. waitSettled waited for
+// the counts to agree, so a loss ended as "run not settled" (could not
+// run) instead of a failed reconciliation.
+func TestLostEventFailsTheReconciliation(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	ctx, pool := t.Context(), tdb.Provider.Pool
+	sum, err := Run(ctx, Options{DSN: tdb.DSN, Turns: 10, Users: 2, Seed: 3, DrainTimeout: 30 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil || !sum.Reconciled {
+		t.Fatalf("run: %v, reconciled %v: %q", err, sum.Reconciled, sum.Mismatches)
+	}
+	var tenants []uuid.UUID
+	if err := pool.QueryRow(ctx, `SELECT array_agg(DISTINCT tenant_id) FROM minichat_turns`).Scan(&tenants); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `DELETE FROM modkit_outbox_events WHERE id = (SELECT id FROM modkit_outbox_events
+		WHERE tenant_id = ANY($1) AND status = 'delivered' ORDER BY id LIMIT 1)`, tenants); err != nil {
+		t.Fatal(err)
+	}
+	sc := &scenario{opts: Options{DrainTimeout: time.Minute, MalformedEvents: 3, Turns: 10}, tenants: tenants, prov: tdb.Provider}
+	if err := sc.waitSettled(ctx); err != nil { // a guard: settling waited for counts that cannot agree
+		t.Fatalf("settling after a lost event: %v", err)
+	}
+	var s Summary
+	if err := readSummary(ctx, pool, tenants, &s); err != nil {
+		t.Fatal(err)
+	}
+	s.check(10, 3)
+	if s.Reconciled || !strings.Contains(strings.Join(s.Mismatches, "\n"), "usage events for") {
+		t.Fatalf("a lost event: reconciled %v, mismatches %q", s.Reconciled, s.Mismatches)
 	}
 }

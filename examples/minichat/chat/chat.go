@@ -7,6 +7,7 @@ package chat
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -139,9 +140,10 @@ type Stats struct {
 	// LostRaces counts finalisations that found the turn already final
 	// (the compare-and-set matched nothing): they wrote no event.
 	LostRaces int64
-	// DuplicateEnqueues counts enqueues (by Finalise or ResendUsage) that
-	// the outbox answered with AlreadyEnqueued: the dedupe key already had
-	// a row, so nothing was written.
+	// DuplicateEnqueues counts ResendUsage enqueues that the outbox
+	// answered with AlreadyEnqueued: the dedupe key already had a row, so
+	// nothing was written. (A Finalise that wins its turn and finds its
+	// event already enqueued fails and rolls back instead.)
 	DuplicateEnqueues int64
 }
 
@@ -216,7 +218,11 @@ func (s *Service) StartTurn(ctx context.Context, chatID uuid.UUID, requestID, mo
 		return nil, fmt.Errorf("%w: request id %q: 1 to %d bytes of UTF-8 without NUL", ErrBadRequest, truncate(requestID, 40), RequestIDMaxLen)
 	}
 	var turn *Turn
-	err := s.db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error {
+	// READ COMMITTED whatever the server's default, as Finalise: the
+	// reservation updates the user's quota row, which the watchdog may be
+	// settling at the same moment (under REPEATABLE READ that is a
+	// serialization failure, not a wait).
+	err := s.db.RunInTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted}, func(ctx context.Context, tx bun.Tx) error {
 		var c Chat
 		if err := tx.NewSelect().Model(&c).Where("id = ?", chatID).Scan(ctx); err != nil {
 			return fmt.Errorf("load chat %s: %w", chatID, err)

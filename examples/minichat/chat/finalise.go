@@ -120,9 +120,6 @@ func (s *Service) count(turnID uuid.UUID, state, by string, out Finalised) {
 		s.cfg.OnCommitted(turnID, time.Now())
 	}
 	s.finalised[state].Add(1)
-	if out.Event.AlreadyEnqueued {
-		s.duplicateEnqueue.Add(1)
-	}
 }
 
 func (s *Service) finaliseInTx(ctx context.Context, tx bun.Tx, turnID uuid.UUID, o Outcome, by string) (Finalised, error) {
@@ -141,6 +138,14 @@ func (s *Service) finaliseInTx(ctx context.Context, tx bun.Tx, turnID uuid.UUID,
 	ev, err := s.enqueueUsage(ctx, tx, turn)
 	if err != nil {
 		return Finalised{}, err
+	}
+	if ev.AlreadyEnqueued {
+		// This finalisation won the turn, so no event of it can exist:
+		// one that does would bill something else than what the turn now
+		// records. Roll back rather than commit a turn and an event that
+		// disagree.
+		return Finalised{}, fmt.Errorf("usage event of turn %s already enqueued (event %s), though this finalisation won the turn",
+			turn.ID, ev.ID)
 	}
 	return Finalised{Won: true, Event: ev}, nil
 }

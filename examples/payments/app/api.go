@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -29,6 +30,11 @@ type Accepted struct {
 	Seq     int64
 	EventID uuid.UUID
 }
+
+// ErrAlreadyAccepted is returned by Accept for an instruction id accepted
+// before: the first acceptance stands (the API role may not read the
+// ledger to answer with it).
+var ErrAlreadyAccepted = errors.New("payments: instruction already accepted")
 
 // API accepts instructions. It connects as a login role in
 // modkit_outbox_producer: it may enqueue, and write its own tables, but
@@ -65,6 +71,12 @@ func (a *API) Accept(ctx context.Context, runID uuid.UUID, in Instruction) (Acce
 		})
 		if err != nil {
 			return err
+		}
+		if enq.AlreadyEnqueued {
+			// Its dedupe key (the instruction id) found the first
+			// acceptance's event: refused, and the sequence number taken
+			// above is rolled back with the transaction.
+			return fmt.Errorf("%w (its event is %s)", ErrAlreadyAccepted, enq.ID)
 		}
 		out.EventID = enq.ID
 		_, err = tx.Exec(ctx, `INSERT INTO payments_instructions

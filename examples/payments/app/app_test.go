@@ -207,6 +207,31 @@ func TestRunRefusesAValidInstructionAnEarlierRunLeftDead(t *testing.T) {
 	}
 }
 
+// An instruction accepted twice (a client retrying after a lost answer) is
+// refused with ErrAlreadyAccepted, and the second call writes nothing: no
+// ledger row, no sequence number taken.
+func TestAcceptTwiceIsRefused(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	ctx, admin, participant := t.Context(), tdb.Provider.Pool, "E02-twice"
+	api, earlier := earlierRun(t, tdb, participant)
+	in := app.Instruction{ID: uuid.New(), Participant: participant, AmountMinor: 100, Currency: "EUR", Destination: "DE001234567890123456"}
+	first, err := api.Accept(ctx, earlier, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := api.Accept(ctx, earlier, in); !errors.Is(err, app.ErrAlreadyAccepted) || !strings.Contains(err.Error(), first.EventID.String()) {
+		t.Fatalf("the same instruction again: %v, want ErrAlreadyAccepted naming event %s", err, first.EventID)
+	}
+	var rows, nextSeq int64
+	if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments_instructions WHERE id = $1),
+		(SELECT next_seq FROM payments_participants WHERE id = $2)`, in.ID, participant).Scan(&rows, &nextSeq); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || nextSeq != first.Seq+1 {
+		t.Fatalf("after the refused repeat: %d ledger rows, next sequence %d; want 1 and %d", rows, nextSeq, first.Seq+1)
+	}
+}
+
 // Each job's login role may do its job only: the API may not read events,
 // the dispatcher and the operator may not read the ledger, the report may
 // not write it.

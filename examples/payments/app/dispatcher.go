@@ -103,13 +103,18 @@ func RailPublisher(railURL string, client *http.Client) outbox.Publisher {
 			}
 			defer resp.Body.Close()
 			msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			railErr := &RailError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg))}
 			switch {
-			case resp.StatusCode == http.StatusOK:
+			case resp.StatusCode >= 200 && resp.StatusCode < 300: // paid, or accepted for payment
 				return nil
-			case resp.StatusCode >= 500:
-				return &RailError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg))}
-			default:
-				return outbox.Permanent(&RailError{Status: resp.StatusCode, Body: string(bytes.TrimSpace(msg))})
+			case resp.StatusCode >= 500, resp.StatusCode == http.StatusRequestTimeout, resp.StatusCode == http.StatusConflict,
+				resp.StatusCode == http.StatusTooEarly, resp.StatusCode == http.StatusTooManyRequests:
+				// The rail's trouble, a request still in flight under the
+				// same idempotency key, or a rate limit: the same
+				// request may succeed later.
+				return railErr
+			default: // the rail refuses this payment: no retry can change it
+				return outbox.Permanent(railErr)
 			}
 		},
 	}
