@@ -400,17 +400,6 @@ func (s *heldClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]dri
 	return got, err
 }
 
-type heldClaimDriver struct {
-	driver.Driver
-	store *heldClaimStore
-}
-
-func (d heldClaimDriver) Open(opts driver.Options) (driver.Store, error) {
-	st, err := d.Driver.Open(opts)
-	d.store.Store = st
-	return d.store, err
-}
-
 // Events of a claim that commits after Stop began go straight back,
 // unpublished and uncharged, and each outcome is reported to OnOutcome as
 // any other is.
@@ -418,10 +407,7 @@ func TestClaimFinishedAfterStopIsGivenBackAndReported(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{}) // migrated
 	pool := tdb.Provider.Pool
 	store := &heldClaimStore{held: make(chan struct{}), release: make(chan struct{})}
-	c, err := outbox.New(heldClaimDriver{Driver: outboxpg.New(pool), store: store}, outbox.Config{Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { store.Store = st; return store })
 	log := newOutcomeLog()
 	var published atomic.Int64
 	d := startDispatcher(t, c, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
-	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // A dispatcher is ready only once a claim succeeds: while its claims fail
@@ -94,17 +93,6 @@ func (s *failingCompleteStore) Complete(ctx context.Context, tx any, worker uuid
 	return s.Store.Complete(ctx, tx, worker, o)
 }
 
-type failingCompleteDriver struct {
-	driver.Driver
-	store *failingCompleteStore
-}
-
-func (d failingCompleteDriver) Open(opts driver.Options) (driver.Store, error) {
-	st, err := d.Driver.Open(opts)
-	d.store.Store = st
-	return d.store, err
-}
-
 // While outcome writes fail, events are published but never marked
 // delivered (and are published again when their leases end): Health says
 // so, and is healthy again once a write succeeds.
@@ -112,10 +100,7 @@ func TestHealthDegradedWhileOutcomeWritesFail(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	store := &failingCompleteStore{}
 	store.failing.Store(true)
-	fc, err := outbox.New(failingCompleteDriver{Driver: outboxpg.New(tdb.Provider.Pool), store: store}, outbox.Config{Logger: quietLog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	fc := clientWrappingStore(t, tdb.Provider.Pool, func(st driver.Store) driver.Store { store.Store = st; return store })
 	id := enqueueN(t, c, tdb.Provider.Pool, 1)[0]
 	outcomes := newOutcomeLog()
 	d := startDispatcher(t, fc, testConfig(outcomes), outbox.Publisher{Topic: testTopic, Publish: noopPublish})

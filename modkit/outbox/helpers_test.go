@@ -6,8 +6,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // guard bounds every wait on a signal: reaching it fails the test. It is a
@@ -98,4 +101,29 @@ func startDispatcher(t *testing.T, c *outbox.Client, cfg outbox.DispatcherConfig
 		}
 	})
 	return d
+}
+
+// clientWrappingStore returns a client on pool whose PostgreSQL store is
+// passed through wrap (a test's store that changes some calls).
+func clientWrappingStore(t *testing.T, pool *pgxpool.Pool, wrap func(driver.Store) driver.Store) *outbox.Client {
+	t.Helper()
+	c, err := outbox.New(wrappedDriver{Driver: outboxpg.New(pool), wrap: wrap}, outbox.Config{Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// wrappedDriver opens its Driver's store and hands it to wrap.
+type wrappedDriver struct {
+	driver.Driver
+	wrap func(driver.Store) driver.Store
+}
+
+func (d wrappedDriver) Open(opts driver.Options) (driver.Store, error) {
+	st, err := d.Driver.Open(opts)
+	if err != nil {
+		return nil, err
+	}
+	return d.wrap(st), nil
 }

@@ -23,11 +23,7 @@ import (
 // request that enqueued an event continues in its publish: one trace id
 // from the request's span through the enqueue span to the publish span.
 func TestHeadersAndTraceContext(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+	rec, tp := recordSpans(t)
 
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -192,11 +188,7 @@ func TestPublishSpanWithoutTraceContextIsARoot(t *testing.T) {
 	if e := get(t, client, res.ID); e.Headers["traceparent"] != "" {
 		t.Fatalf("the event carries a trace context: %v", e.Headers)
 	}
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+	rec, tp := recordSpans(t)
 	startupCtx, startup := tp.Tracer("test").Start(ctx, "startup")
 	defer startup.End()
 	d, err := client.NewDispatcher(testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic,
@@ -231,11 +223,7 @@ func TestPublishSpanWithoutTraceContextIsARoot(t *testing.T) {
 // nothing (its transaction rolled back): its publish span ends with an
 // error, not as a success.
 func TestLostLeaseInTxSpanIsAnError(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+	rec, _ := recordSpans(t)
 
 	client, tdb := newClient(t, outbox.Config{})
 	id := enqueueN(t, client, tdb.Provider.Pool, 1)[0]
@@ -266,4 +254,16 @@ func TestLostLeaseInTxSpanIsAnError(t *testing.T) {
 	if len(statuses) != 2 || statuses[1] != codes.Error || statuses[2] == codes.Error {
 		t.Fatalf("publish span statuses by attempt %v, want an error for attempt 1, whose lease ended, and none for attempt 2", statuses)
 	}
+}
+
+// recordSpans makes the global TracerProvider one that records every span
+// until the test ends, and returns its recorder and the provider.
+func recordSpans(t *testing.T) (*tracetest.SpanRecorder, *sdktrace.TracerProvider) {
+	t.Helper()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
+	return rec, tp
 }

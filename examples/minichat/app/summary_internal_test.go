@@ -15,28 +15,8 @@ import (
 // charged to another user than its turn's (or another chat) does not pair
 // up. It compared the usage figures only, so such a run reconciled.
 func TestMismatchComparesWhoWasBilled(t *testing.T) {
-	tdb := pgtest.NewDB(t)
+	tdb, tenants := reconciledRun(t)
 	ctx, pool := t.Context(), tdb.Provider.Pool
-	sum, err := Run(ctx, Options{DSN: tdb.DSN, Turns: 10, Users: 2, Seed: 3, DrainTimeout: 30 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil || !sum.Reconciled {
-		t.Fatalf("run: %v, reconciled %v: %q", err, sum.Reconciled, sum.Mismatches)
-	}
-	rows, err := pool.Query(ctx, `SELECT DISTINCT tenant_id FROM minichat_turns`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var tenants []uuid.UUID
-	for rows.Next() {
-		var id uuid.UUID
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		tenants = append(tenants, id)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
 	for i, column := range []string{"user_id", "chat_id"} { // one record each
 		if _, err := pool.Exec(ctx, `UPDATE minichat_usage_records SET `+column+` = gen_random_uuid()
 			WHERE (tenant_id, turn_id) IN (SELECT tenant_id, turn_id FROM minichat_usage_records ORDER BY turn_id OFFSET $1 LIMIT 1)`,
@@ -59,17 +39,8 @@ func TestMismatchComparesWhoWasBilled(t *testing.T) {
 // the counts to agree, so a loss ended as "run not settled" (could not
 // run) instead of a failed reconciliation.
 func TestLostEventFailsTheReconciliation(t *testing.T) {
-	tdb := pgtest.NewDB(t)
+	tdb, tenants := reconciledRun(t)
 	ctx, pool := t.Context(), tdb.Provider.Pool
-	sum, err := Run(ctx, Options{DSN: tdb.DSN, Turns: 10, Users: 2, Seed: 3, DrainTimeout: 30 * time.Second,
-		Logger: slog.New(slog.DiscardHandler)})
-	if err != nil || !sum.Reconciled {
-		t.Fatalf("run: %v, reconciled %v: %q", err, sum.Reconciled, sum.Mismatches)
-	}
-	var tenants []uuid.UUID
-	if err := pool.QueryRow(ctx, `SELECT array_agg(DISTINCT tenant_id) FROM minichat_turns`).Scan(&tenants); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := pool.Exec(ctx, `DELETE FROM modkit_outbox_events WHERE id = (SELECT id FROM modkit_outbox_events
 		WHERE tenant_id = ANY($1) AND status = 'delivered' ORDER BY id LIMIT 1)`, tenants); err != nil {
 		t.Fatal(err)
@@ -86,4 +57,22 @@ func TestLostEventFailsTheReconciliation(t *testing.T) {
 	if s.Reconciled || !strings.Contains(strings.Join(s.Mismatches, "\n"), "usage events for") {
 		t.Fatalf("a lost event: reconciled %v, mismatches %q", s.Reconciled, s.Mismatches)
 	}
+}
+
+// reconciledRun runs a small scenario that must reconcile, and returns its
+// database and tenants.
+func reconciledRun(t *testing.T) (*pgtest.DB, []uuid.UUID) {
+	t.Helper()
+	tdb := pgtest.NewDB(t)
+	sum, err := Run(t.Context(), Options{DSN: tdb.DSN, Turns: 10, Users: 2, Seed: 3, DrainTimeout: 30 * time.Second,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil || !sum.Reconciled {
+		t.Fatalf("run: %v, reconciled %v: %q", err, sum.Reconciled, sum.Mismatches)
+	}
+	var tenants []uuid.UUID
+	if err := tdb.Provider.Pool.QueryRow(t.Context(), `SELECT array_agg(DISTINCT tenant_id ORDER BY tenant_id) FROM minichat_turns`).
+		Scan(&tenants); err != nil {
+		t.Fatal(err)
+	}
+	return tdb, tenants
 }
