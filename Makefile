@@ -35,10 +35,12 @@ bench: ## Run both benchmark programs, one after the other: the outbox against r
 
 .PHONY: bench-outbox
 bench-outbox: ## Run the outbox against raw-SQL baselines and print its table (BENCHFLAGS=-help for options)
+	@$(if $(SETUP),$(SETUP) demo)
 	$(GO) run ./cmd/outbox-bench $(BENCHFLAGS)
 
 .PHONY: bench-river
 bench-river: ## Run the outbox and River v0.51.1 side by side (module bench/river; RIVERFLAGS=-help for options)
+	@$(if $(SETUP),$(SETUP) demo)
 	cd bench/river && $(GO) run . $(RIVERFLAGS)
 
 .PHONY: soak

@@ -196,9 +196,10 @@ type Dispatcher struct {
 	pool       *workerPool // of the current run; nil when stopped
 	claimErr   error       // the last claim's error, nil after a success
 	claimErrAt time.Time
-	// outcomeErrAt is when outcome writes began failing; zero after one
-	// that succeeded.
-	outcomeErrAt time.Time
+	// outcomeErrAt is when outcome writes began failing (Unix
+	// nanoseconds); 0 after one that succeeded. Atomic: every outcome
+	// write sets it, and takes no lock for it.
+	outcomeErrAt atomic.Int64
 	// onMaintenance, if set, is called after each maintenance pass with
 	// the roles held and whether the pass finished before its deadline
 	// (tests).
@@ -323,7 +324,8 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	defer d.metrics.register()()
 	pool := newWorkerPool(d, pubCtx, results)
 	d.mu.Lock()
-	d.pool, d.claimErr, d.outcomeErrAt = pool, nil, time.Time{}
+	d.pool, d.claimErr = pool, nil
+	d.outcomeErrAt.Store(0)
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
@@ -439,7 +441,7 @@ func (h Health) State() string {
 // (Options.Dispatchers) or serve it to probes (outboxui.HealthHandler).
 func (d *Dispatcher) Health() Health {
 	d.mu.Lock()
-	pool, claimErr, claimErrAt, outcomeErrAt := d.pool, d.claimErr, d.claimErrAt, d.outcomeErrAt
+	pool, claimErr, claimErrAt := d.pool, d.claimErr, d.claimErrAt
 	d.mu.Unlock()
 	status := d.task.Status()
 	h := Health{Running: pool != nil && status == lifecycle.Running, Starting: pool != nil && status == lifecycle.Starting}
@@ -463,9 +465,9 @@ func (d *Dispatcher) Health() Health {
 		h.Problems = append(h.Problems, fmt.Sprintf("claims failing since %s (the error is in Health.ClaimError and the dispatcher's log)",
 			claimErrAt.Format(time.RFC3339)))
 	}
-	if !outcomeErrAt.IsZero() {
+	if at := d.outcomeErrAt.Load(); at != 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("recording outcomes failing since %s (the error is in the dispatcher's log): "+
-			"published events are not marked delivered, and are published again when their leases end", outcomeErrAt.Format(time.RFC3339)))
+			"published events are not marked delivered, and are published again when their leases end", time.Unix(0, at).Format(time.RFC3339)))
 	}
 	h.Degraded = len(h.Problems) > 0
 	return h
@@ -492,13 +494,11 @@ func (d *Dispatcher) abandonedReturned(c claimed, r result) {
 
 // setOutcomeFailing records whether the last outcome write failed.
 func (d *Dispatcher) setOutcomeFailing(failing bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	switch {
-	case !failing:
-		d.outcomeErrAt = time.Time{}
-	case d.outcomeErrAt.IsZero():
-		d.outcomeErrAt = time.Now()
+	case failing:
+		d.outcomeErrAt.CompareAndSwap(0, time.Now().UnixNano())
+	case d.outcomeErrAt.Load() != 0: // a read, not a write, on the usual path
+		d.outcomeErrAt.Store(0)
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
 )
 
@@ -92,7 +94,10 @@ func TestDrainHandleTxAndRecorderWait(t *testing.T) {
 
 // Drain sees events settled by another dispatcher (the module's own, in an
 // fx test), not only by its own: it looks again every so often, not only
-// after its own outcomes.
+// after its own outcomes. The other dispatcher is let go only once Drain
+// has looked and found the event undelivered (its first Backlog read has
+// returned), so Drain's own dispatcher records no outcome after that: it
+// only waited for those, and timed out.
 func TestDrainSeesOthersDeliver(t *testing.T) {
 	c, tdb := outboxtest.NewClient(t, outbox.Config{})
 	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
@@ -111,9 +116,24 @@ func TestDrainSeesOthersDeliver(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = other.Stop(ctx) })
 	<-entered // leased to the other dispatcher: Drain's cannot claim it
+
+	// Drain's client, whose Backlog reads (Drain's looks) are reported.
+	looked := make(chan struct{}, 1)
+	watched, err := outbox.New(backlogWatcher{Driver: outboxpg.New(tdb.Provider.Pool), looked: looked}, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var got []outbox.Delivery
 	f, done := &failT{T: t}, make(chan struct{})
-	go func() { defer close(done); got = outboxtest.Drain(f, c, outboxtest.NewRecorder().Publisher(placed)) }()
+	go func() {
+		defer close(done)
+		got = outboxtest.Drain(f, watched, outboxtest.NewRecorder().Publisher(placed))
+	}()
+	select {
+	case <-looked:
+	case <-done:
+		t.Fatalf("Drain ended (%q) before looking at the backlog", f.failure)
+	}
 	close(release)
 	<-done
 	if f.failure != "" || len(got) != 0 {
@@ -122,4 +142,33 @@ func TestDrainSeesOthersDeliver(t *testing.T) {
 	if e := outboxtest.RequireEnqueued(t, c, placed); e[0].Status != outbox.StatusDelivered {
 		t.Fatalf("after Drain: %+v", e[0])
 	}
+}
+
+// backlogWatcher is the PostgreSQL driver whose store reports each Backlog
+// read on looked, once it has returned (dropped when looked is full).
+type backlogWatcher struct {
+	driver.Driver
+	looked chan struct{}
+}
+
+func (w backlogWatcher) Open(opts driver.Options) (driver.Store, error) {
+	st, err := w.Driver.Open(opts)
+	if err != nil {
+		return nil, err
+	}
+	return watchedStore{Store: st, looked: w.looked}, nil
+}
+
+type watchedStore struct {
+	driver.Store
+	looked chan struct{}
+}
+
+func (s watchedStore) Backlog(ctx context.Context) ([]driver.StatsRow, error) {
+	rows, err := s.Store.Backlog(ctx)
+	select {
+	case s.looked <- struct{}{}:
+	default:
+	}
+	return rows, err
 }
