@@ -31,6 +31,38 @@ func TestNotifyGateOncePerInterval(t *testing.T) {
 	allow("b", 5*time.Millisecond, true, "b's own interval")
 }
 
+// A slot given back leaves the gate as it was before the slot was taken;
+// one given back after a later enqueue took the gate changes nothing.
+func TestNotifySlotGiveBack(t *testing.T) {
+	var g notifyGate
+	ms := int64(time.Millisecond)
+	first, ok := g.take("k", 1, time.Millisecond)
+	if !ok {
+		t.Fatal("the first enqueue was not let through")
+	}
+	first.giveBack()
+	again, ok := g.take("k", 2, time.Millisecond)
+	if !ok {
+		t.Fatal("the gate stayed closed after its only slot was given back")
+	}
+	if g.allow("k", 2+ms/2, time.Millisecond) {
+		t.Fatal("a second NOTIFY within the interval of one that stands")
+	}
+	later, ok := g.take("k", 2+ms, time.Millisecond)
+	if !ok {
+		t.Fatal("no NOTIFY an interval after the last")
+	}
+	again.giveBack() // stale: a later enqueue holds the gate
+	if g.allow("k", 2+ms+ms/2, time.Millisecond) {
+		t.Fatal("a stale give-back reopened the gate")
+	}
+	later.giveBack() // the gate is as after "again", an interval ago
+	if !g.allow("k", 2+ms+ms/2, time.Millisecond) {
+		t.Fatal("after the latest slot was given back, the gate stayed closed an interval after the one before")
+	}
+	notifySlot{}.giveBack() // no slot: nothing to give back
+}
+
 // An interval of the largest duration announces the first enqueue only.
 func TestNotifyGateHugeInterval(t *testing.T) {
 	var g notifyGate
