@@ -43,19 +43,18 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 	isReady, wantClaim, errDelay := false, true, time.Duration(0)
 	// Held events are released once per PollInterval by the clock, not
 	// by the poll timer, which every claim that is not full pushes back
-	// (under steady traffic it would never fire). The first release, once
-	// the dispatcher is ready, repairs what an earlier process left held;
-	// later ones run when this dispatcher has claimed ordered events.
+	// (under steady traffic it would never fire). Every dispatcher does
+	// it, whether or not it has claimed ordered events: one that started
+	// while a key's head was dead claims none of the key's events, and a
+	// purge or replay of that head by an operator leaves the next event
+	// held for a release to free. Without held events the release reads
+	// one empty index.
 	var releaseAt time.Time
-	releasedOnce := false
 	for {
 		if now := time.Now(); isReady && !now.Before(releaseAt) {
 			releaseAt = now.Add(d.cfg.PollInterval)
-			if !releasedOnce || d.sawOrdered.Load() {
-				releasedOnce = true
-				if d.releaseHeld(ctx) > 0 {
-					wantClaim = true
-				}
+			if d.releaseHeld(ctx) > 0 {
+				wantClaim = true
 			}
 		}
 		topics, chains, room, capacity := pool.room()
@@ -161,12 +160,6 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, l
 	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
 		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead, Chains: chains})
 	d.metrics.observeClaim(got)
-	for _, c := range got {
-		if c.OrderingKey != nil {
-			d.sawOrdered.Store(true)
-			break
-		}
-	}
 	return got, err
 }
 

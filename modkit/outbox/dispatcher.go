@@ -184,9 +184,6 @@ type Dispatcher struct {
 
 	metrics  *metrics
 	hardStop atomic.Bool // publishes were cancelled by a stop
-	// sawOrdered: this dispatcher has claimed events with an ordering key,
-	// so it repairs held ones once per PollInterval (see claimer).
-	sawOrdered atomic.Bool
 
 	// recordMu makes the outcome writers record (metrics, OnOutcome,
 	// logs) one outcome at a time.

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
 // orderedLogDDL is the downstream of orderedPublisher: one row per publish
@@ -724,6 +725,59 @@ func TestPurgedDeadHeadLetsItsKeyGoOn(t *testing.T) {
 		t.Fatalf("purge the dead head: %v, %v", got, err)
 	}
 	log.waitFor(t, "the rest of the key delivered", finalCount(outbox.StatusDelivered, 2))
+}
+
+// The same after a restart: a dispatcher that started while the key's head
+// was dead claims none of the key's events, yet the event after the head,
+// held until its release, is released once the head is purged. (It was
+// released only by dispatchers that had claimed ordered events, and the
+// key stayed blocked with nothing dead left to show for it.)
+func TestPurgedDeadHeadLetsItsKeyGoOnAfterRestart(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 3)
+	first := newOutcomeLog()
+	d1, err := client.NewDispatcher(testConfig(first), outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
+	if err := d1.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{}, 1)
+	restarted := clientWrappingStore(t, pool, func(st driver.Store) driver.Store {
+		return &releaseReportingStore{Store: st, released: released}
+	})
+	log := newOutcomeLog()
+	startDispatcher(t, restarted, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0])})
+	select { // the restarted dispatcher's first release has run: nothing to free yet
+	case <-released:
+	case <-time.After(guard):
+		t.Fatal("the restarted dispatcher never released held events")
+	}
+	if got, err := client.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}, ids[0]); err != nil || len(got) != 1 {
+		t.Fatalf("purge the dead head: %v, %v", got, err)
+	}
+	log.waitFor(t, "the rest of the key delivered after the purge", finalCount(outbox.StatusDelivered, 2))
+}
+
+// releaseReportingStore reports each ReleaseHeld that returned.
+type releaseReportingStore struct {
+	driver.Store
+	released chan struct{}
+}
+
+func (s *releaseReportingStore) ReleaseHeld(ctx context.Context, topics, skipDead []string, limit int) (int64, error) {
+	n, err := s.Store.ReleaseHeld(ctx, topics, skipDead, limit)
+	select {
+	case s.released <- struct{}{}:
+	default:
+	}
+	return n, err
 }
 
 // A dispatcher that knows its publish pace claims a key's due events
