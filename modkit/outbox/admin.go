@@ -171,8 +171,11 @@ func (a *Admin) BlockedKeys(ctx context.Context, limit int) ([]BlockedKey, error
 }
 
 // SkipHead lets the later events of a dead event's ordering key go on
-// without it: id must be a dead event with an ordering key (see
-// BlockedKeys). The event stays dead (ReplayDead can still deliver it,
+// without it: id must be the head of a blocked key (see BlockedKeys), a
+// dead event with an ordering key whose predecessor no longer holds it
+// back. Of two dead events of one key, the later is skipped only after the
+// earlier: skipping it first would let the events after it overtake the
+// earlier one. The event stays dead (ReplayDead can still deliver it,
 // then out of order), its UpdatedAt the time it died; its history records
 // the skip with by and the database session user. An id that is not such an event is an error
 // matching ErrNotFound, and changes nothing.
@@ -185,7 +188,7 @@ func (a *Admin) SkipHead(ctx context.Context, by string, id uuid.UUID) error {
 		return a.wrapErr(err, "skip head %s", id)
 	}
 	if !ok {
-		return fmt.Errorf("%w: %s is not a dead event with an ordering key that holds its key back", ErrNotFound, id)
+		return fmt.Errorf("%w: %s is not the dead head of an ordering key (a dead event before it must be skipped first; see BlockedKeys)", ErrNotFound, id)
 	}
 	return nil
 }

@@ -541,6 +541,65 @@ func TestDeadHeadBlocksItsKey(t *testing.T) {
 	}
 }
 
+// Of a key's dead events only the head (the one whose predecessor no
+// longer holds it back) is a blocked key's head, and only it may be
+// skipped. Skipping the second of two dead events let the third be
+// published while the first was dead and not skipped: the claim waits for
+// the event just before only.
+func TestSkipHeadOnlyTheKeysHead(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 3)
+	// Seq 1 and 2 dead, as a chain whose leases all expired on their last
+	// attempt leaves them after the sweep.
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
+		WHERE id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	admin := client.Admin()
+	heads := func(want uuid.UUID) {
+		t.Helper()
+		blocked, err := admin.BlockedKeys(ctx, 0)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case want == uuid.Nil && len(blocked) != 0, want != uuid.Nil && (len(blocked) != 1 || blocked[0].Head != want):
+			t.Fatalf("blocked keys %+v; want the head %v only", blocked, want)
+		}
+	}
+	heads(ids[0])
+	if err := admin.SkipHead(ctx, "alice", ids[1]); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("skipping the dead event behind the key's dead head: %v, want ErrNotFound", err)
+	}
+	if h, err := admin.History(ctx, ids[1]); err != nil || len(h) != 0 {
+		t.Fatalf("a refused skip wrote history: %+v %v", h, err)
+	}
+	log := newOutcomeLog()
+	var mu sync.Mutex
+	var published []int64
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(_ context.Context, d outbox.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		published = append(published, d.Sequence)
+		return nil
+	}})
+	// Skipped in order, each head in turn: the key goes on.
+	if err := admin.SkipHead(ctx, "alice", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	heads(ids[1])
+	if err := admin.SkipHead(ctx, "alice", ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	heads(uuid.Nil)
+	log.waitFor(t, "the third event delivered", finalCount(outbox.StatusDelivered, 1))
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(published, []int64{3}) {
+		t.Fatalf("published sequences %v; want [3]", published)
+	}
+}
+
 // With SkipDeadHeads, a dead event does not hold its key back.
 func TestSkipDeadHeadsPolicy(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
