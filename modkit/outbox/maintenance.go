@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -171,10 +172,16 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 	if len(held) > 0 {
 		d.metrics.setLeading(topicsOf(held))
 		// Stay inside the lease, with a margin for clock drift.
-		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(d.maintenanceTTL()/3*2))
-		d.maintain(pctx, held)
-		finished = pctx.Err() == nil
+		budget := d.maintenanceTTL() / 3 * 2
+		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(budget))
+		cut := d.maintain(pctx, held)
 		cancel()
+		finished = cut == ""
+		if !finished && ctx.Err() == nil {
+			d.log.Warn("maintenance pass ran out of time; what it left waits for the next pass, and a pass that never "+
+				"finishes leaves these topics unmaintained (raise DispatcherConfig.SweepInterval, or find what slows the database)",
+				"cut_short", cut, "budget", budget, "topics", topicsOf(held))
+		}
 	} else {
 		d.metrics.setLeading(nil) // another dispatcher reports these topics now
 	}
@@ -196,14 +203,23 @@ func topicsOf(roles []string) []string {
 	return topics
 }
 
-func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
+// maintainLogIDs bounds the event ids one maintenance log record lists.
+const maintainLogIDs = 100
+
+// maintain runs one maintenance pass for roles: the sweep, the purges, the
+// depth gauges. It returns the step its context's end cut short, if any.
+func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) {
 	topics := topicsOf(roles)
 	swept, err := d.c.store.Sweep(ctx, driver.SweepParams{Topics: topics, MaxAttempts: d.cfg.MaxAttempts, Limit: purgeBatch})
-	if err != nil {
-		if ctx.Err() == nil {
-			d.log.Warn("sweep of exhausted events failed", "error", err)
-		}
-	} else if len(swept) > 0 {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		cut = "the sweep of exhausted events"
+	case err != nil:
+		d.log.Warn("sweep of exhausted events failed", "error", err)
+	}
+	// A sweep that failed part way returns what its committed batches
+	// swept: those events are dead or repaired all the same.
+	if len(swept) > 0 {
 		var dead, repaired []string
 		for _, e := range swept {
 			ns, topic, _ := strings.Cut(e.Topic, ":")
@@ -217,12 +233,15 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
 		}
 		if len(repaired) > 0 {
 			d.log.Warn("repaired expired leases: their dispatcher crashed or overran; they are delivered again",
-				"count", len(repaired), "event_ids", repaired)
+				"count", len(repaired), "event_ids", repaired[:min(len(repaired), maintainLogIDs)])
 		}
 		if len(dead) > 0 {
 			d.log.Error("dead-lettered events whose attempts were used up (crashed or overran on the last attempt)",
-				"count", len(dead), "event_ids", dead)
+				"count", len(dead), "event_ids", dead[:min(len(dead), maintainLogIDs)])
 		}
+	}
+	if cut != "" {
+		return cut
 	}
 	// One purge per distinct retention.
 	byRetention := map[time.Duration][]string{}
@@ -242,9 +261,10 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
 		from := d.purgeFrom(group, began)
 		res, err := d.c.store.Purge(ctx, driver.PurgeParams{Topics: group, Retention: r, Limit: purgeBatch, From: from})
 		if err != nil {
-			if ctx.Err() == nil {
-				d.log.Warn("purge of delivered events failed", "error", err, "topics", group)
+			if ctx.Err() != nil {
+				return fmt.Sprintf("the purge of events delivered more than %v ago", r)
 			}
+			d.log.Warn("purge of delivered events failed", "error", err, "topics", group)
 			continue
 		}
 		if res.Purged > 0 {
@@ -265,5 +285,8 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) {
 			d.purgeMarks[t] = m
 		}
 	}
-	d.metrics.refreshDepth(ctx, d.c.store, false)
+	if _, ok := d.metrics.refreshDepth(ctx, d.c.store, false); !ok && ctx.Err() != nil {
+		return "reading the depth gauges"
+	}
+	return ""
 }

@@ -2,12 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"math"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
 // passCounter counts a dispatcher's maintenance passes, and those that
@@ -265,4 +268,82 @@ func TestLongestSweepIntervalStillMaintains(t *testing.T) {
 	eventually(t, "the first maintenance pass to purge the delivered events", func() bool {
 		return countRows(t, pool, "status = 'delivered'") == 0
 	})
+}
+
+// failingSweepStore's sweep does its work and then fails, as the driver's
+// loop of batches does when a later batch fails: it returns what the
+// committed batches swept with the error.
+type failingSweepStore struct{ driver.Store }
+
+func (s failingSweepStore) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept, error) {
+	got, err := s.Store.Sweep(ctx, p)
+	if err != nil {
+		return got, err
+	}
+	return got, errors.New("the connection was lost before the next batch")
+}
+
+// Events a sweep buried before it failed are dead all the same: they are
+// counted in outbox.events.dead (which the docs suggest alerting on) and
+// the failure is logged. They were neither counted nor logged.
+func TestSweepCountsWhatAFailedSweepBuried(t *testing.T) {
+	reader := mtInstall(t)
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	c := clientWrappingStore(t, pool, func(s driver.Store) driver.Store { return failingSweepStore{s} })
+	enqueueN(t, c, pool, 3)
+	// Out of attempts and never leased again: only the sweep buries them.
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET attempts = 3`); err != nil {
+		t.Fatal(err)
+	}
+	logs := newLogCapture(slog.LevelWarn)
+	cfg := testConfig(newOutcomeLog())
+	cfg.Logger = logs.logger()
+	cfg.SweepInterval = 100 * time.Millisecond
+	noop := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	_, pass := startMaintained(t, c, cfg, noop)
+	pass.waitPasses(t, 1)
+	if dead := countRows(t, pool, "status = 'dead'"); dead != 3 {
+		t.Fatalf("%d events dead after a pass; want 3", dead)
+	}
+	if v, _ := mtValue(mtCollect(t, reader), "outbox.events.dead", mtTopicAttrs(testTopic)); v != 3 {
+		t.Fatalf("outbox.events.dead counted %v of the 3 events the failed sweep buried", v)
+	}
+	if logs.count(slog.LevelWarn, "sweep of exhausted events failed") == 0 {
+		t.Fatalf("the sweep's failure was not logged: %v", logs.records())
+	}
+}
+
+// stalledSweepStore's sweep waits for its context's end.
+type stalledSweepStore struct{ driver.Store }
+
+func (s stalledSweepStore) Sweep(ctx context.Context, _ driver.SweepParams) ([]driver.Swept, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A maintenance pass that outlives its share of the maintenance lease says
+// which step it cut short. It was silent: a pass that never finished left
+// its topics unmaintained while its dispatcher kept the lease.
+func TestMaintenancePassOutOfTimeIsLogged(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { return stalledSweepStore{s} })
+	logs := newLogCapture(slog.LevelWarn)
+	cfg := testConfig(newOutcomeLog())
+	cfg.Logger = logs.logger()
+	cfg.SweepInterval = 50 * time.Millisecond
+	noop := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	_, pass := startMaintained(t, c, cfg, noop)
+	pass.waitPasses(t, 1)
+	const msg = "maintenance pass ran out of time; what it left waits for the next pass, and a pass that never " +
+		"finishes leaves these topics unmaintained (raise DispatcherConfig.SweepInterval, or find what slows the database)"
+	logs.waitForMsg(t, msg, 1)
+	for _, r := range logs.records() {
+		if r.Msg == msg && r.Attrs["cut_short"] != "the sweep of exhausted events" {
+			t.Fatalf("the pass names %q as cut short; want the sweep", r.Attrs["cut_short"])
+		}
+	}
+	if passes, finished := pass.count(); finished != 0 {
+		t.Fatalf("%d of %d passes counted as finished; their sweep never returned before the deadline", finished, passes)
+	}
 }
