@@ -378,7 +378,11 @@ func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) Even
 
 // ReplayDead puts dead events back to pending, due now, with their attempts
 // reset: the ones in ids or, when ids is empty, those matching f (at most
-// f.Limit, default 10000, oldest first). by names who asked (an operator, a
+// f.Limit, default 10000, oldest first). Ids and a filter together are
+// refused, and so is an empty filter without ids (an empty selection
+// passed as ids... would otherwise mean every dead event): to mean every
+// dead event, set f.Status to StatusDead. Refusals match ErrInvalidConfig
+// and change nothing. by names who asked (an operator, a
 // tool): each replay is recorded in the event's History as a "replayed"
 // entry with by, the time and the database session user; last_error keeps
 // the error the event died with. Ids that are unknown or not dead are
@@ -396,7 +400,8 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 }
 
 // PurgeDead deletes dead events: the ones in ids or, when ids is empty,
-// those matching f (at most f.Limit, default 10000, oldest first). It is
+// those matching f (at most f.Limit, default 10000, oldest first), with
+// ReplayDead's rules for ids and filters. It is
 // for events that must never be published: a poison payload, an event made
 // obsolete by hand. by names who asked, as for ReplayDead: each event's
 // History keeps a "purged" entry with by, the time and the database
@@ -425,6 +430,14 @@ func deadParams(call, doing, by string, f EventFilter, ids []uuid.UUID) (driver.
 	if f.Status != "" && f.Status != StatusDead {
 		return driver.ReplayParams{}, configError("%s acts on dead events only; EventFilter.Status is %q", call, f.Status)
 	}
+	narrows := f.Namespace != "" || f.Topic != "" || f.TenantID != nil || !f.CreatedAfter.IsZero() || !f.CreatedBefore.IsZero() || f.After != ""
+	switch {
+	case len(ids) > 0 && (narrows || f.Limit != 0):
+		return driver.ReplayParams{}, configError("%s was given event ids and a filter; give one or the other (with ids, the filter would be ignored)", call)
+	case len(ids) == 0 && !narrows && f.Status == "":
+		return driver.ReplayParams{}, configError("%s was given no event ids and an empty filter, which would select every dead event: "+
+			"give ids, narrow the filter, or set EventFilter.Status to StatusDead to mean every dead event", call)
+	}
 	f.Status = StatusDead
 	df, err := f.toDriver(replayFilterLimitMax, replayFilterLimitMax)
 	if err != nil {
@@ -433,7 +446,9 @@ func deadParams(call, doing, by string, f EventFilter, ids []uuid.UUID) (driver.
 	return driver.ReplayParams{IDs: ids, Filter: df, By: sanitizeError(by, replayByMaxLen)}, nil
 }
 
-// Purge deletes the delivered events of topics older than retention, in
+// Purge deletes the delivered events of topics older than retention (a
+// retention of 0 deletes all of them: it is not a default, as a zero
+// DispatcherConfig.Retention is), in
 // small batches so that no statement holds many locks or runs long, and
 // returns how many it deleted. Deleting a row ends its dedupe window: the
 // same key can be enqueued again afterwards. Dispatchers do this on their

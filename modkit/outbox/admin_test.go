@@ -512,6 +512,15 @@ func TestReplayDeadByFilter(t *testing.T) {
 			_, err := c.Admin().ReplayDead(ctx, "bob@ops", outbox.EventFilter{Limit: -1})
 			return err
 		},
+		"ids and a filter": func() error {
+			_, err := c.Admin().ReplayDead(ctx, "bob@ops", outbox.EventFilter{Namespace: "elsewhere"}, enqueued[0])
+			return err
+		},
+		"nothing selected": func() error {
+			var selected []uuid.UUID // an empty selection from a form
+			_, err := c.Admin().ReplayDead(ctx, "bob@ops", outbox.EventFilter{}, selected...)
+			return err
+		},
 	} {
 		if err := try(); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Fatalf("%s: %v, want ErrInvalidConfig", name, err)
@@ -543,7 +552,7 @@ func TestReplayDeadByFilter(t *testing.T) {
 		t.Fatalf("replayed %v again", got)
 	}
 	// An empty filter replays every dead event left.
-	if got := replay(outbox.EventFilter{}); !slices.Equal(got, []uuid.UUID{enqueued[0], enqueued[5]}) {
+	if got := replay(outbox.EventFilter{Status: outbox.StatusDead}); !slices.Equal(got, []uuid.UUID{enqueued[0], enqueued[5]}) {
 		t.Fatalf("replayed %v, want events 0 and 5", got)
 	}
 	for _, id := range enqueued {
@@ -589,6 +598,10 @@ func TestPurgeDead(t *testing.T) {
 		"pending status": func() ([]uuid.UUID, error) {
 			return c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Status: outbox.StatusPending})
 		},
+		"ids and a filter": func() ([]uuid.UUID, error) {
+			return c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Topic: "nothing"}, dead[1])
+		},
+		"nothing selected": func() ([]uuid.UUID, error) { return c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}) },
 		"limit over the maximum": func() ([]uuid.UUID, error) {
 			return c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Limit: 10001})
 		},
@@ -631,7 +644,7 @@ func TestPurgeDead(t *testing.T) {
 		!slices.Equal(inOrder(got), dead[1:3]) {
 		t.Fatalf("purged %v, %v; want %v", got, err, dead[1:3])
 	}
-	if got, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}); err != nil || !slices.Equal(got, dead[3:]) {
+	if got, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Status: outbox.StatusDead}); err != nil || !slices.Equal(got, dead[3:]) {
 		t.Fatalf("purged %v, %v; want %v", got, err, dead[3:])
 	}
 	if n := countRows(t, pool, "status = 'dead'"); n != 0 {
@@ -648,7 +661,7 @@ func TestPurgeDead(t *testing.T) {
 	if _, err := pool.Exec(ctx, "DROP FUNCTION modkit_outbox_purge_dead_filter, modkit_outbox_purge_dead"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{}); !errors.Is(err, outbox.ErrNotMigrated) {
+	if _, err := c.Admin().PurgeDead(ctx, "bob@ops", outbox.EventFilter{Status: outbox.StatusDead}); !errors.Is(err, outbox.ErrNotMigrated) {
 		t.Fatalf("purge dead without migration 0026: %v, want ErrNotMigrated", err)
 	}
 }

@@ -65,19 +65,23 @@ func (e *ValidationError) Unwrap() []error { return []error{ErrInvalidMessage, e
 
 // ErrInvalidConfig matches every error of New, NewDispatcher and the
 // Publisher checks caused by a bad setting; the message names the field and
-// what it must be. Nothing was started.
+// what it must be. Nothing was started. The Admin methods' refusals of bad
+// arguments (a filter, a limit, an empty 'by', a series' window) match it
+// too, and change nothing.
 var ErrInvalidConfig = errors.New("outbox: invalid configuration")
 
 // ErrDuplicatePublisher is returned when two publishers claim the same
 // (namespace, topic). It also matches ErrInvalidConfig.
 var ErrDuplicatePublisher = fmt.Errorf("%w: two publishers for one topic", ErrInvalidConfig)
 
-// ErrNotFound is returned by Admin.Get for an unknown event id.
+// ErrNotFound is returned by Admin.Get for an unknown event id, and by
+// Admin.SkipHead for an id that is not the dead head of an ordering key.
 var ErrNotFound = errors.New("outbox: event not found")
 
-// ErrInvalidCursor is returned by Admin.List for an EventFilter.After, and
-// by Admin.SettledPage for a SettledQuery.After, that the same call did not
-// produce (a List cursor is not a SettledPage cursor, nor the reverse).
+// ErrInvalidCursor is returned by Admin.List (and by ReplayDead and
+// PurgeDead by filter) for an EventFilter.After, and by Admin.SettledPage
+// for a SettledQuery.After, that the same call did not produce (a List
+// cursor is not a SettledPage cursor, nor the reverse).
 var ErrInvalidCursor = errors.New("outbox: invalid page cursor: pass EventPage.NextPage unchanged")
 
 // ErrLeaseLost: an outcome was not recorded because the event is no longer
