@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -12,7 +13,8 @@ import (
 
 // The claimer leases due events in batches and hands them to the worker
 // pool. It claims only for topics whose lanes have room and never more than
-// they can start before the publish deadline (see workerPool.room), so a
+// they can start before the publish deadline (see workerPool.plan: lanes
+// with less room than a shared claim's size get claims of their own), so a
 // paused topic costs the others nothing and nothing queued locally is ever
 // found expired and claimed again.
 //
@@ -50,6 +52,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 	// held for a release to free. Without held events the release reads
 	// one empty index.
 	var releaseAt time.Time
+claiming:
 	for {
 		if now := time.Now(); isReady && !now.Before(releaseAt) {
 			releaseAt = now.Add(d.cfg.PollInterval)
@@ -57,68 +60,78 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 				wantClaim = true
 			}
 		}
-		topics, chains, room, capacity := pool.room()
-		if wantClaim && len(topics) > 0 && room >= max(1, capacity/2) {
-			claimStart := time.Now()
-			got, err := d.claim(ctx, topics, chains, room)
-			switch {
-			case ctx.Err() != nil:
-				if len(got) > 0 {
-					// Bounded as a claim is, so that the stop's stages
-					// start however slow the database is; events not
-					// given back return when their lease ends.
-					gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
-					d.giveBack(gctx, got)
-					cancel()
+		groups := pool.plan()
+		if wantClaim && slices.ContainsFunc(groups, claimGroup.claimable) {
+			found, full := false, false
+			for i, g := range groups {
+				if !g.claimable() {
+					continue
 				}
-				return nil
-			case err != nil:
-				if !isReady && notMigrated(err) {
-					return fmt.Errorf("outbox dispatcher cannot claim: %w", &notMigratedError{schema: d.c.cfg.Schema, err: err})
-				}
-				if !isReady && d.c.store.Fatal(err) {
-					return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run, and may this role "+
-						"read and write the outbox tables? see Client.Migrate)", d.c.cfg.Schema, err)
-				}
-				d.setClaimErr(err)
-				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
-				d.log.Warn("claim failed; retrying", "error", err, "retry_in", errDelay)
-				d.metrics.claimErrors.Add(ctx, 1)
-				if !sleepCtx(ctx, errDelay) {
+				claimStart := time.Now()
+				got, err := d.claim(ctx, g.topics, g.chains, g.room)
+				switch {
+				case ctx.Err() != nil:
+					if len(got) > 0 {
+						// Bounded as a claim is, so that the stop's stages
+						// start however slow the database is; events not
+						// given back return when their lease ends.
+						gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+						d.giveBack(gctx, got)
+						cancel()
+					}
 					return nil
+				case err != nil:
+					if !isReady && notMigrated(err) {
+						return fmt.Errorf("outbox dispatcher cannot claim: %w", &notMigratedError{schema: d.c.cfg.Schema, err: err})
+					}
+					if !isReady && d.c.store.Fatal(err) {
+						return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run, and may this role "+
+							"read and write the outbox tables? see Client.Migrate)", d.c.cfg.Schema, err)
+					}
+					d.setClaimErr(err)
+					errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
+					d.log.Warn("claim failed; retrying", "error", err, "retry_in", errDelay)
+					d.metrics.claimErrors.Add(ctx, 1)
+					if !sleepCtx(ctx, errDelay) {
+						return nil
+					}
+					continue claiming
 				}
-				continue
-			}
-			pool.adapt(len(got), room)
-			if errDelay > 0 || !isReady {
-				d.setClaimErr(nil)
-			}
-			errDelay = 0
-			if !isReady {
-				isReady = true
-				ready()
-				d.log.Info("dispatcher ready", "topics", d.reg.keys, "batch_size", d.cfg.BatchSize,
-					"lease", d.cfg.LeaseDuration, "poll_interval", d.cfg.PollInterval, "poll_only", d.cfg.PollOnly)
-			}
-			deadline := claimStart.Add(d.cfg.LeaseDuration - d.cfg.LeaseHeadroom)
-			batch := make([]claimed, len(got))
-			skew, skewKnown := d.claimSkew(got, claimStart)
-			for i, c := range got {
-				batch[i] = claimed{d: d.delivery(c), deadline: deadline, enqueued: c.CreatedAt}
-				if skewKnown {
-					batch[i].enqueued = c.CreatedAt.Add(-skew)
+				if i == 0 { // the claim that the claim size bounds
+					pool.adapt(len(got), g.room)
 				}
+				if errDelay > 0 || !isReady {
+					d.setClaimErr(nil)
+				}
+				errDelay = 0
+				if !isReady {
+					isReady = true
+					ready()
+					d.log.Info("dispatcher ready", "topics", d.reg.keys, "batch_size", d.cfg.BatchSize,
+						"lease", d.cfg.LeaseDuration, "poll_interval", d.cfg.PollInterval, "poll_only", d.cfg.PollOnly)
+				}
+				deadline := claimStart.Add(d.cfg.LeaseDuration - d.cfg.LeaseHeadroom)
+				batch := make([]claimed, len(got))
+				skew, skewKnown := d.claimSkew(got, claimStart)
+				for k, c := range got {
+					batch[k] = claimed{d: d.delivery(c), deadline: deadline, enqueued: c.CreatedAt}
+					if skewKnown {
+						batch[k].enqueued = c.CreatedAt.Add(-skew)
+					}
+				}
+				pool.submit(batch, deadline)
+				found = found || len(got) > 0
+				full = full || len(got) == g.room
 			}
-			pool.submit(batch, deadline)
 			now := time.Now()
-			if len(got) > 0 {
+			if found {
 				hotUntil, recheckIn = now.Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
 			} else {
 				recheckIn = min(2*recheckIn, 8*d.cfg.WakeRecheck)
 			}
-			// A full batch suggests more is due: claim again once there is
+			// A full claim suggests more is due: claim again once there is
 			// room. Otherwise wait for news, re-checking inside the window.
-			if wantClaim = len(got) == room; !wantClaim {
+			if wantClaim = full; !wantClaim {
 				resetTimer(poll, d.cfg.PollInterval)
 				if now.Before(hotUntil) {
 					resetTimer(recheck, recheckIn)

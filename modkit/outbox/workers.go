@@ -132,28 +132,72 @@ func newWorkerPool(d *Dispatcher, pubCtx context.Context, results chan<- result)
 	return p
 }
 
-// room says which topics the claimer may claim for, the longest chain of
-// one ordering key to claim for each, how many events in all, and the
-// capacity that number is out of (for the claim threshold).
-func (p *workerPool) room() (topics []string, chains []int, room, capacity int) {
+// claimGroup is one claim the claimer may make: the topics, the longest
+// chain of one ordering key to claim for each, how many events in all, and
+// the capacity that number is out of (for the claim threshold, see
+// claimable).
+type claimGroup struct {
+	topics         []string
+	chains         []int
+	room, capacity int
+}
+
+// claimable: the group has room for at least half its capacity (and for
+// one event), so claims come in chunks rather than one per freed slot.
+func (g claimGroup) claimable() bool { return g.room >= max(1, g.capacity/2) }
+
+// plan says which claims the claimer may make now. A claim takes events of
+// any of its topics, oldest first, so every topic in it must have room for
+// the whole claim, or a topic with old events could be handed more than
+// its lane can start before the claim's deadline (the rest would wait out
+// the lease and go back unpublished). The lanes with room are taken in
+// order of room, largest first, into one claim while the smallest of them
+// still has room for the claim's size (the claim size bounds it); each
+// lane left (a slow publisher's, whose pace allows few events, or a busy
+// one's) gets a claim of its own, for its room. With one topic, or lanes
+// with room for a full claim each, that is one claim.
+func (p *workerPool) plan() []claimGroup {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopping {
-		return nil, nil, 0, 0
+		return nil
 	}
+	type open struct {
+		l              *lane
+		room, capacity int
+	}
+	var lanes []open
 	for _, l := range p.lanes {
 		if l.paused() {
 			continue
 		}
 		c := p.laneCapacity(l)
-		capacity += c
 		if r := c - l.inflight - l.waiting; r > 0 {
-			room += r
-			topics = append(topics, l.topic.key())
-			chains = append(chains, p.chainLimit(l))
+			lanes = append(lanes, open{l, r, c})
 		}
 	}
-	return topics, chains, min(room, p.batch), min(capacity, p.batch)
+	if len(lanes) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(lanes, func(a, b open) int { return cmp.Compare(b.room, a.room) })
+	shared, room, capacity := 0, 0, 0
+	for _, o := range lanes {
+		if o.room < min(p.batch, room+o.room) {
+			break // as is every lane after it: less room, a larger claim
+		}
+		shared, room, capacity = shared+1, room+o.room, capacity+o.capacity
+	}
+	groups := make([]claimGroup, 0, 1+len(lanes)-shared)
+	g := claimGroup{room: min(room, p.batch), capacity: min(capacity, p.batch)}
+	for _, o := range lanes[:shared] {
+		g.topics, g.chains = append(g.topics, o.l.topic.key()), append(g.chains, p.chainLimit(o.l))
+	}
+	groups = append(groups, g)
+	for _, o := range lanes[shared:] {
+		groups = append(groups, claimGroup{topics: []string{o.l.topic.key()}, chains: []int{p.chainLimit(o.l)},
+			room: min(o.room, p.batch), capacity: min(o.capacity, p.batch)})
+	}
+	return groups
 }
 
 // claimSizeMin is the claim size a dispatcher starts with and never goes
