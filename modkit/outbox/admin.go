@@ -407,8 +407,10 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 // History keeps a "purged" entry with by, the time and the database
 // session user. Deleting an event frees its dedupe key, and deleting the
 // dead head of an ordering key lets the key's later events go on, as
-// SkipHead does (within a PollInterval of a dispatcher of the topic). Ids
-// that are unknown or not dead are skipped. It returns the ids deleted.
+// SkipHead does. A dead event behind another dead event of its ordering
+// key is deleted only with that one (in the same call): alone, it would
+// let the key's later events overtake it. Ids that are unknown or not dead
+// are skipped. It returns the ids deleted.
 func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
 	p, err := deadParams("PurgeDead", "purging", by, f, ids)
 	if err != nil {

@@ -37,7 +37,11 @@ type DispatcherConfig struct {
 	// Retry is the backoff after a failed publish.
 	Retry RetryPolicy
 	// MaxAttempts is the total number of delivery attempts per event, the
-	// first included. Default 10.
+	// first included. Default 10. A claim whose lease ends without an
+	// outcome (a crashed dispatcher) counts as an attempt; but an event of
+	// an ordering key whose predecessor was not delivered is not
+	// dead-lettered for such claims (the sweep gives it the attempt back,
+	// migration 0031), so of a chain only its head dies of them.
 	MaxAttempts int
 	// BatchSize is the most events one claim takes. Claims size themselves
 	// below it: they start at 32 events (or BatchSize, if smaller), double

@@ -600,6 +600,83 @@ func TestSkipHeadOnlyTheKeysHead(t *testing.T) {
 	}
 }
 
+// A purge of dead events never lets a key's later events overtake a dead
+// event that stays: of two dead events of a key, the second alone is not
+// purged; both together are, and the event after them is let into the
+// claim by the purge itself.
+func TestPurgeDeadKeepsTheKeysOrder(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 3)
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
+		WHERE id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	admin := client.Admin()
+	if got, err := admin.PurgeDead(ctx, "alice", outbox.EventFilter{}, ids[1]); err != nil || len(got) != 0 {
+		t.Fatalf("purge of the dead event behind the key's dead head: purged %v, %v; want none", got, err)
+	}
+	if got, err := admin.PurgeDead(ctx, "alice", outbox.EventFilter{}, ids[1], ids[0]); err != nil ||
+		!slices.Equal(sortedIDs(got), sortedIDs(ids[:2])) {
+		t.Fatalf("purge of both dead events: purged %v, %v; want both", got, err)
+	}
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT held FROM modkit_outbox_events WHERE id = $1`, ids[2]).Scan(&held); err != nil || held {
+		t.Fatalf("after the purge the third event is held: %v, %v", held, err)
+	}
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	log.waitFor(t, "the third event delivered", finalCount(outbox.StatusDelivered, 1))
+}
+
+// sortedIDs returns ids sorted.
+func sortedIDs(ids []uuid.UUID) []uuid.UUID {
+	out := slices.Clone(ids)
+	slices.SortFunc(out, func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+// A chain's links are not buried for attempts its claims charged them:
+// three claims of a chain whose leases all ended (a dispatcher that died
+// publishing the head, three times) used up the links' attempts too, and
+// the sweep dead-lettered events that were never tried. The head dies;
+// the links get their attempts back and wait behind it.
+func TestSweepSparesLinksBehindTheirHead(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 4)
+	start := time.Now().Add(time.Minute)
+	for i := range 3 {
+		rows, err := pool.Query(ctx, `SELECT id FROM modkit_outbox_claim_chained(gen_random_uuid(), ARRAY['test:events'], 10, 3,
+			interval '5 seconds', NULL, ARRAY[4], $1)`, start.Add(time.Duration(i)*10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		if rows.Close(); rows.Err() != nil || n != 4 {
+			t.Fatalf("claim %d leased %d events of the chain (%v); want 4", i+1, n, rows.Err())
+		}
+	}
+	if _, err := pool.Exec(ctx, `SELECT * FROM modkit_outbox_sweep(ARRAY['test:events'], 3, 100, $1)`, start.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if e := get(t, client, ids[0]); e.Status != outbox.StatusDead {
+		t.Fatalf("the head, out of attempts, is %s; want dead", e.Status)
+	}
+	for i, id := range ids[1:] {
+		if e := get(t, client, id); e.Status != outbox.StatusPending || e.Attempts != 2 {
+			t.Fatalf("link %d, never published: %s with %d attempts; want pending with its last attempt given back (2)", i+2, e.Status, e.Attempts)
+		}
+	}
+	h, err := client.Admin().History(ctx, ids[1])
+	if err != nil || len(h) == 0 || !strings.Contains(h[len(h)-1].Detail, "given back") {
+		t.Fatalf("the link's history does not say its attempt was given back: %+v, %v", h, err)
+	}
+}
+
 // With SkipDeadHeads, a dead event does not hold its key back.
 func TestSkipDeadHeadsPolicy(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})

@@ -549,17 +549,27 @@ func TestDepthAndSweepReadEveryState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[uuid.UUID]bool{got[3].ID: true, plain[4]: false, keyed[1].ID: false} // id: repaired
+	// k:2, out of attempts but behind k:1 (pending), could not have been
+	// tried: it is given an attempt back rather than buried (migration
+	// 0031), and stays held.
+	want := map[uuid.UUID]bool{got[3].ID: true, plain[4]: false, keyed[1].ID: true} // id: repaired
+	const wantSwept = "want the expired lease repaired, the exhausted event dead and the exhausted one behind its key's head given an attempt back"
 	if len(swept) != len(want) {
-		t.Fatalf("swept %+v, want the expired lease repaired and the two exhausted events dead", swept)
+		t.Fatalf("swept %+v, %s", swept, wantSwept)
 	}
 	for _, sw := range swept {
 		if repaired, ok := want[sw.ID]; !ok || sw.Repaired != repaired {
-			t.Fatalf("swept %+v, want the expired lease repaired and the two exhausted events dead", swept)
+			t.Fatalf("swept %+v, %s", swept, wantSwept)
 		}
 	}
-	if d := depth(); d.Pending != 2 || d.Processing != 1 || d.Dead != 3 || d.Stuck != 0 {
-		t.Fatalf("depth after the sweep %+v, want 2 pending, 1 processing, 3 dead", d)
+	if d := depth(); d.Pending != 3 || d.Processing != 1 || d.Dead != 2 || d.Stuck != 0 {
+		t.Fatalf("depth after the sweep %+v, want 3 pending, 1 processing, 2 dead", d)
+	}
+	var attempts int
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT attempts, held FROM modkit_outbox_events WHERE id = $1`, keyed[1].ID).Scan(&attempts, &held); err != nil ||
+		attempts != 4 || !held {
+		t.Fatalf("k:2 after the sweep: %d attempts, held %v (%v); want 4, held", attempts, held, err)
 	}
 }
 

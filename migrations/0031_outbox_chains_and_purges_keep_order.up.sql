@@ -1,0 +1,188 @@
+-- The sweep no longer buries a chain link for attempts its chain's claims
+-- charged it, and a purge of dead events no longer lets a key's later
+-- events overtake a dead event that stays.
+--
+-- modkit_outbox_sweep: a claim of a chain charges every event it leases an
+-- attempt, links included, though a link is published only after the event
+-- before it succeeded. When a chain's lease ended without outcomes (its
+-- dispatcher crashed, or its outcome writes failed), each claim of it
+-- charged its links again, and after max_attempts such claims the sweep
+-- buried the whole chain: events never tried were dead-lettered, and under
+-- SkipDeadHeads skipped. A held event behind an undelivered event of its
+-- key is now given its attempt back instead (its lease_expired entry says
+-- so) and stays pending and held; the chain's head, charged each time,
+-- dies once out of attempts and the links wait behind it. (A link published
+-- just before its dispatcher died may so be published again more than
+-- max_attempts times in all, as at-least-once delivery allows.)
+--
+-- modkit_outbox_purge_dead deleted any dead event given; the claim waits
+-- only for the event just before an event of an ordering key, and one that
+-- is gone holds nothing back. So purging the second of two dead events of
+-- a key let the third be published while the first was dead. It now
+-- deletes a dead event of a key only when it is the key's head, in rounds,
+-- so that a run of dead events purged together goes whole; and it lets the
+-- successor of each head it deletes into the claim at once (it waited for
+-- a dispatcher's periodic release).
+--
+-- CREATE OR REPLACE keeps both functions' grants and settings.
+DO $migration$
+DECLARE
+    s text := quote_ident(current_schema());
+BEGIN
+    EXECUTE replace($functions$
+CREATE OR REPLACE FUNCTION @s.modkit_outbox_sweep(p_topics text[], p_max_attempts integer, p_limit integer, p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)
+ RETURNS TABLE(id uuid, topic text, repaired boolean)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path = @s, pg_temp
+ SET plan_cache_mode TO 'force_custom_plan'
+ SET jit TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @s.modkit_outbox_clock(p_now);
+BEGIN
+    RETURN QUERY
+    -- Due events come from two index scans: expired leases and pending
+    -- events out of attempts from one walk of the claim index (since
+    -- migration 0014 it holds every pending and leased event that is not
+    -- held), held events out of attempts and the expired leases of held
+    -- events (since 0021 the links of a chain stay held while leased) from
+    -- the held index.
+    WITH due_claimable AS (
+        SELECT e.id, e.created_at, e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
+            e.claimed_at AS old_claimed_at, e.attempts, e.ledger_seq AS old_seq, e.last_error AS old_error,
+            e.attempts >= p_max_attempts AS exhausted, false AS behind
+        FROM @s.modkit_outbox_events e
+        WHERE e.settled_status IS NULL AND NOT e.held
+          AND ((e.status = 'processing' AND e.locked_until < v_now)
+            OR (e.status = 'pending' AND e.attempts >= p_max_attempts))
+          AND (e.namespace || ':' || e.topic) = ANY(p_topics)
+        ORDER BY e.created_at, e.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED),
+    due_held AS (
+        SELECT e.id, e.created_at, e.status AS old_status, e.locked_by AS old_worker, e.lease_token AS old_token,
+            e.claimed_at AS old_claimed_at, e.attempts, e.ledger_seq AS old_seq, e.last_error AS old_error,
+            e.attempts >= p_max_attempts AS exhausted,
+            -- Behind an undelivered event of its key (since 0031): a chain
+            -- link whose lease ended with its head's.
+            e.ordering_key IS NOT NULL AND EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.ordering_stream = e.ordering_stream
+                  AND p.ordering_seq = e.ordering_seq - 1
+                  AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped))) AS behind
+        FROM @s.modkit_outbox_events e
+        WHERE e.held
+          AND ((e.status = 'pending' AND e.attempts >= p_max_attempts)
+            OR (e.status = 'processing' AND e.locked_until < v_now))
+          AND (e.namespace || ':' || e.topic) = ANY(p_topics)
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED),
+    -- A held event behind an undelivered event of its key is never
+    -- buried for its attempts (since 0031): a chain link is charged an
+    -- attempt by each claim of its chain, yet is published only after the
+    -- event before it succeeded, so chains whose leases ended (a crashed
+    -- dispatcher, outcome writes that failed) used up their links'
+    -- attempts, and the sweep buried links never tried. Its attempt is
+    -- given back instead; the head of its chain, charged each time, dies
+    -- once out of attempts, and the link then waits behind it.
+    due AS (
+        SELECT u.id, u.created_at, u.old_status, u.old_worker, u.old_token, u.old_claimed_at, u.attempts, u.old_seq,
+            u.old_error, u.exhausted AND NOT u.behind AS exhausted, u.behind
+        FROM (SELECT * FROM due_claimable UNION ALL SELECT * FROM due_held) u
+        ORDER BY u.created_at, u.id
+        LIMIT p_limit),
+    upd AS (
+        UPDATE @s.modkit_outbox_events AS e SET
+            status = CASE WHEN d.exhausted THEN 'dead' ELSE 'pending' END,
+            next_attempt_at = CASE WHEN d.exhausted THEN e.next_attempt_at ELSE v_now END,
+            last_error = CASE WHEN d.exhausted THEN left(
+                CASE WHEN d.old_status = 'processing'
+                    THEN format('lease of worker %s expired on the final attempt (%s of %s): the worker crashed or its publish outlived the lease', d.old_worker, d.attempts, p_max_attempts)
+                    ELSE format('attempts (%s) reached max_attempts (%s)', d.attempts, p_max_attempts) END
+                || coalesce('; last publish error: ' || left(d.old_error, 2048), ''), 4096)
+                ELSE e.last_error END,
+            attempts = CASE WHEN NOT d.behind THEN e.attempts
+                WHEN d.old_status = 'processing' THEN e.attempts - 1
+                ELSE least(e.attempts, p_max_attempts - 1) END,
+            locked_by = NULL, locked_until = NULL, lease_token = NULL,
+            ledger_seq = e.ledger_seq + (d.old_status = 'processing')::int + d.exhausted::int,
+            updated_at = v_now,
+            -- An event of an ordering key back to pending (the rest of a run
+            -- whose dispatcher died) is held while its predecessor is
+            -- undelivered, as modkit_outbox_complete holds a released one,
+            -- so claims do not walk it before its turn.
+            held = CASE WHEN NOT d.exhausted AND e.ordering_key IS NOT NULL THEN EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.ordering_stream = e.ordering_stream
+                  AND p.ordering_seq = e.ordering_seq - 1
+                  AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped)))
+                ELSE e.held END
+        FROM due d WHERE e.id = d.id
+        RETURNING e.id, e.namespace, e.topic, e.last_error, NOT d.exhausted AS repaired, d.exhausted,
+            d.old_status, d.old_seq, d.attempts, d.old_worker, d.old_token, d.old_claimed_at, d.behind),
+    ledger AS (
+        INSERT INTO @s.modkit_outbox_attempts
+            (event_id, attempt_no, namespace, topic, outcome, attempt, worker, lease_token, claimed_at, finished_at, detail)
+        SELECT u.id, u.old_seq + 1, u.namespace, u.topic, 'lease_expired', u.attempts, u.old_worker, u.old_token,
+            u.old_claimed_at, v_now, 'the lease expired before an outcome was recorded; repaired by the sweeper'
+                || CASE WHEN u.behind THEN '; the attempt is given back: the event before it of its ordering key was not delivered'
+                   ELSE '' END
+        FROM upd u WHERE u.old_status = 'processing'
+        UNION ALL
+        SELECT u.id, u.old_seq + 1 + (u.old_status = 'processing')::int, u.namespace, u.topic, 'swept', NULL, NULL, NULL,
+            NULL, v_now, u.last_error
+        FROM upd u WHERE u.exhausted)
+    SELECT u.id, u.namespace || ':' || u.topic, u.repaired FROM upd u;
+END $function$;
+
+CREATE OR REPLACE FUNCTION @s.modkit_outbox_purge_dead(p_ids uuid[], p_by text, p_now timestamptz DEFAULT NULL)
+RETURNS SETOF uuid
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
+DECLARE
+    v_now timestamptz := @s.modkit_outbox_clock(p_now);
+    v_left uuid[] := p_ids;
+    v_done uuid[];
+    v_rounds int := 0;
+BEGIN
+    -- Each round deletes the dead events among v_left that are keyless or
+    -- their key's head (the event before it no longer holds it back), and
+    -- lets each deleted head's successor into the claim. A run of dead
+    -- events of one key goes one event a round, each the head once the one
+    -- before it is gone; a dead event behind another dead event of its key
+    -- that is not purged with it is left (it would let the events after it
+    -- overtake that one). At most 1,000 rounds: the rest of a longer run is
+    -- left for another call.
+    LOOP
+        WITH del AS (
+            DELETE FROM @s.modkit_outbox_events AS e
+            WHERE e.id = ANY(v_left) AND e.status = 'dead'
+              AND (e.ordering_key IS NULL OR NOT EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.ordering_stream = e.ordering_stream
+                  AND p.ordering_seq = e.ordering_seq - 1
+                  AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped))))
+            RETURNING e.id, e.namespace, e.topic, e.ledger_seq, e.ordering_stream, e.ordering_seq),
+        release AS (
+            UPDATE @s.modkit_outbox_events AS s SET held = false
+            FROM del d
+            WHERE s.ordering_stream = d.ordering_stream
+              AND s.ordering_seq = d.ordering_seq + 1 AND s.held
+              -- not one this statement may delete
+              AND NOT (s.id = ANY(v_left) AND s.status = 'dead')),
+        ledger AS (
+            INSERT INTO @s.modkit_outbox_attempts (event_id, attempt_no, namespace, topic, outcome, finished_at, detail, actor)
+            SELECT d.id, d.ledger_seq + 1, d.namespace, d.topic, 'purged', v_now,
+                left('purged while dead by ' || coalesce(p_by, 'unknown'), 1024), session_user
+            FROM del d)
+        SELECT pg_catalog.array_agg(d.id) INTO v_done FROM del d;
+        EXIT WHEN v_done IS NULL;
+        RETURN QUERY SELECT pg_catalog.unnest(v_done);
+        v_rounds := v_rounds + 1;
+        EXIT WHEN v_rounds >= 1000;
+        v_left := ARRAY(SELECT x FROM pg_catalog.unnest(v_left) AS x WHERE NOT (x = ANY(v_done)));
+    END LOOP;
+END $$;
+$functions$, '@s', s);
+END $migration$;
