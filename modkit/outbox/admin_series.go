@@ -26,7 +26,10 @@ type SeriesQuery struct {
 	// seven days.
 	Window time.Duration
 	// Bucket is the width of one point. Default one minute; Window/Bucket
-	// must not exceed 1000 points.
+	// must not exceed 1000. Buckets are aligned to multiples of Bucket, so
+	// the series starts at the bucket holding the window's start and ends
+	// with the bucket in progress: up to Window/Bucket+1 points, and a
+	// Bucket wider than Window gives the one or two buckets that cover it.
 	Bucket time.Duration
 }
 

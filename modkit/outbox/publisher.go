@@ -106,8 +106,9 @@ type Publisher struct {
 	// DeleteOnDelivery deletes each of this topic's events in the write
 	// that records its delivery, instead of keeping it as delivered until
 	// Retention ends. The attempts ledger keeps its history, the delivery
-	// included (Admin.History); Admin.Get, Admin.List and Admin.Stats no
-	// longer see it, and its dedupe key is free again at once, so an
+	// included (Admin.History); Admin.Get, Admin.List, Admin.Stats,
+	// Admin.Settled and Admin.Series no longer see it (the dashboard's
+	// delivery charts show none of its deliveries), and its dedupe key is free again at once, so an
 	// enqueue of the same key after the delivery enqueues a new event. It
 	// saves the database a third of the WAL an event costs and the purge of
 	// delivered events; after migrations 0018 and 0019 drains ran 18-43%
