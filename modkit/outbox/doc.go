@@ -107,7 +107,12 @@
 //     outcomes could not be recorded before their lease ended are delivered
 //     again.
 //   - Lost notifications: LISTEN is only a wake-up. Polling every
-//     PollInterval always runs, and a lost LISTEN connection is re-opened.
+//     PollInterval always runs, and a lost LISTEN connection is re-opened,
+//     as is one that goes silent without an error (a proxy that keeps the
+//     client's side open after the server's went away): after 30s without
+//     a notification the listener sends itself one, and reconnects when it
+//     is not back within 10s. Its connection is opened with the pool's
+//     BeforeConnect and AfterConnect hooks.
 //     Retries need neither: the dispatcher that scheduled one wakes itself
 //     when it falls due.
 //   - Publisher panics are recovered, logged with a stack, and count as a
@@ -217,7 +222,9 @@
 //   - publish.abandoned: publish calls that outlived their deadline and were
 //     abandoned (see Topic isolation).
 //   - claim.errors: failed claim queries; listener.reconnects: LISTEN
-//     connections lost and re-opened.
+//     connections lost (or found silent: no notification, not even the
+//     listener's own check, for 40s) after they listened; failed attempts
+//     to reconnect are logged, not counted.
 //   - claim.batches: claims that leased at least one event of the topic;
 //     claim.events: the events they leased. lease.repairs: expired leases
 //     repaired by a claim or the sweeper (a dispatcher crashed or overran;

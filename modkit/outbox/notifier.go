@@ -11,6 +11,8 @@ import (
 
 // The notifier wakes the claimer on NOTIFY. A lost connection is re-opened
 // with backoff; the first wake after a reconnect covers what was missed.
+// The driver's Listen also gives up on a connection that stays silent
+// (outboxpg checks it with a NOTIFY to itself after 30s without one).
 // Polling goes on meanwhile, so a dead listener only costs latency.
 func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 	signal := func() {
@@ -44,7 +46,9 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		delay = reconnectDelay(delay, listening.Load())
-		d.metrics.listenerReconnects.Add(ctx, 1)
+		if listening.Load() { // a connection lost, not a failed attempt to open one
+			d.metrics.listenerReconnects.Add(ctx, 1)
+		}
 		d.log.Warn("notification listener lost; polling continues, reconnecting", "error", err, "retry_in", delay)
 	}
 }

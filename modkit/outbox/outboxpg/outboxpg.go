@@ -165,6 +165,16 @@ func (s *store) insertOne(ctx context.Context, q db.Querier, r driver.InsertRow,
 	return out, nil
 }
 
+// delayMillis is a retry delay in whole milliseconds, the unit the outcome
+// functions take, rounded up: a delay under a millisecond must not become
+// an immediate retry.
+func delayMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
 // insertError maps the enqueue functions' SQLSTATEs to the driver's errors.
 func insertError(err error) error {
 	var pgErr *pgconn.PgError
@@ -375,7 +385,7 @@ func (s *store) Complete(ctx context.Context, tx any, worker uuid.UUID, outcomes
 			errText = &o.Error
 		}
 		_, err = q.Exec(ctx, s.sql.completeOne, s.args(uuidArg(worker), uuidArg(o.ID), uuidArg(o.LeaseToken),
-			outcomeName(o.Kind), errText, o.Delay.Milliseconds())...)
+			outcomeName(o.Kind), errText, delayMillis(o.Delay))...)
 		if err != nil {
 			return nil, completeError(err)
 		}
@@ -387,7 +397,7 @@ func (s *store) Complete(ctx context.Context, tx any, worker uuid.UUID, outcomes
 	delays := make([]int64, n)
 	for i := range outcomes {
 		o := &outcomes[i]
-		ids[i], tokens[i], kinds[i], delays[i] = uuidArg(o.ID), uuidArg(o.LeaseToken), outcomeName(o.Kind), o.Delay.Milliseconds()
+		ids[i], tokens[i], kinds[i], delays[i] = uuidArg(o.ID), uuidArg(o.LeaseToken), outcomeName(o.Kind), delayMillis(o.Delay)
 		if o.Error != "" {
 			errs[i] = &o.Error
 		}
@@ -722,25 +732,100 @@ func (s *store) changeDead(ctx context.Context, byIDs, byFilter string, p driver
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
 
+// The listener's check of its own connection: after listenQuiet without a
+// notification it sends one to itself and gives up on the connection when
+// it is not back within listenEchoWait. A connection whose server went
+// away behind a proxy that keeps the client's side open (or a PgBouncer in
+// transaction mode, where LISTEN does not work) otherwise waits forever
+// without an error, and every event waits for the poll.
+var (
+	listenQuiet    = 30 * time.Second
+	listenEchoWait = 10 * time.Second
+)
+
+// listenEchoPrefix begins the payload of the listener's check: a space, so
+// that no topic ("namespace:topic") can be taken for it.
+const listenEchoPrefix = " modkit-outbox listener check "
+
 // Listen implements driver.Store on a connection of its own (LISTEN needs
-// one session for its whole life, which a pooled connection is not).
+// one session for its whole life, which a pooled connection is not),
+// opened with the pool's connection settings and its BeforeConnect and
+// AfterConnect hooks (rotating credentials, service discovery).
 func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic string)) error {
-	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	conn, err := s.listenConn(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	channel := pgx.Identifier{NotifyChannel}.Sanitize()
+	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 		return err
 	}
 	onReady()
+	echo := listenEchoPrefix + uuid.NewString()
+	var echoSent time.Time // zero: no check under way
 	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		wait := listenQuiet
+		if !echoSent.IsZero() {
+			wait = listenEchoWait - time.Since(echoSent)
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err == nil {
+			if n.Payload == echo {
+				echoSent = time.Time{}
+			} else {
+				wake(n.Payload)
+			}
+			continue
+		}
+		if ctx.Err() != nil || wctx.Err() == nil || conn.PgConn().IsClosed() {
+			return err // stopped, or the connection failed
+		}
+		// The wait ran out (its deadline leaves the connection usable):
+		// quiet for listenQuiet, or the check did not come back.
+		silent := fmt.Errorf("outboxpg: the notification listener's connection delivered no notification, not even its own check, "+
+			"for %v: reconnecting (behind PgBouncer in transaction mode, set DispatcherConfig.PollOnly)", listenQuiet+listenEchoWait)
+		if !echoSent.IsZero() {
+			return silent
+		}
+		echoSent = time.Now()
+		ectx, cancel := context.WithTimeout(ctx, listenEchoWait)
+		_, err = conn.Exec(ectx, "SELECT pg_catalog.pg_notify($1, $2)", NotifyChannel, echo)
+		timedOut := ectx.Err() != nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil && timedOut:
+			return silent // the check's own statement got no answer
+		case err != nil:
 			return err
 		}
-		wake(n.Payload)
 	}
+}
+
+// listenConn opens the listener's connection as the pool opens its own.
+func (s *store) listenConn(ctx context.Context) (*pgx.Conn, error) {
+	cfg := s.pool.Config()
+	cc := cfg.ConnConfig.Copy()
+	if cfg.BeforeConnect != nil {
+		if err := cfg.BeforeConnect(ctx, cc); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.AfterConnect != nil {
+		if err := cfg.AfterConnect(ctx, conn); err != nil {
+			conn.Close(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
+	return conn, nil
 }
 
 // Migrate implements driver.Store with modkit/db's Migrator and the
