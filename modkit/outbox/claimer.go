@@ -100,11 +100,8 @@ claiming:
 				if i == 0 { // the claim that the claim size bounds
 					pool.adapt(len(got), g.room)
 				}
-				if errDelay > 0 || !isReady {
-					d.setClaimErr(nil)
-				}
-				errDelay = 0
 				if !isReady {
+					d.setClaimErr(nil)
 					isReady = true
 					ready()
 					d.log.Info("dispatcher ready", "topics", d.reg.keys, "batch_size", d.cfg.BatchSize,
@@ -122,6 +119,12 @@ claiming:
 				pool.submit(batch, deadline)
 				found = found || len(got) > 0
 				full = full || len(got) == g.room
+			}
+			// Every claim of the round worked (a failure retries the
+			// round): only now is a failing claim known to have recovered.
+			if errDelay > 0 {
+				d.setClaimErr(nil)
+				errDelay = 0
 			}
 			now := time.Now()
 			if found {

@@ -47,8 +47,16 @@ func (p RetryPolicy) validate() error {
 	return nil
 }
 
-// Delay is the un-jittered delay after the given number of attempts.
+// Delay is the un-jittered delay after the given number of attempts. Zero
+// fields take their defaults, as in a DispatcherConfig; a BaseDelay below
+// zero gives no delay, and a MaxDelay below BaseDelay is taken as BaseDelay
+// (NewDispatcher refuses both).
 func (p RetryPolicy) Delay(attempts int) time.Duration {
+	p = p.withDefaults()
+	if p.BaseDelay <= 0 {
+		return 0
+	}
+	p.MaxDelay = max(p.MaxDelay, p.BaseDelay)
 	if attempts < 1 {
 		attempts = 1
 	}
@@ -66,6 +74,9 @@ func (p RetryPolicy) Delay(attempts int) time.Duration {
 // [Delay(attempts)/2, Delay(attempts)].
 func (p RetryPolicy) Backoff(attempts int) time.Duration {
 	d := p.Delay(attempts)
+	if d <= 0 {
+		return 0
+	}
 	half := d / 2
 	return half + rand.N(d-half+1)
 }

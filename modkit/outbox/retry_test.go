@@ -52,3 +52,27 @@ func TestRetryPolicyBounds(t *testing.T) {
 		t.Fatalf("jitter values %v, want [1ns 2ns]", seen)
 	}
 }
+
+// Delay and Backoff on a policy NewDispatcher has not checked: zero fields
+// take their defaults (a zero policy gave no delay), and a policy it would
+// refuse gives no delay rather than a panic.
+func TestRetryPolicyUnchecked(t *testing.T) {
+	var zero outbox.RetryPolicy
+	if d := zero.Delay(1); d != time.Second {
+		t.Fatalf("zero policy Delay(1) = %v, want the default base 1s", d)
+	}
+	if d := zero.Delay(1 << 30); d != 5*time.Minute {
+		t.Fatalf("zero policy Delay(2^30) = %v, want the default cap 5m", d)
+	}
+	if b := zero.Backoff(1); b < 500*time.Millisecond || b > time.Second {
+		t.Fatalf("zero policy Backoff(1) = %v, want it in [0.5s, 1s]", b)
+	}
+	negative := outbox.RetryPolicy{BaseDelay: -time.Second, MaxDelay: time.Second}
+	if d, b := negative.Delay(3), negative.Backoff(3); d != 0 || b != 0 {
+		t.Fatalf("a negative base: Delay %v, Backoff %v; want 0", d, b)
+	}
+	inverted := outbox.RetryPolicy{BaseDelay: time.Minute, MaxDelay: time.Second}
+	if d := inverted.Delay(4); d != time.Minute {
+		t.Fatalf("MaxDelay below BaseDelay: Delay(4) = %v, want BaseDelay", d)
+	}
+}
