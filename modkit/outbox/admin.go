@@ -378,11 +378,12 @@ func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) Even
 
 // ReplayDead puts dead events back to pending, due now, with their attempts
 // reset: the ones in ids or, when ids is empty, those matching f (at most
-// f.Limit, default 10000, oldest first). Ids and a filter together are
-// refused, and so is an empty filter without ids (an empty selection
-// passed as ids... would otherwise mean every dead event): to mean every
-// dead event, set f.Status to StatusDead. Refusals match ErrInvalidConfig
-// and change nothing. by names who asked (an operator, a
+// f.Limit, default 10000, oldest first). Ids and a filter (any field set,
+// Status included) together are refused, and so is an empty filter
+// without ids (an empty selection passed as ids... would otherwise mean
+// every dead event): to mean every dead event, pass no ids and set
+// f.Status to StatusDead. Refusals match ErrInvalidConfig and change
+// nothing. by names who asked (an operator, a
 // tool): each replay is recorded in the event's History as a "replayed"
 // entry with by, the time and the database session user; last_error keeps
 // the error the event died with. Ids that are unknown or not dead are
@@ -409,8 +410,9 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 // dead head of an ordering key lets the key's later events go on, as
 // SkipHead does. A dead event behind another dead event of its ordering
 // key is deleted only with that one (in the same call): alone, it would
-// let the key's later events overtake it. Ids that are unknown or not dead
-// are skipped. It returns the ids deleted.
+// let the key's later events overtake it; of a run of more than 1,000 dead
+// events of one key, one call deletes the first 1,000. Ids that are
+// unknown or not dead are skipped. It returns the ids deleted.
 func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
 	p, err := deadParams("PurgeDead", "purging", by, f, ids)
 	if err != nil {
@@ -434,7 +436,7 @@ func deadParams(call, doing, by string, f EventFilter, ids []uuid.UUID) (driver.
 	}
 	narrows := f.Namespace != "" || f.Topic != "" || f.TenantID != nil || !f.CreatedAfter.IsZero() || !f.CreatedBefore.IsZero() || f.After != ""
 	switch {
-	case len(ids) > 0 && (narrows || f.Limit != 0):
+	case len(ids) > 0 && (narrows || f.Limit != 0 || f.Status != ""):
 		return driver.ReplayParams{}, configError("%s was given event ids and a filter; give one or the other (with ids, the filter would be ignored)", call)
 	case len(ids) == 0 && !narrows && f.Status == "":
 		return driver.ReplayParams{}, configError("%s was given no event ids and an empty filter, which would select every dead event: "+

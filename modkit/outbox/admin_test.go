@@ -516,6 +516,10 @@ func TestReplayDeadByFilter(t *testing.T) {
 			_, err := c.Admin().ReplayDead(ctx, "bob@ops", outbox.EventFilter{Namespace: "elsewhere"}, enqueued[0])
 			return err
 		},
+		"ids and a status": func() error {
+			_, err := c.Admin().ReplayDead(ctx, "bob@ops", outbox.EventFilter{Status: outbox.StatusDead}, enqueued[0])
+			return err
+		},
 		"nothing selected": func() error {
 			var selected []uuid.UUID // an empty selection from a form
 			_, err := c.Admin().ReplayDead(ctx, "bob@ops", outbox.EventFilter{}, selected...)

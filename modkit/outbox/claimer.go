@@ -43,30 +43,43 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 	var hotUntil time.Time // end of the wake window
 	recheckIn := d.cfg.WakeRecheck
 	isReady, wantClaim, errDelay := false, true, time.Duration(0)
+	// hungry: the topic's last claim came back full.
+	hungry := make(map[string]bool, len(d.reg.keys))
 	// Held events are released once per PollInterval by the clock, not
 	// by the poll timer, which every claim that is not full pushes back
-	// (under steady traffic it would never fire). Every dispatcher does
-	// it, whether or not it has claimed ordered events: one that started
-	// while a key's head was dead claims none of the key's events, and a
-	// purge or replay of that head by an operator leaves the next event
-	// held for a release to free. Without held events the release reads
-	// one empty index.
+	// (under steady traffic it would never fire). The first release, once
+	// the dispatcher is ready, repairs what an earlier process left held;
+	// later ones run when this dispatcher has claimed ordered events (the
+	// release walks every key with held events, whatever its topic). The
+	// maintenance pass releases its topics' held events too, so that a
+	// dispatcher that started while a key's head was dead, and so claims
+	// none of its events, still frees them.
 	var releaseAt time.Time
-claiming:
+	releasedOnce := false
 	for {
 		if now := time.Now(); isReady && !now.Before(releaseAt) {
 			releaseAt = now.Add(d.cfg.PollInterval)
-			if d.releaseHeld(ctx) > 0 {
-				wantClaim = true
+			if !releasedOnce || d.sawOrdered.Load() {
+				releasedOnce = true
+				if d.releaseHeld(ctx) > 0 {
+					wantClaim = true
+				}
 			}
 		}
 		groups := pool.plan()
-		if wantClaim && slices.ContainsFunc(groups, claimGroup.claimable) {
-			found, full := false, false
-			for i, g := range groups {
-				if !g.claimable() {
-					continue
-				}
+		// A wake-up, a re-check or the poll claims for every lane with
+		// room; otherwise only the lanes whose last claim came back full
+		// (more is likely due) claim again, as soon as they have room, and
+		// an empty claim for an idle topic cannot end another's drain.
+		round := groups[:0:0]
+		for _, g := range groups {
+			if g.claimable() && (wantClaim || slices.ContainsFunc(g.topics, func(t string) bool { return hungry[t] })) {
+				round = append(round, g)
+			}
+		}
+		if len(round) > 0 {
+			found, failed, sizedFull, leased := false, false, false, 0
+			for _, g := range round {
 				claimStart := time.Now()
 				got, err := d.claim(ctx, g.topics, g.chains, g.room)
 				switch {
@@ -88,17 +101,13 @@ claiming:
 						return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run, and may this role "+
 							"read and write the outbox tables? see Client.Migrate)", d.c.cfg.Schema, err)
 					}
+					// The round goes on: one claim failing (one topic's
+					// slow walk, say) does not hold back the others.
 					d.setClaimErr(err)
-					errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
-					d.log.Warn("claim failed; retrying", "error", err, "retry_in", errDelay)
+					d.log.Warn("claim failed; retrying", "error", err, "topics", g.topics)
 					d.metrics.claimErrors.Add(ctx, 1)
-					if !sleepCtx(ctx, errDelay) {
-						return nil
-					}
-					continue claiming
-				}
-				if i == 0 { // the claim that the claim size bounds
-					pool.adapt(len(got), g.room)
+					failed = true
+					continue
 				}
 				if !isReady {
 					d.setClaimErr(nil)
@@ -118,10 +127,23 @@ claiming:
 				}
 				pool.submit(batch, deadline)
 				found = found || len(got) > 0
-				full = full || len(got) == g.room
+				sizedFull = sizedFull || (g.sized && len(got) == g.room)
+				leased += len(got)
+				for _, t := range g.topics {
+					hungry[t] = len(got) == g.room // a full claim suggests more is due
+				}
 			}
-			// Every claim of the round worked (a failure retries the
-			// round): only now is a failing claim known to have recovered.
+			if failed {
+				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
+				if !sleepCtx(ctx, errDelay) {
+					return nil
+				}
+				wantClaim = true // the whole round again
+				continue
+			}
+			pool.adapt(sizedFull, leased)
+			// Every claim of the round worked: only now is a failing
+			// claim known to have recovered.
 			if errDelay > 0 {
 				d.setClaimErr(nil)
 				errDelay = 0
@@ -132,9 +154,10 @@ claiming:
 			} else {
 				recheckIn = min(2*recheckIn, 8*d.cfg.WakeRecheck)
 			}
-			// A full claim suggests more is due: claim again once there is
-			// room. Otherwise wait for news, re-checking inside the window.
-			if wantClaim = full; !wantClaim {
+			// Claim again once a hungry lane has room. Otherwise wait for
+			// news, re-checking inside the window.
+			wantClaim = false
+			if !slices.ContainsFunc(d.reg.keys, func(t string) bool { return hungry[t] }) {
 				resetTimer(poll, d.cfg.PollInterval)
 				if now.Before(hotUntil) {
 					resetTimer(recheck, recheckIn)
@@ -176,6 +199,12 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, l
 	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
 		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead, Chains: chains})
 	d.metrics.observeClaim(got)
+	for _, c := range got {
+		if c.OrderingKey != nil {
+			d.sawOrdered.Store(true)
+			break
+		}
+	}
 	return got, err
 }
 

@@ -39,9 +39,10 @@ type DispatcherConfig struct {
 	// MaxAttempts is the total number of delivery attempts per event, the
 	// first included. Default 10. A claim whose lease ends without an
 	// outcome (a crashed dispatcher) counts as an attempt; but an event of
-	// an ordering key whose predecessor was not delivered is not
-	// dead-lettered for such claims (the sweep gives it the attempt back,
-	// migration 0031), so of a chain only its head dies of them.
+	// an ordering key whose predecessor was not delivered is not charged
+	// for such claims (a claim that takes its chain over does not count it
+	// again, and the sweep gives it the attempt back: migration 0031), so
+	// of a chain only its head dies of them.
 	MaxAttempts int
 	// BatchSize is the most events one claim takes. Claims size themselves
 	// below it: they start at 32 events (or BatchSize, if smaller), double
@@ -188,6 +189,9 @@ type Dispatcher struct {
 
 	metrics  *metrics
 	hardStop atomic.Bool // publishes were cancelled by a stop
+	// sawOrdered: this dispatcher has claimed events with an ordering key,
+	// so it repairs held ones once per PollInterval (see claimer).
+	sawOrdered atomic.Bool
 
 	// recordMu makes the outcome writers record (metrics, OnOutcome,
 	// logs) one outcome at a time.

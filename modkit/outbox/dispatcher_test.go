@@ -614,3 +614,64 @@ func TestStaleResultBesideTheNextClaimsResult(t *testing.T) {
 		t.Fatalf("outcomes %+v, want the stale give-back's lease lost, then the delivery", got)
 	}
 }
+
+// A topic drains its backlog claim after claim, as its lane frees room,
+// beside an idle topic: with no poll or wake-up to fall back on (a poll an
+// hour away, a wake window of a nanosecond, no NOTIFY), an empty claim for
+// the idle topic, made while the busy topic's lane was full, ended the
+// drain until the poll.
+func TestDrainBesideAnIdleTopic(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	emptyClaim := make(chan struct{}, 1)
+	client := clientWrappingStore(t, pool, func(st driver.Store) driver.Store {
+		return &emptyClaimStore{Store: st, empty: emptyClaim}
+	})
+	enqueueN(t, client, pool, 50)
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.LeaseDuration, cfg.PollInterval = 3*time.Hour, time.Hour
+	cfg.WakeWindow, cfg.WakeRecheck = time.Nanosecond, time.Nanosecond
+	// Claims of one event, and a lane of one publish and one queued
+	// event: the busy topic's lane is full after two claims, and the
+	// next claim is for the idle topic alone.
+	cfg.BatchSize, cfg.Concurrency = 1, 2
+	gate := make(chan struct{})
+	busy := func(ctx context.Context, _ outbox.Delivery) error {
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	noop := func(context.Context, outbox.Delivery) error { return nil }
+	startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: busy},
+		outbox.Publisher{Topic: outbox.Topic{Namespace: "idle", Topic: "events"}, Publish: noop})
+	// The busy topic's lane fills with publishes that wait for the gate,
+	// and a claim for the idle topic alone finds nothing.
+	select {
+	case <-emptyClaim:
+	case <-time.After(guard):
+		t.Fatal("no claim for the idle topic alone")
+	}
+	close(gate)
+	log.waitFor(t, "the backlog drained", finalCount(outbox.StatusDelivered, 50))
+}
+
+// emptyClaimStore reports claims that leased nothing.
+type emptyClaimStore struct {
+	driver.Store
+	empty chan struct{}
+}
+
+func (s *emptyClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claimed, error) {
+	got, err := s.Store.Claim(ctx, p)
+	if err == nil && len(got) == 0 {
+		select {
+		case s.empty <- struct{}{}:
+		default:
+		}
+	}
+	return got, err
+}

@@ -243,6 +243,16 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) 
 	if cut != "" {
 		return cut
 	}
+	// Events held behind a settled predecessor (see releaseHeld): the
+	// claimer frees them once per PollInterval only after it has claimed
+	// ordered events, which a dispatcher started while a key's head was
+	// dead never does.
+	if _, err := d.c.store.ReleaseHeld(ctx, topics, d.reg.skipDead, releaseHeldMax); err != nil {
+		if ctx.Err() != nil {
+			return "the release of held events"
+		}
+		d.log.Warn("releasing ordered events held behind settled ones failed", "error", err)
+	}
 	// One purge per distinct retention.
 	byRetention := map[time.Duration][]string{}
 	for _, t := range topics {

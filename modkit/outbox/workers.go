@@ -140,6 +140,7 @@ type claimGroup struct {
 	topics         []string
 	chains         []int
 	room, capacity int
+	sized          bool // room is the claim size (see adapt)
 }
 
 // claimable: the group has room for at least half its capacity (and for
@@ -188,14 +189,14 @@ func (p *workerPool) plan() []claimGroup {
 		shared, room, capacity = shared+1, room+o.room, capacity+o.capacity
 	}
 	groups := make([]claimGroup, 0, 1+len(lanes)-shared)
-	g := claimGroup{room: min(room, p.batch), capacity: min(capacity, p.batch)}
+	g := claimGroup{room: min(room, p.batch), capacity: min(capacity, p.batch), sized: room >= p.batch}
 	for _, o := range lanes[:shared] {
 		g.topics, g.chains = append(g.topics, o.l.topic.key()), append(g.chains, p.chainLimit(o.l))
 	}
 	groups = append(groups, g)
 	for _, o := range lanes[shared:] {
 		groups = append(groups, claimGroup{topics: []string{o.l.topic.key()}, chains: []int{p.chainLimit(o.l)},
-			room: min(o.room, p.batch), capacity: min(o.capacity, p.batch)})
+			room: min(o.room, p.batch), capacity: min(o.capacity, p.batch), sized: o.room >= p.batch})
 	}
 	return groups
 }
@@ -204,18 +205,19 @@ func (p *workerPool) plan() []claimGroup {
 // below (unless BatchSize is smaller).
 const claimSizeMin = 32
 
-// adapt sizes the next claims after one that asked for limit events and
-// got got: a claim held back by the claim size (it came back full, asking
-// for the whole size) doubles it, up to BatchSize, so the size grows with
-// the publish rate; one that came back less than a quarter full halves it,
-// down to claimSizeMin. Besides the size, what the lanes can start before
-// a claim's deadline at their publishers' recent pace bounds every claim
-// (see laneCapacity), so slow publishers get small claims.
-func (p *workerPool) adapt(got, limit int) {
+// adapt sizes the next claims after a round of claims that leased got
+// events in all: a round in which a claim was held back by the claim size
+// (it came back full, asking for the whole size: sizedFull) doubles it, up
+// to BatchSize, so the size grows with the publish rate; one that leased
+// less than a quarter of it halves it, down to claimSizeMin. Besides the
+// size, what the lanes can start before a claim's deadline at their
+// publishers' recent pace bounds every claim (see laneCapacity), so slow
+// publishers get small claims.
+func (p *workerPool) adapt(sizedFull bool, got int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case got == limit && limit == p.batch:
+	case sizedFull:
 		p.batch = min(2*p.batch, p.d.cfg.BatchSize)
 	case got < p.batch/4:
 		p.batch = max(p.batch/2, min(claimSizeMin, p.d.cfg.BatchSize))
