@@ -88,7 +88,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 						// Bounded as a claim is, so that the stop's stages
 						// start however slow the database is; events not
 						// given back return when their lease ends.
-						gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+						gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.stopBound(ctx, d.cfg.LeaseHeadroom))
 						d.giveBack(gctx, got)
 						cancel()
 					}

@@ -387,6 +387,17 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	return err
 }
 
+// stopBound bounds a statement that runs after the stop began (ctx, the
+// run's context, has ended): at most limit, and no later than 80% of the
+// time the stop has left, so that a database that does not answer cannot
+// keep the run past the stop's deadline.
+func (d *Dispatcher) stopBound(ctx context.Context, limit time.Duration) time.Duration {
+	if deadline, ok := lifecycle.StopDeadline(ctx); ok {
+		return min(limit, max(time.Until(deadline)/5*4, 0))
+	}
+	return limit
+}
+
 func waitUntil(pool *workerPool, deadline time.Time) bool {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

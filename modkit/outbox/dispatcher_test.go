@@ -675,3 +675,31 @@ func (s *emptyClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]dr
 	}
 	return got, err
 }
+
+// hungResignStore's Resign gets no answer: it waits for its context's end.
+type hungResignStore struct{ driver.Store }
+
+func (s hungResignStore) Resign(ctx context.Context, _ uuid.UUID, _ []string) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A stop fits its StopTimeout when the database does not answer the
+// resign of the maintenance leases: the resign gets what the stop has
+// left, not the whole LeaseHeadroom (5s here, beyond the 3s stop).
+func TestStopFitsItsTimeoutWhenResignHangs(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	client := clientWrappingStore(t, tdb.Provider.Pool, func(st driver.Store) driver.Store { return hungResignStore{st} })
+	cfg := testConfig(newOutcomeLog())
+	cfg.StopTimeout = 3 * time.Second
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop with a resign that gets no answer: %v; want it within StopTimeout", err)
+	}
+}

@@ -127,7 +127,7 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		// Let another dispatcher take over at once. Every role, not only
 		// those last known held: an election cut short by the stop may
 		// still have committed. Resign deletes only this holder's rows.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.stopBound(ctx, d.cfg.LeaseHeadroom))
 		defer cancel()
 		if err := d.c.store.Resign(rctx, d.cfg.WorkerID, roles); err != nil {
 			d.log.Warn("could not resign maintenance leadership; another dispatcher takes over when the lease expires", "error", err)
