@@ -865,27 +865,35 @@ func TestPurgedDeadHeadLetsItsKeyGoOn(t *testing.T) {
 	log.waitFor(t, "the rest of the key delivered", finalCount(outbox.StatusDelivered, 2))
 }
 
+// killHeadAndStop runs a dispatcher of pub until one event is dead, then
+// stops it: a key's head died in an earlier process.
+func killHeadAndStop(t *testing.T, client *outbox.Client, pub outbox.Publisher) {
+	t.Helper()
+	log := newOutcomeLog()
+	d, err := client.NewDispatcher(testConfig(log), pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The same after a restart: a dispatcher that started while the key's head
-// was dead claims none of the key's events, yet the event after the head,
-// held until its release, is released once the head is purged. (It was
-// released only by dispatchers that had claimed ordered events, and the
-// key stayed blocked with nothing dead left to show for it.)
+// was dead claims none of the key's events, yet the event after the head
+// goes on once the head is purged: the purge lets it into the claim
+// (migration 0031). Before, only a dispatcher that had claimed ordered
+// events released it, and the key stayed blocked with nothing dead left to
+// show for it.
 func TestPurgedDeadHeadLetsItsKeyGoOnAfterRestart(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	ids := enqueueOneKey(t, client, pool, 3)
-	first := newOutcomeLog()
-	d1, err := client.NewDispatcher(testConfig(first), outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0])})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d1.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	first.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
-	if err := d1.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
+	killHeadAndStop(t, client, outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0])})
 	released := make(chan struct{}, 1)
 	restarted := clientWrappingStore(t, pool, func(st driver.Store) driver.Store {
 		return &releaseReportingStore{Store: st, released: released}
@@ -912,19 +920,8 @@ func TestSkipDeadHeadsEnqueueBehindADeadHeadAfterRestart(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	ids := enqueueOneKey(t, client, pool, 1)
-	first := newOutcomeLog()
 	pub := outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0]), SkipDeadHeads: true}
-	d1, err := client.NewDispatcher(testConfig(first), pub)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d1.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	first.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
-	if err := d1.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
+	killHeadAndStop(t, client, pub)
 	log := newOutcomeLog()
 	cfg := testConfig(log)
 	cfg.SweepInterval = 100 * time.Millisecond
