@@ -104,7 +104,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 					// The round goes on: one claim failing (one topic's
 					// slow walk, say) does not hold back the others.
 					d.setClaimErr(err)
-					d.log.Warn("claim failed; retrying", "error", err, "topics", g.topics)
+					d.log.Warn("claim failed; retrying", "error", err, "topics", g.topics, "retry_in", nextErrDelay(errDelay, d.cfg.PollInterval))
 					d.metrics.claimErrors.Add(ctx, 1)
 					failed = true
 					continue
@@ -134,7 +134,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 				}
 			}
 			if failed {
-				errDelay = min(max(2*errDelay, 50*time.Millisecond), max(d.cfg.PollInterval, 5*time.Second))
+				errDelay = nextErrDelay(errDelay, d.cfg.PollInterval)
 				if !sleepCtx(ctx, errDelay) {
 					return nil
 				}
@@ -188,6 +188,13 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			resetTimer(poll, d.cfg.PollInterval)
 		}
 	}
+}
+
+// nextErrDelay is the wait before claims are tried again after a round in
+// which one failed, the last such wait having been prev: from 50 ms,
+// doubling, up to PollInterval or 5 s, whichever is longer.
+func nextErrDelay(prev, pollInterval time.Duration) time.Duration {
+	return min(max(2*prev, 50*time.Millisecond), max(pollInterval, 5*time.Second))
 }
 
 // claim runs one claim on a context that a stop does not cut short: a claim

@@ -206,8 +206,9 @@ func topicsOf(roles []string) []string {
 // maintainLogIDs bounds the event ids one maintenance log record lists.
 const maintainLogIDs = 100
 
-// maintain runs one maintenance pass for roles: the sweep, the purges, the
-// depth gauges. It returns the step its context's end cut short, if any.
+// maintain runs one maintenance pass for roles: the sweep, the release of
+// held events, the purges, the depth gauges. It returns the step its
+// context's end cut short, if any.
 func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) {
 	topics := topicsOf(roles)
 	swept, err := d.c.store.Sweep(ctx, driver.SweepParams{Topics: topics, MaxAttempts: d.cfg.MaxAttempts, Limit: purgeBatch})
