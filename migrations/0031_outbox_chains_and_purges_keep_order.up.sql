@@ -12,7 +12,7 @@
 -- link it takes over from an expired lease, and the sweep gives a held
 -- event behind an undelivered event of its key its attempt back instead of
 -- burying it (its lease_expired entry says so; it stays pending and held,
--- and is not reported as repaired unless it was leased); the chain's
+-- and is reported with a NULL repaired unless it was leased); the chain's
 -- head, charged each time, dies once out of attempts and the links wait
 -- behind it. (A link published just before its dispatcher died may so be
 -- published again more than max_attempts times in all, as at-least-once
@@ -138,9 +138,11 @@ BEGIN
             NULL, v_now, u.last_error
         FROM upd u WHERE u.exhausted)
     -- An event given its attempt back without a lease is neither repaired
-    -- nor dead: not reported.
-    SELECT u.id, u.namespace || ':' || u.topic, u.repaired FROM upd u
-    WHERE u.exhausted OR u.old_status = 'processing';
+    -- nor dead: its repaired is NULL (the caller counts it toward the batch
+    -- but does not report it).
+    SELECT u.id, u.namespace || ':' || u.topic,
+        CASE WHEN u.exhausted OR u.old_status = 'processing' THEN u.repaired END
+    FROM upd u;
 END $function$;
 
 CREATE OR REPLACE FUNCTION @s.modkit_outbox_claim_chains(p_worker uuid, p_topics text[], p_limit integer, p_max_attempts integer, p_lease interval, p_skip_dead text[], p_chain integer[], p_now timestamp with time zone DEFAULT NULL::timestamp with time zone)

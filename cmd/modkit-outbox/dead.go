@@ -166,7 +166,12 @@ func runDead(ctx context.Context, e env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "%s %d event(s)\n", action.done, len(changed))
 	if n := len(targets) - len(changed); n > 0 {
-		fmt.Fprintf(e.stdout, "%d event(s) were no longer dead and were left alone\n", n)
+		why := "were no longer dead"
+		if action.verb == "purge" {
+			why = "were no longer dead, or come after a dead event of their ordering key that was not purged with them " +
+				"(purging them alone would let the key's later events overtake that one)"
+		}
+		fmt.Fprintf(e.stdout, "%d event(s) %s, and were left alone\n", n, why)
 	}
 	return nil
 }

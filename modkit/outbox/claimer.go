@@ -156,12 +156,14 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			}
 			// Claim again once a hungry lane has room. Otherwise wait for
 			// news, re-checking inside the window.
+			// (A hungry lane with no room must not stop the re-checks that
+			// catch other topics' events enqueued without a NOTIFY.)
 			wantClaim = false
 			if !slices.ContainsFunc(d.reg.keys, func(t string) bool { return hungry[t] }) {
 				resetTimer(poll, d.cfg.PollInterval)
-				if now.Before(hotUntil) {
-					resetTimer(recheck, recheckIn)
-				}
+			}
+			if now.Before(hotUntil) {
+				resetTimer(recheck, recheckIn)
 			}
 			continue
 		}

@@ -703,3 +703,50 @@ func TestStopFitsItsTimeoutWhenResignHangs(t *testing.T) {
 		t.Fatalf("stop with a resign that gets no answer: %v; want it within StopTimeout", err)
 	}
 }
+
+// A lane that stays hungry (its claims came back full, and it has no room:
+// a slow publisher with a backlog) does not stop the wake window's
+// re-checks, which catch another topic's events enqueued without a NOTIFY
+// (the producer announces a topic once per NotifyInterval). With a poll an
+// hour away, the second idle event below is found by a re-check or never.
+func TestRecheckBesideAHungryLane(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	producer := clientOn(t, pool, outbox.Config{NotifyInterval: time.Hour, Logger: quietLog})
+	enqueueN(t, producer, pool, 100)
+	cfg := testConfig(newOutcomeLog())
+	cfg.LeaseDuration, cfg.PollInterval = 3*time.Hour, time.Hour
+	cfg.WakeWindow, cfg.WakeRecheck = time.Hour, time.Millisecond
+	gate, started := make(chan struct{}), make(chan struct{}, 1)
+	defer close(gate)
+	busy := func(ctx context.Context, _ outbox.Delivery) error {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	idle := outbox.Topic{Namespace: "idle", Topic: "events"}
+	delivered := make(chan struct{}, 2)
+	noop := func(context.Context, outbox.Delivery) error { delivered <- struct{}{}; return nil }
+	startDispatcher(t, producer, cfg, outbox.Publisher{Topic: testTopic, Publish: busy, Concurrency: 1},
+		outbox.Publisher{Topic: idle, Publish: noop})
+	wait := func(ch <-chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(guard):
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+	wait(started, "the busy topic's first publish") // its lane holds a full claim
+	enqueueTopic(t, producer, pool, idle, 1)        // the first of the topic: announced
+	wait(delivered, "the first idle event")
+	enqueueTopic(t, producer, pool, idle, 1) // within NotifyInterval: not announced
+	wait(delivered, "the second idle event (found by a re-check)")
+}

@@ -455,12 +455,28 @@ func (s *store) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept
 		if err != nil {
 			return all, err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowToStructByPos[driver.Swept])
-		if err != nil {
+		// A NULL repaired (migration 0031) is an event the sweep gave an
+		// attempt back without a lease: neither repaired nor dead, so not
+		// reported, but it counts toward the batch, or a batch of them
+		// would end the loop while more is due.
+		n := 0
+		for rows.Next() {
+			var sw driver.Swept
+			var repaired pgtype.Bool
+			if err := rows.Scan(&sw.ID, &sw.Topic, &repaired); err != nil {
+				rows.Close()
+				return all, err
+			}
+			n++
+			if repaired.Valid {
+				sw.Repaired = repaired.Bool
+				all = append(all, sw)
+			}
+		}
+		if err := rows.Err(); err != nil {
 			return all, err
 		}
-		all = append(all, ids...)
-		if len(ids) < p.Limit {
+		if n < p.Limit {
 			return all, nil
 		}
 	}
