@@ -192,6 +192,10 @@ type Dispatcher struct {
 	// sawOrdered: this dispatcher has claimed events with an ordering key,
 	// so it repairs held ones once per PollInterval (see claimer).
 	sawOrdered atomic.Bool
+	// listenerDownSince: since when (UnixNano) the notification listener
+	// has not been listening, once an attempt to listen again failed; 0
+	// while it listens (see notifier).
+	listenerDownSince atomic.Int64
 
 	// recordMu makes the outcome writers record (metrics, OnOutcome,
 	// logs) one outcome at a time.
@@ -416,7 +420,8 @@ type Health struct {
 	// failed).
 	Starting bool
 	// Degraded: started, but something keeps events from flowing
-	// normally; Problems says what.
+	// normally (a paused topic, failing claims or outcome writes, a
+	// notification listener that cannot listen); Problems says what.
 	Degraded bool
 	// Problems are human sentences, one per problem, naming the topic or
 	// the failing operation. They quote no error text, which may hold SQL
@@ -480,6 +485,10 @@ func (d *Dispatcher) Health() Health {
 		h.ClaimError = claimErr
 		h.Problems = append(h.Problems, fmt.Sprintf("claims failing since %s (the error is in Health.ClaimError and the dispatcher's log)",
 			claimErrAt.Format(time.RFC3339)))
+	}
+	if at := d.listenerDownSince.Load(); at != 0 {
+		h.Problems = append(h.Problems, fmt.Sprintf("notification listener down since %s (the error is in the dispatcher's log): "+
+			"events wait for the poll, every PollInterval (%v)", time.Unix(0, at).Format(time.RFC3339), d.cfg.PollInterval))
 	}
 	if at := d.outcomeErrAt.Load(); at != 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("recording outcomes failing since %s (the error is in the dispatcher's log): "+

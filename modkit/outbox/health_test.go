@@ -116,3 +116,58 @@ func TestHealthDegradedWhileOutcomeWritesFail(t *testing.T) {
 		t.Fatalf("health after an outcome write succeeded: %+v", h)
 	}
 }
+
+// failingListenStore's Listen fails while failing is set; otherwise it
+// listens (it calls onReady) until its context ends. Each call reports on
+// calls once it has failed or is listening.
+type failingListenStore struct {
+	driver.Store
+	failing atomic.Bool
+	calls   chan bool // true: listening
+}
+
+func (s *failingListenStore) Listen(ctx context.Context, onReady func(), _ func(string)) error {
+	if s.failing.Load() {
+		s.calls <- false
+		return errors.New("test: the listener cannot connect")
+	}
+	onReady()
+	s.calls <- true
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// While the notification listener cannot listen, events wait for the poll:
+// Health says so (it said nothing), and is healthy again once it listens.
+func TestHealthDegradedWhileTheListenerIsDown(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	st := &failingListenStore{calls: make(chan bool, 100)}
+	st.failing.Store(true)
+	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
+	d := startDispatcher(t, c, testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic,
+		Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	next := func() bool {
+		t.Helper()
+		select {
+		case ok := <-st.calls:
+			return ok
+		case <-time.After(guard):
+			t.Fatal("the listener was not tried again")
+			return false
+		}
+	}
+	// Two failed attempts: the second begins after the notifier has
+	// taken in the first.
+	next()
+	next()
+	h := d.Health()
+	if !h.Degraded || !slices.ContainsFunc(h.Problems, func(p string) bool { return strings.Contains(p, "notification listener down") }) {
+		t.Fatalf("health while the listener cannot listen: %+v", h)
+	}
+	st.failing.Store(false)
+	for !next() { // attempts already under way may still fail
+	}
+	if h := d.Health(); h.Degraded {
+		t.Fatalf("health once the listener listens: %+v", h)
+	}
+}

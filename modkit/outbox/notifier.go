@@ -31,13 +31,19 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 			signal()
 		}
 	}
+	lostAt := time.Now() // when the listener last stopped listening (or first tried)
+	defer d.listenerDownSince.Store(0)
 	for delay := time.Duration(0); ; {
 		if delay > 0 && !sleepCtx(ctx, delay) {
 			return
 		}
 		// signal once listening: anything enqueued while we were not.
 		var listening atomic.Bool
-		err := d.c.store.Listen(ctx, func() { listening.Store(true); signal() }, onNotify)
+		err := d.c.store.Listen(ctx, func() {
+			listening.Store(true)
+			d.listenerDownSince.Store(0)
+			signal()
+		}, onNotify)
 		if ctx.Err() != nil {
 			return
 		}
@@ -48,6 +54,11 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 		delay = reconnectDelay(delay, listening.Load())
 		if listening.Load() { // a connection lost, not a failed attempt to open one
 			d.metrics.listenerReconnects.Add(ctx, 1)
+			lostAt = time.Now()
+		} else {
+			// An attempt to listen failed: Health reports the listener
+			// down from when it was lost (or first tried).
+			d.listenerDownSince.CompareAndSwap(0, lostAt.UnixNano())
 		}
 		d.log.Warn("notification listener lost; polling continues, reconnecting", "error", err, "retry_in", delay)
 	}
