@@ -196,6 +196,10 @@ type Dispatcher struct {
 	// has not been listening, once an attempt to listen again failed; 0
 	// while it listens (see notifier).
 	listenerDownSince atomic.Int64
+	// maintErrAt: since when (UnixNano) maintenance has failed (an
+	// election, a step of a pass, or a pass out of time); 0 once a pass
+	// finishes cleanly or another dispatcher leads its topics.
+	maintErrAt atomic.Int64
 
 	// recordMu makes the outcome writers record (metrics, OnOutcome,
 	// logs) one outcome at a time.
@@ -421,7 +425,8 @@ type Health struct {
 	Starting bool
 	// Degraded: started, but something keeps events from flowing
 	// normally (a paused topic, failing claims or outcome writes, a
-	// notification listener that cannot listen); Problems says what.
+	// notification listener that cannot listen, failing maintenance);
+	// Problems says what.
 	Degraded bool
 	// Problems are human sentences, one per problem, naming the topic or
 	// the failing operation. They quote no error text, which may hold SQL
@@ -489,6 +494,10 @@ func (d *Dispatcher) Health() Health {
 	if at := d.listenerDownSince.Load(); at != 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("notification listener down since %s (the error is in the dispatcher's log): "+
 			"events wait for the poll, every PollInterval (%v)", time.Unix(0, at).Format(time.RFC3339), d.cfg.PollInterval))
+	}
+	if at := d.maintErrAt.Load(); at != 0 {
+		h.Problems = append(h.Problems, fmt.Sprintf("maintenance failing since %s (the errors are in the dispatcher's log): "+
+			"exhausted events are not dead-lettered, delivered events not purged, and the depth gauges lag", time.Unix(0, at).Format(time.RFC3339)))
 	}
 	if at := d.outcomeErrAt.Load(); at != 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("recording outcomes failing since %s (the error is in the dispatcher's log): "+

@@ -171,3 +171,39 @@ func TestHealthDegradedWhileTheListenerIsDown(t *testing.T) {
 		t.Fatalf("health once the listener listens: %+v", h)
 	}
 }
+
+// failingSweepHealthStore's sweep fails while failing is set.
+type failingSweepHealthStore struct {
+	driver.Store
+	failing atomic.Bool
+}
+
+func (s *failingSweepHealthStore) Sweep(ctx context.Context, p driver.SweepParams) ([]driver.Swept, error) {
+	if s.failing.Load() {
+		return nil, errors.New("test: the sweep fails")
+	}
+	return s.Store.Sweep(ctx, p)
+}
+
+// While maintenance fails, exhausted events are not dead-lettered nor
+// delivered ones purged: Health says so (it said nothing), and is healthy
+// again after a pass that worked.
+func TestHealthDegradedWhileMaintenanceFails(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	st := &failingSweepHealthStore{}
+	st.failing.Store(true)
+	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
+	cfg := testConfig(newOutcomeLog())
+	cfg.SweepInterval = 50 * time.Millisecond
+	d, pass := startMaintained(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	pass.waitPasses(t, 1)
+	h := d.Health()
+	if !h.Degraded || !slices.ContainsFunc(h.Problems, func(p string) bool { return strings.Contains(p, "maintenance failing") }) {
+		t.Fatalf("health while the sweep fails: %+v", h)
+	}
+	st.failing.Store(false)
+	pass.waitFinishedPasses(t, 2) // the second began after the sweep was fixed
+	if h := d.Health(); h.Degraded {
+		t.Fatalf("health after a pass that worked: %+v", h)
+	}
+}

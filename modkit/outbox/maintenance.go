@@ -120,6 +120,7 @@ func (d *Dispatcher) maintenanceRoles() []string {
 }
 
 func (d *Dispatcher) maintenance(ctx context.Context) {
+	d.maintErrAt.Store(0) // a run starts with no news
 	roles := d.maintenanceRoles()
 	t := time.NewTicker(d.cfg.SweepInterval)
 	defer t.Stop()
@@ -158,6 +159,9 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 	cancel()
 	if err != nil {
 		d.log.Warn("maintenance election failed; retrying at the next sweep interval", "error", err)
+		if ctx.Err() == nil {
+			d.maintErrAt.CompareAndSwap(0, time.Now().UnixNano())
+		}
 		if !leaseEnds.IsZero() && time.Now().After(leaseEnds) {
 			d.metrics.setLeading(nil)
 			return time.Time{}
@@ -174,9 +178,16 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 		// Stay inside the lease, with a margin for clock drift.
 		budget := d.maintenanceTTL() / 3 * 2
 		pctx, cancel := context.WithDeadline(ctx, electedAt.Add(budget))
-		cut := d.maintain(pctx, held)
+		cut, failed := d.maintain(pctx, held)
 		cancel()
 		finished = cut == ""
+		switch {
+		case ctx.Err() != nil: // stopping: no news
+		case failed || !finished:
+			d.maintErrAt.CompareAndSwap(0, time.Now().UnixNano())
+		default:
+			d.maintErrAt.Store(0)
+		}
 		if !finished && ctx.Err() == nil {
 			d.log.Warn("maintenance pass ran out of time; what it left waits for the next pass, and a pass that never "+
 				"finishes leaves these topics unmaintained (raise DispatcherConfig.SweepInterval, or find what slows the database)",
@@ -184,6 +195,7 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 		}
 	} else {
 		d.metrics.setLeading(nil) // another dispatcher reports these topics now
+		d.maintErrAt.Store(0)     // and maintains them
 	}
 	if d.onMaintenance != nil {
 		d.onMaintenance(held, finished)
@@ -208,8 +220,8 @@ const maintainLogIDs = 100
 
 // maintain runs one maintenance pass for roles: the sweep, the release of
 // held events, the purges, the depth gauges. It returns the step its
-// context's end cut short, if any.
-func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) {
+// context's end cut short, if any, and whether a step failed otherwise.
+func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string, failed bool) {
 	topics := topicsOf(roles)
 	swept, err := d.c.store.Sweep(ctx, driver.SweepParams{Topics: topics, MaxAttempts: d.cfg.MaxAttempts, Limit: purgeBatch})
 	switch {
@@ -217,6 +229,7 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) 
 		cut = "the sweep of exhausted events"
 	case err != nil:
 		d.log.Warn("sweep of exhausted events failed", "error", err)
+		failed = true
 	}
 	// A sweep that failed part way returns what its committed batches
 	// swept: those events are dead or repaired all the same.
@@ -242,7 +255,7 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) 
 		}
 	}
 	if cut != "" {
-		return cut
+		return cut, failed
 	}
 	// Events held behind a settled predecessor (see releaseHeld): the
 	// claimer frees them once per PollInterval only after it has claimed
@@ -250,9 +263,10 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) 
 	// dead never does.
 	if _, err := d.c.store.ReleaseHeld(ctx, topics, d.reg.skipDead, releaseHeldMax); err != nil {
 		if ctx.Err() != nil {
-			return "the release of held events"
+			return "the release of held events", failed
 		}
 		d.log.Warn("releasing ordered events held behind settled ones failed", "error", err)
+		failed = true
 	}
 	// One purge per distinct retention.
 	byRetention := map[time.Duration][]string{}
@@ -273,9 +287,10 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) 
 		res, err := d.c.store.Purge(ctx, driver.PurgeParams{Topics: group, Retention: r, Limit: purgeBatch, From: from})
 		if err != nil {
 			if ctx.Err() != nil {
-				return fmt.Sprintf("the purge of events delivered more than %v ago", r)
+				return fmt.Sprintf("the purge of events delivered more than %v ago", r), failed
 			}
 			d.log.Warn("purge of delivered events failed", "error", err, "topics", group)
+			failed = true
 			continue
 		}
 		if res.Purged > 0 {
@@ -297,7 +312,7 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string) 
 		}
 	}
 	if _, ok := d.metrics.refreshDepth(ctx, d.c.store, false); !ok && ctx.Err() != nil {
-		return "reading the depth gauges"
+		return "reading the depth gauges", failed
 	}
-	return ""
+	return "", failed
 }
