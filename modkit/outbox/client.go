@@ -268,7 +268,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 	res, err := c.store.Insert(ctx, tx, rows, notify)
 	// A batch that inserted nothing announces nothing (one that inserted a
 	// row announces all its topics).
-	if err != nil || !slices.ContainsFunc(res, func(r driver.Inserted) bool { return !r.Duplicate }) {
+	if len(slots) > 0 && (err != nil || !slices.ContainsFunc(res, func(r driver.Inserted) bool { return !r.Duplicate })) {
 		for _, s := range slots {
 			s.giveBack()
 		}

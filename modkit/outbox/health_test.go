@@ -194,7 +194,9 @@ func TestHealthDegradedWhileMaintenanceFails(t *testing.T) {
 	st.failing.Store(true)
 	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
 	cfg := testConfig(newOutcomeLog())
-	cfg.SweepInterval = 50 * time.Millisecond
+	// Passes get 400ms: a pass cut short by a slow machine would also
+	// count as failing maintenance.
+	cfg.SweepInterval = 200 * time.Millisecond
 	d, pass := startMaintained(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
 	pass.waitPasses(t, 1)
 	h := d.Health()

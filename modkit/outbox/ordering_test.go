@@ -541,21 +541,28 @@ func TestDeadHeadBlocksItsKey(t *testing.T) {
 	}
 }
 
+// twoDeadOfThree enqueues three events of one key and makes the first two
+// dead, as a chain whose leases all expired on their last attempt leaves
+// them after the sweep; the third waits, held.
+func twoDeadOfThree(t *testing.T) (*outbox.Client, *pgxpool.Pool, []uuid.UUID) {
+	t.Helper()
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 3)
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
+		WHERE id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	return client, pool, ids
+}
+
 // Of a key's dead events only the head (the one whose predecessor no
 // longer holds it back) is a blocked key's head, and only it may be
 // skipped. Skipping the second of two dead events let the third be
 // published while the first was dead and not skipped: the claim waits for
 // the event just before only.
 func TestSkipHeadOnlyTheKeysHead(t *testing.T) {
-	client, tdb := newClient(t, outbox.Config{})
-	pool := tdb.Provider.Pool
-	ids := enqueueOneKey(t, client, pool, 3)
-	// Seq 1 and 2 dead, as a chain whose leases all expired on their last
-	// attempt leaves them after the sweep.
-	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
-		WHERE id = ANY($1)`, ids[:2]); err != nil {
-		t.Fatal(err)
-	}
+	client, _, ids := twoDeadOfThree(t)
 	admin := client.Admin()
 	heads := func(want uuid.UUID) {
 		t.Helper()
@@ -605,13 +612,7 @@ func TestSkipHeadOnlyTheKeysHead(t *testing.T) {
 // purged; both together are, and the event after them is let into the
 // claim by the purge itself.
 func TestPurgeDeadKeepsTheKeysOrder(t *testing.T) {
-	client, tdb := newClient(t, outbox.Config{})
-	pool := tdb.Provider.Pool
-	ids := enqueueOneKey(t, client, pool, 3)
-	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
-		WHERE id = ANY($1)`, ids[:2]); err != nil {
-		t.Fatal(err)
-	}
+	client, pool, ids := twoDeadOfThree(t)
 	admin := client.Admin()
 	if got, err := admin.PurgeDead(ctx, "alice", outbox.EventFilter{}, ids[1]); err != nil || len(got) != 0 {
 		t.Fatalf("purge of the dead event behind the key's dead head: purged %v, %v; want none", got, err)

@@ -79,7 +79,9 @@ func TestListenUsesThePoolsConnectHooks(t *testing.T) {
 // back, so that the dispatcher reconnects. It waited forever, and every
 // event waited for the poll.
 func TestListenGivesUpOnASilentConnection(t *testing.T) {
-	t.Cleanup(outboxpg.SetListenCheck(100*time.Millisecond, 300*time.Millisecond))
+	// Checks every 100ms; 2s for one to come back, far more than a live
+	// connection takes even on a loaded machine.
+	t.Cleanup(outboxpg.SetListenCheck(100*time.Millisecond, 2*time.Second))
 	tdb := pgtest.NewDB(t)
 	cfg, err := pgxpool.ParseConfig(tdb.DSN)
 	if err != nil {
