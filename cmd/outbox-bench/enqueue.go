@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 // rawInsertSQL inserts one event with the columns the library's enqueue
@@ -315,7 +316,7 @@ func (b *bench) runBulk(ctx context.Context) error {
 				return err
 			}
 			if notify {
-				_, err = tx.Exec(ctx, "SELECT pg_notify('modkit_outbox', $1)", benchTopic.Namespace+":"+benchTopic.Topic)
+				_, err = tx.Exec(ctx, "SELECT pg_notify($1, $2)", outboxpg.NotifyChannel(b.t.schema), benchTopic.Namespace+":"+benchTopic.Topic)
 			}
 			return err
 		}

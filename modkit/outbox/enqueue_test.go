@@ -362,7 +362,7 @@ func TestEnqueueBatchFirstOfAKeyWins(t *testing.T) {
 	}
 }
 
-// Enqueue announces new events on outboxpg.NotifyChannel; DisableNotify
+// Enqueue announces new events on its schema's outboxpg.NotifyChannel; DisableNotify
 // stays quiet, and a client sends at most one NOTIFY per topic per
 // NotifyInterval. Notifications arrive in commit order, so an enqueue that
 // wrongly notified would be seen before the ones after it.
@@ -374,7 +374,7 @@ func TestEnqueueNotifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outboxpg.NotifyChannel("public")}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	quiet := clientOn(t, pool, outbox.Config{DisableNotify: true})
@@ -438,7 +438,7 @@ func TestEnqueueNotifies(t *testing.T) {
 		if err != nil {
 			t.Fatalf("after %q: %v", got, err)
 		}
-		if n.Channel != outboxpg.NotifyChannel {
+		if n.Channel != outboxpg.NotifyChannel("public") {
 			t.Fatalf("notification on %q", n.Channel)
 		}
 		got = append(got, n.Payload)

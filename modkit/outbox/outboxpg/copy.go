@@ -146,7 +146,7 @@ func (s *store) copyStatement(inSavepoint bool, notify []string) string {
 	b.WriteString(s.table.Sanitize())
 	b.WriteString(" (" + copyColumns + ") FROM STDIN (FORMAT binary)")
 	if len(notify) > 0 {
-		b.WriteString("; SELECT pg_catalog.pg_notify(" + quoteLiteral(NotifyChannel) + ", t) FROM pg_catalog.unnest(ARRAY[")
+		b.WriteString("; SELECT pg_catalog.pg_notify(" + quoteLiteral(NotifyChannel(s.opts.Schema)) + ", t) FROM pg_catalog.unnest(ARRAY[")
 		for i, t := range notify {
 			if i > 0 {
 				b.WriteString(", ")

@@ -453,7 +453,8 @@ type connlessTx struct{ pgx.Tx }
 
 func (connlessTx) Conn() *pgx.Conn { return nil }
 
-// listen opens a connection that listens on outboxpg.NotifyChannel.
+// listen opens a connection that listens on the public schema's
+// outboxpg.NotifyChannel.
 func listen(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, dsn)
@@ -461,7 +462,7 @@ func listen(t *testing.T, dsn string) *pgx.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close(ctx) })
-	if _, err := conn.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outboxpg.NotifyChannel("public")}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	return conn

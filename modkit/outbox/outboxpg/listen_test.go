@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,7 +103,7 @@ func TestListenGivesUpOnASilentConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { watcher.Close(ctx) })
-	if _, err := watcher.Exec(ctx, "LISTEN "+outboxpg.NotifyChannel); err != nil {
+	if _, err := watcher.Exec(ctx, "LISTEN "+pgx.Identifier{outboxpg.NotifyChannel("public")}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	ready, done := listening(t, open(t, pool, driver.Options{}))
@@ -216,3 +217,117 @@ func (p *silencingProxy) pipe(src, dst net.Conn) {
 func (p *silencingProxy) port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
 
 func (p *silencingProxy) silence() { p.silent.Store(true) }
+
+// Enqueues announce their topics on their schema's channel, on every path
+// (a keyless INSERT, a keyed INSERT, the enqueue function for an ordered
+// event, the batch function with and without ordering keys, COPY), and a
+// dispatcher hears its own schema's channel and the channel every schema
+// shared before migration 0032, where producers of an earlier version
+// announce. Every schema's enqueues used the one channel, so two outboxes
+// in one database woke each other's dispatchers. Notifications arrive in
+// commit order, so an announcement heard by the wrong listener would come
+// before the marker that ends each sequence. A schema's name as long as
+// PostgreSQL allows makes a channel's name too long, cut alike by the
+// driver and the functions.
+func TestListenHearsItsOwnSchema(t *testing.T) {
+	for _, schema := range []string{"second_outbox", "second_outbox_" + strings.Repeat("x", 49)} {
+		t.Run(fmt.Sprint(len(schema)), func(t *testing.T) { testListenHearsItsOwnSchema(t, schema) })
+	}
+}
+
+func testListenHearsItsOwnSchema(t *testing.T, schema string) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	public := open(t, pool, driver.Options{})
+	second := open(t, pool, driver.Options{Schema: schema})
+	if err := second.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A session listening on the public schema's channel and the shared one.
+	other, err := pgx.Connect(ctx, tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close(ctx) })
+	for _, c := range []string{outboxpg.NotifyChannel("public"), outboxpg.LegacyNotifyChannel} {
+		if _, err := other.Exec(ctx, "LISTEN "+pgx.Identifier{c}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The second schema's dispatcher.
+	lctx, cancel := context.WithCancel(ctx)
+	heard, ready, done, exited := make(chan string, 100), make(chan struct{}), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(exited)
+		done <- second.Listen(lctx, func() { close(ready) }, func(topic string) { heard <- topic })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-exited
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("the listener could not listen: %v", err)
+	}
+
+	ordered := func(rs []driver.InsertRow) []driver.InsertRow {
+		for i := range rs {
+			k := fmt.Sprint("key ", i%2)
+			rs[i].OrderingKey = &k
+		}
+		return rs
+	}
+	keyed := rows(1, "second", "keyed")
+	key := "k"
+	keyed[0].DedupeKey = &key
+	inserts := []struct {
+		topic string
+		rows  []driver.InsertRow
+	}{
+		{"second:keyless", rows(1, "second", "keyless")},
+		{"second:keyed", keyed},
+		{"second:ordered", ordered(rows(1, "second", "ordered"))},
+		{"second:batch", rows(3, "second", "batch")},
+		{"second:ordered-batch", ordered(rows(3, "second", "ordered-batch"))},
+		{"second:copy", rows(200, "second", "copy")},
+	}
+	for _, in := range inserts {
+		if _, err := second.Insert(ctx, pool, in.rows, []string{in.topic}); err != nil {
+			t.Fatalf("%s: %v", in.topic, err)
+		}
+	}
+	// An enqueue of an earlier version, on the shared channel.
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, 'second:legacy')", outboxpg.LegacyNotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := public.Insert(ctx, pool, rows(1, "public", "marker"), []string{"public:marker"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Insert(ctx, pool, rows(1, "second", "marker"), []string{"second:marker"}); err != nil {
+		t.Fatal(err)
+	}
+
+	var want []string
+	for _, in := range inserts {
+		want = append(want, in.topic)
+	}
+	want = append(want, "second:legacy", "second:marker")
+	var got []string
+	for len(got) == 0 || got[len(got)-1] != "second:marker" {
+		select {
+		case topic := <-heard:
+			got = append(got, topic)
+		case err := <-done:
+			t.Fatalf("the listener stopped after %q: %v", got, err)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("the second schema's listener heard %q; want %q", got, want)
+	}
+	// The public schema's listener heard nothing of the second schema's
+	// enqueues but the earlier version's, then its own marker.
+	if got := heardUntil(t, other, "public:marker"); !slices.Equal(got, []string{"second:legacy", "public:marker"}) {
+		t.Errorf("a listener of the public schema heard %q; want only the shared channel's announcement and its own marker", got)
+	}
+}

@@ -35,9 +35,32 @@ const TableName = "modkit_outbox_events"
 // LeadersTableName is the table of maintenance leases (one row per role).
 const LeadersTableName = "modkit_outbox_leaders"
 
-// NotifyChannel is the channel on which enqueues announce themselves
-// (payload "namespace:topic"), so idle dispatchers wake at once.
-const NotifyChannel = "modkit_outbox"
+// NotifyChannel returns the channel on which enqueues into schema announce
+// themselves (payload "namespace:topic"), so that its idle dispatchers wake
+// at once: "modkit_outbox." followed by the schema's name, cut to the 63
+// bytes PostgreSQL allows a channel's name. Outboxes in different schemas
+// of one database so do not wake each other's dispatchers (two schemas
+// whose names agree in their first 49 bytes share a channel: their
+// dispatchers then also wake for each other's topics, which costs an empty
+// claim and loses nothing). Migration 0032 moved the enqueue functions to
+// it from LegacyNotifyChannel.
+func NotifyChannel(schema string) string {
+	c := LegacyNotifyChannel + "." + schema
+	return c[:min(len(c), maxChannelLen)]
+}
+
+// LegacyNotifyChannel is the channel that every schema's enqueues shared
+// before migration 0032. Dispatchers still listen on it and wake for what
+// it announces, so that producers of an earlier version (and an enqueue
+// function not yet migrated) still wake them during a rolling upgrade;
+// dispatchers of an earlier version listen only there, and until they are
+// upgraded they find the events that newer producers announce at their
+// poll.
+const LegacyNotifyChannel = "modkit_outbox"
+
+// maxChannelLen is the longest channel name PostgreSQL accepts (NAMEDATALEN
+// less one).
+const maxChannelLen = 63
 
 // Driver is the PostgreSQL driver on one pgx pool.
 type Driver struct {
@@ -773,9 +796,11 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	channel := pgx.Identifier{NotifyChannel}.Sanitize()
-	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
-		return err
+	channel := NotifyChannel(s.opts.Schema)
+	for _, c := range []string{channel, LegacyNotifyChannel} {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{c}.Sanitize()); err != nil {
+			return err
+		}
 	}
 	onReady()
 	echo := listenEchoPrefix + uuid.NewString()
@@ -808,7 +833,7 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		}
 		echoSent = time.Now()
 		ectx, cancel := context.WithTimeout(ctx, listenEchoWait)
-		_, err = conn.Exec(ectx, "SELECT pg_catalog.pg_notify($1, $2)", NotifyChannel, echo)
+		_, err = conn.Exec(ectx, "SELECT pg_catalog.pg_notify($1, $2)", channel, echo)
 		timedOut := ectx.Err() != nil
 		cancel()
 		switch {

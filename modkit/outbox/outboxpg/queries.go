@@ -18,7 +18,8 @@ import (
 // nothing else, and the table's checks hold for them); a duplicate, and
 // every event with an ordering key, go to the enqueue functions.
 //
-// {{fn}} stands for the quoted schema followed by a dot; {{async}}, joined
+// {{fn}} stands for the quoted schema followed by a dot; {{channel}} for
+// the schema's NotifyChannel as a string literal; {{async}}, joined
 // into a statement's FROM list, makes that statement's implicit transaction
 // commit without waiting for its WAL flush (empty with
 // Options.SynchronousCommit); {{now}} is the test clock parameter, when one
@@ -44,7 +45,7 @@ const (
 	qInsertDirect = `INSERT INTO {{table}} (id, namespace, topic, tenant_id, dedupe_key, payload, headers)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
 ON CONFLICT DO NOTHING
-RETURNING pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
+RETURNING pg_catalog.pg_notify({{channel}}, $2 || ':' || $3)`
 
 	// qInsertPlain is qInsertDirect without the announcement, for the
 	// enqueues that need none (most: a client announces a topic at most
@@ -66,7 +67,7 @@ ON CONFLICT DO NOTHING`
 VALUES ($1, $2, $3, $4, $5::jsonb, $6::jsonb)`
 
 	qInsertKeylessNotify = qInsertKeyless + `
-RETURNING pg_catalog.pg_notify('` + NotifyChannel + `', $2 || ':' || $3)`
+RETURNING pg_catalog.pg_notify({{channel}}, $2 || ':' || $3)`
 
 	qInsertMany = `SELECT ord, id FROM {{fn}}modkit_outbox_enqueue_many($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::jsonb[], $7::text[], $8::jsonb[], $9::text[])`
 
@@ -178,7 +179,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		if testClock && clockArg != "" {
 			now = "$" + clockArg + "::timestamptz"
 		}
-		return strings.NewReplacer("{{fn}}", fn, "{{table}}", table, "{{async}}", asyncPart, "{{now}}", now).Replace(q)
+		return strings.NewReplacer("{{fn}}", fn, "{{table}}", table, "{{channel}}", quoteLiteral(NotifyChannel(schema)), "{{async}}", asyncPart, "{{now}}", now).Replace(q)
 	}
 	return queries{
 		insertOne:           bind(qInsertOne, "", ""),

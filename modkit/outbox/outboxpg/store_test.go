@@ -624,3 +624,17 @@ func TestBacklogWithoutMigration0027(t *testing.T) {
 		}
 	}
 }
+
+// A schema's channel is its name after "modkit_outbox.", cut to the 63
+// bytes PostgreSQL allows a channel's name.
+func TestNotifyChannel(t *testing.T) {
+	long := strings.Repeat("s", 63)
+	for schema, want := range map[string]string{
+		"public": "modkit_outbox.public",
+		long:     "modkit_outbox." + long[:49],
+	} {
+		if got := outboxpg.NotifyChannel(schema); got != want {
+			t.Errorf("NotifyChannel(%q) = %q; want %q", schema, got, want)
+		}
+	}
+}
