@@ -268,12 +268,16 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 // each record of a refused batch with it): it is permanent only for a
 // record over the client's batch limit, which can never be produced;
 // another is retried, in a batch of its own or a smaller one, and dead
-// after its attempts if it is over the topic's limit by itself.
+// after its attempts if it is over the topic's limit by itself. "Invalid
+// record" (a record without a key on a compacted topic, say) also answers
+// a whole batch, naming the offending records in a list franz-go does not
+// read, so it is retried too: the others go through in a batch without
+// the invalid one, which dies after its attempts.
 func (p *Publisher) isPermanent(err error, r *kgo.Record) bool {
 	switch {
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
 		return p.batchMax > 0 && recordBytes(r) >= p.batchMax
-	case errors.Is(err, kerr.InvalidTopicException), errors.Is(err, kerr.InvalidRecord):
+	case errors.Is(err, kerr.InvalidTopicException):
 		return true
 	}
 	return false

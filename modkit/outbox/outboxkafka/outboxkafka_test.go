@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/internal/brokertest"
@@ -289,6 +290,42 @@ func TestBatchTooLargeIsRetried(t *testing.T) {
 	}
 	if refused == 0 {
 		t.Fatal("no batch of concurrent publishes went over the broker's limit in 20 rounds: the test did not test")
+	}
+}
+
+// TestInvalidRecordIsRetried: the broker's "invalid record" answers a
+// whole batch, whose other records may be valid: it is retried, not
+// dead-lettered, and the producer goes on producing.
+func TestInvalidRecordIsRetried(t *testing.T) {
+	cluster := startCluster(t)
+	p := newPublisher(t, newClient(t, cluster.ListenAddrs()), outboxkafka.Config{})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+	if err := p.Publish(ctx, d); err != nil {
+		t.Fatalf("first publish: %v", err)
+	}
+	// The next produce request is refused, every partition of it.
+	cluster.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		req := kreq.(*kmsg.ProduceRequest)
+		resp := req.ResponseKind().(*kmsg.ProduceResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewProduceResponseTopic()
+			st.Topic, st.TopicID = rt.Topic, rt.TopicID
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewProduceResponseTopicPartition()
+				sp.Partition, sp.ErrorCode = rp.Partition, kerr.InvalidRecord.Code
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	d.ID = uuid.New()
+	err := p.Publish(ctx, d)
+	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, kerr.InvalidRecord) {
+		t.Fatalf("a record refused with its batch as invalid: %v, want InvalidRecord to retry", err)
+	}
+	if err := p.Publish(ctx, d); err != nil {
+		t.Fatalf("the retry: %v", err)
 	}
 }
 
