@@ -199,11 +199,12 @@ func nextErrDelay(prev, pollInterval time.Duration) time.Duration {
 	return min(max(2*prev, 50*time.Millisecond), max(pollInterval, 5*time.Second))
 }
 
-// claim runs one claim on a context that a stop does not cut short: a claim
-// cancelled mid-flight may have committed, stranding its events until their
-// lease expires, whereas a finished one can be given back at once.
+// claim runs one claim on a context that a stop does not cancel at once: a
+// claim cancelled mid-flight may have committed, stranding its events until
+// their lease expires, whereas a finished one can be given back at once. A
+// stop bounds it as it bounds the statements after it (see outlastStop).
 func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, limit int) ([]driver.Claimed, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+	cctx, cancel := d.outlastStop(ctx, d.cfg.LeaseHeadroom)
 	defer cancel()
 	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
 		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead, Chains: chains})

@@ -315,7 +315,7 @@ func (d *Dispatcher) Stop(ctx context.Context) error {
 // not run).
 func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	// The stop's clock starts when Stop cancels ctx, not when the claimer
-	// notices: a claim in flight may take up to LeaseHeadroom to return.
+	// notices: a claim in flight may take a while to return (see outlastStop).
 	var stopAt atomic.Pointer[time.Time]
 	stopNow := func() { now := time.Now(); stopAt.CompareAndSwap(nil, &now) }
 	defer context.AfterFunc(ctx, stopNow)()
@@ -404,6 +404,28 @@ func (d *Dispatcher) stopBound(ctx context.Context, limit time.Duration) time.Du
 		return min(limit, max(time.Until(deadline)/5*4, 0))
 	}
 	return limit
+}
+
+// outlastStop returns a context for a statement that should finish rather
+// than be cancelled by a stop (ctx's end) that comes while it runs: it
+// ends after limit, and once ctx has ended no later than stopBound allows
+// from then, so that a database that does not answer cannot keep the run
+// past the stop's deadline.
+func (d *Dispatcher) outlastStop(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
+	stopWatch := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(d.stopBound(ctx, limit))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-sctx.Done():
+		}
+	})
+	return sctx, func() {
+		stopWatch()
+		cancel()
+	}
 }
 
 func waitUntil(pool *workerPool, deadline time.Time) bool {

@@ -704,6 +704,46 @@ func TestStopFitsItsTimeoutWhenResignHangs(t *testing.T) {
 	}
 }
 
+// hungClaimStore serves the first claim and gets no answer to the next ones
+// (a database that stopped answering), which end only with their context.
+type hungClaimStore struct {
+	driver.Store
+	claims atomic.Int32
+	hung   chan struct{} // closed when a claim hangs
+	once   sync.Once
+}
+
+func (s *hungClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claimed, error) {
+	if s.claims.Add(1) == 1 {
+		return s.Store.Claim(ctx, p)
+	}
+	s.once.Do(func() { close(s.hung) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A stop fits its StopTimeout when the database does not answer the claim
+// in flight: the claim gets what the stop has left, not the whole
+// LeaseHeadroom (5s here, beyond the 3s stop).
+func TestStopFitsItsTimeoutWhenAClaimHangs(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	store := &hungClaimStore{hung: make(chan struct{})}
+	client := clientWrappingStore(t, tdb.Provider.Pool, func(st driver.Store) driver.Store { store.Store = st; return store })
+	cfg := testConfig(newOutcomeLog())
+	cfg.StopTimeout = 3 * time.Second
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, "a claim that hangs", store.hung)
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop with a claim in flight that gets no answer: %v; want it within StopTimeout", err)
+	}
+}
+
 // A lane that stays hungry (its claims came back full, and it has no room:
 // a slow publisher with a backlog) does not stop the wake window's
 // re-checks, which catch another topic's events enqueued without a NOTIFY

@@ -152,9 +152,10 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 // them by then.
 func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds time.Time) time.Time {
 	electedAt := time.Now()
-	// Like a claim, the election is not cut short by a stop: it finishes
-	// (or times out) before the resign that follows the stop.
-	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseHeadroom)
+	// Like a claim, the election is not cancelled by a stop at once: it
+	// finishes (or runs out of the stop's time, see outlastStop) before
+	// the resign that follows the stop.
+	ectx, cancel := d.outlastStop(ctx, d.cfg.LeaseHeadroom)
 	held, err := d.c.store.Elect(ectx, driver.ElectParams{Roles: roles, Holder: d.cfg.WorkerID, TTL: d.maintenanceTTL()})
 	cancel()
 	if err != nil {
