@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -216,7 +217,8 @@ type TopicStats struct {
 
 // Stats summarises the table per (namespace, topic).
 type Stats struct {
-	// Topics, sorted by namespace and topic.
+	// Topics, sorted by namespace, then topic, byte by byte (as
+	// Series.Topics).
 	Topics []TopicStats
 	// Total over all topics; its OldestDueAge is the largest.
 	Total TopicStats
@@ -250,7 +252,9 @@ func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
 	return statsFrom(rows), nil
 }
 
-// statsFrom sums the driver's rows per topic and over all topics.
+// statsFrom sums the driver's rows per topic and over all topics, and
+// sorts the topics by their names' bytes (as Series does), whatever the
+// database's collation.
 func statsFrom(rows []driver.StatsRow) Stats {
 	var out Stats
 	index := map[Topic]int{}
@@ -277,6 +281,7 @@ func statsFrom(rows []driver.StatsRow) Stats {
 			s.OldestDueAge = max(s.OldestDueAge, r.OldestDueAge)
 		}
 	}
+	slices.SortFunc(out.Topics, func(a, b TopicStats) int { return compareTopics(a.Topic, b.Topic) })
 	return out
 }
 

@@ -1,10 +1,8 @@
 package outbox
 
 import (
-	"cmp"
 	"context"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -63,8 +61,8 @@ type Series struct {
 	Bucket time.Duration
 	// Total over all topics: one point per bucket, oldest first.
 	Total TopicSeries
-	// Topics that delivered anything in the window, sorted by namespace
-	// and topic.
+	// Topics that delivered anything in the window, sorted by namespace,
+	// then topic, byte by byte.
 	Topics []TopicSeries
 }
 
@@ -119,9 +117,7 @@ func (a *Admin) Series(ctx context.Context, q SeriesQuery) (Series, error) {
 		p.Delivered, p.LatencyP50, p.LatencyP95, p.LatencyMax = r.Delivered, r.LatencyP50, r.LatencyP95, r.LatencyMax
 		ts.Delivered += r.Delivered
 	}
-	slices.SortFunc(out.Topics, func(a, b TopicSeries) int {
-		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic.Topic, b.Topic.Topic))
-	})
+	slices.SortFunc(out.Topics, func(a, b TopicSeries) int { return compareTopics(a.Topic, b.Topic) })
 	return out, nil
 }
 

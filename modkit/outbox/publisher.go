@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +24,11 @@ type Topic struct {
 }
 
 func (t Topic) String() string { return t.Namespace + "/" + t.Topic }
+
+// compareTopics orders topics by namespace, then topic, byte by byte.
+func compareTopics(a, b Topic) int {
+	return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Topic, b.Topic))
+}
 
 // key is the topic as the driver and notifications spell it.
 func (t Topic) key() string { return t.Namespace + ":" + t.Topic }
