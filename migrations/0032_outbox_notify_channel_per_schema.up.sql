@@ -11,8 +11,11 @@
 -- the same name for the driver's INSERT and COPY paths). Dispatchers listen
 -- on that channel and on modkit_outbox, where producers of an earlier
 -- version still announce, so a rolling upgrade loses no wake-up on the
--- newer dispatchers; dispatchers of an earlier version find what newer
--- producers enqueue at their poll until they are upgraded too.
+-- newer dispatchers. Dispatchers of an earlier version listen only on
+-- modkit_outbox: until they are upgraded they find at their poll what
+-- newer producers enqueue and, once this migration has run, what any
+-- producer enqueues through these functions (upgrade the dispatchers
+-- first to avoid both).
 --
 -- Only the channel's literal changes in the two functions that send a
 -- NOTIFY: each is recreated from its own definition with that literal

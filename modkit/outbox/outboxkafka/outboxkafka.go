@@ -29,12 +29,15 @@
 //
 // A topic not created yet, an unreachable broker or a missing
 // acknowledgement is an error to retry. A record too large for the client
-// (kgo.ProducerBatchMaxBytes), or one the broker refuses as invalid, is
-// wrapped in outbox.Permanent, since no retry can change it. The broker's
-// "too large" answers a whole batch (records of other events published at
-// the same moment share it), so it is retried for a record under the
-// client's limit; keep ProducerBatchMaxBytes at most the topic's
-// max.message.bytes so that batches are not refused. So is an event mapped to
+// (kgo.ProducerBatchMaxBytes) is wrapped in outbox.Permanent, since no
+// retry can change it. The broker's "too large" answers a whole batch
+// (records of other events published at the same moment share it), so it
+// is retried for a record under the client's limit; keep
+// ProducerBatchMaxBytes at most the topic's max.message.bytes so that
+// batches are not refused. The broker's "invalid record" (a record without
+// a key on a compacted topic, say) answers a whole batch too, and is
+// retried: the others go through in another batch, and the invalid record
+// is dead-lettered after its attempts. Permanent too is an event mapped to
 // a topic name that Kafka refuses (see ErrInvalidTopic), which is not
 // produced: Publish checks the name first, because a broker can answer for
 // such a name as for a topic not created yet (kfake does), and the event
