@@ -354,10 +354,27 @@ func TestDeadFilterFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d saying the filter is empty or given twice:\n%s", args, r.code, exitUsage, r.stderr)
 		}
 	}
+	// No id and no filter (an unset shell variable: dead purge $ID) would
+	// select every dead event: refused unless --all says so, and --all
+	// goes with nothing else.
+	for _, args := range [][]string{
+		{"dead", "purge", "--yes"},
+		{"dead", "replay", "--yes"},
+		{"dead", "purge", "--all", "--topic", "shop/order_paid", "--yes"},
+		{"dead", "replay", "--all", deadMail.String(), "--yes"},
+		{"dead", "skip-head", "--all", deadMail.String(), "--yes"},
+	} {
+		if r := cli(t, f.dsn, args...); r.code != exitUsage || !strings.Contains(r.stderr, "--all") {
+			t.Errorf("%q: exit %d, want %d naming --all:\n%s", args, r.code, exitUsage, r.stderr)
+		}
+	}
 	for _, id := range append(dead, deadMail) {
 		if s := f.status(t, id); s != outbox.StatusDead {
 			t.Fatalf("after refused command lines %s is %s", id, s)
 		}
+	}
+	if r := cli(t, f.dsn, "dead", "purge", "--all", "--dry-run").must(t, exitOK); !strings.Contains(r.stdout, "dry run: 4 dead event(s) would be purged") {
+		t.Fatalf("dead purge --all --dry-run:\n%s", r.stdout)
 	}
 
 	r := cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--limit", "2", "--dry-run").must(t, exitOK)

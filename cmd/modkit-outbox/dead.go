@@ -56,6 +56,7 @@ func runDead(ctx context.Context, e env, args []string) error {
 	ff.register(f)
 	limit := f.Int("limit", 1000, "replay or purge by filter: at most this many events, oldest first (at most 10000)")
 	key := f.String("key", "", "skip-head: the ordering key whose dead head to skip, with --topic NAMESPACE/TOPIC")
+	all := f.Bool("all", false, "replay or purge: every dead event of the schema (up to --limit), which no id and no filter flag select")
 	dryRun := f.Bool("dry-run", false, "show what would be replayed, purged or skipped and change nothing")
 	yes := f.Bool("yes", false, "do not ask for confirmation (replay asks when replaying more than one event, purge and skip-head always)")
 	by := f.String("by", defaultBy(), "who is acting, recorded in each event's history (its replayed, purged or skipped entry)")
@@ -70,7 +71,7 @@ func runDead(ctx context.Context, e env, args []string) error {
 	}
 	set := f.setFlags()
 	if pos[0] == "skip-head" {
-		for _, name := range []string{"namespace", "tenant", "since", "until", "limit"} {
+		for _, name := range []string{"namespace", "tenant", "since", "until", "limit", "all"} {
 			if set[name] {
 				return usageErr("--%s is for dead replay and purge; skip-head takes the dead head's event id, or --topic and --key", name)
 			}
@@ -103,6 +104,15 @@ func runDead(ctx context.Context, e env, args []string) error {
 	}
 	if len(ids) > 0 && filter != (outbox.EventFilter{}) {
 		return usageErr("give event ids or filter flags, not both")
+	}
+	// No id and no filter would select every dead event: an unset shell
+	// variable (dead purge $ID) must not purge them all.
+	switch {
+	case *all && (len(ids) > 0 || filter != (outbox.EventFilter{})):
+		return usageErr("--all selects every dead event; give it without event ids or filter flags")
+	case !*all && len(ids) == 0 && filter == (outbox.EventFilter{}):
+		return usageErr("dead %s needs event ids, filter flags (--topic, --namespace, --tenant, --since, --until), "+
+			"or --all for every dead event", action.verb)
 	}
 	if len(ids) > 0 && set["limit"] {
 		return usageErr("--limit bounds a %s by filter; with event ids, every id given is %s", action.verb, action.done)

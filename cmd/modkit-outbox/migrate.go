@@ -15,7 +15,7 @@ const migrateExamples = `  modkit-outbox migrate up                        # app
   modkit-outbox migrate status
   modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (drops its tables)
   modkit-outbox migrate sql --format goose --out db/migrations
-  modkit-outbox migrate sql --format plain | psql "$DATABASE_URL"
+  modkit-outbox migrate sql --format plain | psql -v ON_ERROR_STOP=1 "$DATABASE_URL"
 `
 
 func runMigrate(ctx context.Context, e env, args []string) error {
