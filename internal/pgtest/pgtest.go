@@ -59,6 +59,9 @@ func Main(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	// Goroutines that run before the tests (started by a dependency's init,
+	// say) are not the tests' leaks.
+	before := goleak.IgnoreCurrent()
 	if err := setup(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -66,7 +69,7 @@ func run(m *testing.M) int {
 	code := m.Run()
 	teardown()
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := goleak.Find(before); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: leaked goroutines after all tests passed:\n%v\n", err)
 			return 1
 		}
@@ -244,10 +247,21 @@ func replaceDatabase(dsn, name string) (string, error) {
 			return "", fmt.Errorf("parse %s: %w", redact(dsn), err)
 		}
 		u.Path = "/" + name
-		return u.String(), nil
+		// A dbname (or database) parameter would win over the path, and
+		// the tests would run in, and migrate, the server's own database.
+		q := u.Query()
+		q.Del("dbname")
+		q.Del("database")
+		u.RawQuery = q.Encode()
+		dsn = u.String()
+	} else {
+		// key=value form: a later dbname overrides an earlier one.
+		dsn += " dbname=" + name
 	}
-	// key=value form: a later dbname overrides an earlier one.
-	return dsn + " dbname=" + name, nil
+	if cfg, err := pgx.ParseConfig(dsn); err != nil || cfg.Database != name {
+		return "", fmt.Errorf("cannot point %s at a database of the tests' own (%s); give TEST_DATABASE_URL as a URL or key=value string without parameters that name a database", redact(dsn), name)
+	}
+	return dsn, nil
 }
 
 func redact(dsn string) string {
