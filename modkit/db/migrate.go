@@ -38,6 +38,14 @@ var ErrMigrationConflict = errors.New("modkit/db: the migrations table does not 
 
 // ErrInvalidSchema is returned for a schema (or table) name that is not a
 // plain PostgreSQL identifier.
+// ErrTransactionInMigration: a migration file ended the transaction the
+// Migrator runs it in (a COMMIT or ROLLBACK in the file). What ran before
+// that statement is committed, the rest ran outside Schema's search_path,
+// and the migration is not recorded: remove the transaction control from
+// the file, repair the schema by hand, and migrate again.
+var ErrTransactionInMigration = errors.New("modkit/db: the migration file ended the migrator's transaction (a COMMIT or ROLLBACK in it)")
+
+// ErrInvalidSchema: the schema or table name is not one the Migrator takes.
 var ErrInvalidSchema = errors.New("modkit/db: invalid schema or table name: use 1-63 letters, digits or underscores, not starting with a digit or pg_")
 
 var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -58,7 +66,12 @@ type MigratorConfig struct {
 	// Schema to migrate; created if missing. Default SchemaDefault.
 	Schema string
 	// FS holds NNNN_name.up.sql / NNNN_name.down.sql files at its root.
-	// Default migrations.FS.
+	// Default migrations.FS. Each file runs in a transaction of the
+	// Migrator's, with the version's tracking row, and must not control
+	// transactions itself (BEGIN … COMMIT, as some tools want: see
+	// ErrTransactionInMigration). It runs with search_path set to Schema
+	// alone: qualify objects of other schemas (an extension's types in
+	// public, say) with their schema's name.
 	FS fs.FS
 	// Logger receives one line per migration applied or reverted. Default
 	// slog.Default().
@@ -186,10 +199,11 @@ func readMigrations(fsys fs.FS) ([]Migration, error) {
 	}
 	out := make([]Migration, 0, len(byVersion))
 	for _, m := range byVersion {
-		if m.up == "" {
+		// An empty file is a migration that does nothing.
+		if _, ok := files[fmt.Sprintf("%d.up", m.Version)]; !ok {
 			return nil, fmt.Errorf("modkit/db: migration %04d_%s has no .up.sql file", m.Version, m.Name)
 		}
-		if m.down == "" {
+		if _, ok := files[fmt.Sprintf("%d.down", m.Version)]; !ok {
 			return nil, fmt.Errorf("modkit/db: migration %04d_%s has no .down.sql file", m.Version, m.Name)
 		}
 		out = append(out, *m)
@@ -413,10 +427,18 @@ func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bo
 		}
 		// No arguments: pgx uses the simple protocol, which allows several
 		// statements in one file.
-		if _, err := tx.Exec(ctx, body); err != nil {
+		_, err := tx.Exec(ctx, body)
+		// Idle ('I'), not in a transaction ('T') or a failed one ('E'):
+		// the file committed or rolled back the migrator's transaction.
+		if tx.Conn().PgConn().TxStatus() == 'I' && !tx.Conn().IsClosed() {
+			if err != nil {
+				return fmt.Errorf("%w; after it: %w", ErrTransactionInMigration, err)
+			}
+			return ErrTransactionInMigration
+		}
+		if err != nil {
 			return err
 		}
-		var err error
 		if up {
 			_, err = tx.Exec(ctx, "INSERT INTO "+m.table()+" (version, name) VALUES ($1, $2)", mig.Version, mig.Name)
 		} else {
@@ -424,7 +446,12 @@ func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bo
 		}
 		return err
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrTransactionInMigration):
+		return fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s was not recorded and may be partly applied: %w; "+
+			"each migration runs in a transaction of its own: remove BEGIN, COMMIT and ROLLBACK from the file, "+
+			"repair the schema by hand, and migrate again", mig.Version, mig.Name, direction, m.schema, err)
+	case err != nil:
 		return fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
 			mig.Version, mig.Name, direction, m.schema, err)
 	}

@@ -148,6 +148,50 @@ func TestMigratorFailedMigrationRollsBack(t *testing.T) {
 	}
 }
 
+// A migration file that ends the migrator's transaction itself (a COMMIT,
+// as tools that wrap each file in BEGIN … COMMIT want) fails with
+// ErrTransactionInMigration and is not recorded, where it was reported as
+// "failed and was rolled back" while its first part stayed committed. An
+// empty file is a migration that does nothing: it was refused as missing.
+func TestMigratorFileThatCommits(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	fsys := fstest.MapFS{
+		"0001_empty.up.sql":     {Data: nil},
+		"0001_empty.down.sql":   {Data: nil},
+		"0002_commits.up.sql":   {Data: []byte("BEGIN;\nCREATE TABLE a_t (id int);\nCOMMIT;\nSELECT no_such_function();")},
+		"0002_commits.down.sql": {Data: []byte("DROP TABLE a_t;")},
+	}
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_commits", FS: fsys, Logger: quiet})
+	if err != nil {
+		t.Fatalf("a set with empty files: %v", err)
+	}
+	applied, err := m.Up(ctx)
+	if !errors.Is(err, db.ErrTransactionInMigration) || strings.Contains(err.Error(), "rolled back") {
+		t.Fatalf("Up of a file with a COMMIT: %v; want ErrTransactionInMigration, not a roll-back", err)
+	}
+	if len(applied) != 1 || applied[0].Version != 1 {
+		t.Fatalf("applied %+v, want only 0001", applied)
+	}
+	if st, err := m.Status(ctx); err != nil || !st[0].Applied || st[1].Applied {
+		t.Fatalf("status: %+v, %v; want 0001 recorded and 0002 not", st, err)
+	}
+	// A file whose last statement commits, without an error after it.
+	m, err = db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_commits_last", Logger: quiet, FS: fstest.MapFS{
+		"0001_commits.up.sql":   {Data: []byte("CREATE TABLE b_t (id int); COMMIT;")},
+		"0001_commits.down.sql": {Data: []byte("DROP TABLE b_t;")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); !errors.Is(err, db.ErrTransactionInMigration) {
+		t.Fatalf("Up of a file ending in COMMIT: %v; want ErrTransactionInMigration", err)
+	}
+	if st, err := m.Status(ctx); err != nil || st[0].Applied {
+		t.Fatalf("status: %+v, %v; want 0001 not recorded", st, err)
+	}
+}
+
 // Two migration sets sharing one migrations table: the second sees the
 // first's versions as its own and, before this check, applied nothing and
 // said nothing, so the app started without its tables. Now every call
