@@ -49,8 +49,9 @@ var Module = fx.Module("modkit-outbox",
 // WithMigrations makes the app apply the outbox's migrations (into
 // Config.Schema) when it starts, followed by the application's own sets
 // given as app (each run by a modkit/db Migrator on the *db.Provider's
-// pool; give each set its own MigratorConfig.Table: a set on the outbox's
-// table or on another set's fails the app at construction). They run after
+// pool; give each set its FS and its own MigratorConfig.Table: a set
+// without files, or on the outbox's table or another set's, fails the app
+// at construction). They run after
 // the database is reachable and before the start hook of anything built
 // from the outbox *Client, the dispatcher included, whatever order the
 // modules are listed in. Add it once, next to Module:
@@ -104,6 +105,12 @@ func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
 	// them at construction.
 	tables := map[string]string{client.cfg.Schema + "." + db.MigrationsTable: "the outbox's migrations"}
 	for i, mc := range p.App {
+		if mc.FS == nil {
+			// A Migrator's default FS is the outbox's own migrations: an
+			// app set without files would install a second outbox.
+			return nil, configError("outbox.WithMigrations: app migrations %d (schema %q) have no FS: give the set's files "+
+				"(for files in a directory of an embed.FS, fs.Sub(fsys, \"dir\")); the outbox's own migrations need no set", i, mc.Schema)
+		}
 		table := cmp.Or(mc.Schema, db.SchemaDefault) + "." + cmp.Or(mc.Table, db.MigrationsTable)
 		if other, ok := tables[table]; ok {
 			return nil, configError("outbox.WithMigrations: app migrations %d use the migrations table %s, as %s do: "+

@@ -219,6 +219,18 @@ func TestFxWithMigrationsRefusesASharedTable(t *testing.T) {
 	}
 }
 
+// An app set of migrations without files fails the app at construction: a
+// Migrator's default files are the outbox's own, so it installed a second
+// outbox in the set's schema.
+func TestFxWithMigrationsRefusesASetWithoutFiles(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	app := fx.New(fx.Supply(tdb.Provider), outbox.Module,
+		outbox.WithMigrations(db.MigratorConfig{Schema: "shop", Table: "shop_schema_migrations"}), fx.NopLogger)
+	if err := app.Err(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "no FS") {
+		t.Fatalf("app error %v, want ErrInvalidConfig saying the set has no FS", err)
+	}
+}
+
 // A publisher constructor of the wrong shape fails the app at construction,
 // with an error naming it, instead of leaving the topic without publisher.
 func TestFxAsPublisherRejectsWrongShape(t *testing.T) {
