@@ -3,8 +3,8 @@ package outboxtest
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -67,12 +67,13 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 		wrapped[i] = p
 	}
 	outcome := make(chan struct{}, 1)
+	warnings := &lastLines{}
 	d, err := c.NewDispatcher(outbox.DispatcherConfig{
 		PollInterval:  10 * time.Millisecond,
 		Retry:         outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
 		MaxAttempts:   3,
 		SweepInterval: 100 * time.Millisecond,
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:        slog.New(slog.NewTextHandler(warnings, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		OnOutcome: func(outbox.Delivery, outbox.Outcome) {
 			select {
 			case outcome <- struct{}{}:
@@ -83,8 +84,13 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	if err != nil {
 		fatal(t, "drain: %v", err)
 	}
-	if err := d.Start(ctx); err != nil {
-		fatal(t, "drain: start the dispatcher: %v", err)
+	// A dispatcher whose claims keep failing never becomes ready: bounded
+	// like the drain, with what its log said.
+	sctx, cancel := context.WithTimeout(ctx, WaitTimeout)
+	err = d.Start(sctx)
+	cancel()
+	if err != nil {
+		fatal(t, "drain: start the dispatcher (within WaitTimeout, %v): %v%s", WaitTimeout, err, warnings.String())
 	}
 	stopped := false
 	stop := func() {
@@ -121,6 +127,39 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	mu.Lock()
 	defer mu.Unlock()
 	return published
+}
+
+// lastLines keeps the last few lines written to it: the warnings of
+// Drain's dispatcher, for a failure message.
+type lastLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// lastLinesKept bounds lastLines.
+const lastLinesKept = 5
+
+func (l *lastLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		l.lines = append(l.lines, line)
+	}
+	if n := len(l.lines); n > lastLinesKept {
+		l.lines = slices.Delete(l.lines, 0, n-lastLinesKept)
+	}
+	return len(p), nil
+}
+
+// String returns the lines kept, each on a line of its own after a
+// heading, or "" when there are none.
+func (l *lastLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) == 0 {
+		return ""
+	}
+	return "\nthe dispatcher's last warnings:\n  " + strings.Join(l.lines, "\n  ")
 }
 
 // drainRecheck is how often Drain looks at the backlog besides after its

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -171,4 +173,37 @@ func (s watchedStore) Backlog(ctx context.Context) ([]driver.StatsRow, error) {
 	default:
 	}
 	return rows, err
+}
+
+// A Drain whose dispatcher cannot become ready (its claims wait on a lock
+// here; a database that refuses them is alike) fails the test within
+// WaitTimeout, saying so: it waited for the first claim without a bound,
+// and hung the test binary until go test's timeout. (A serial test: it
+// changes WaitTimeout, which parallel tests read only after it ends.)
+func TestDrainBoundsItsStart(t *testing.T) {
+	saved := outboxtest.WaitTimeout
+	outboxtest.WaitTimeout = time.Second
+	defer func() { outboxtest.WaitTimeout = saved }()
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
+	lock, err := tdb.Provider.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(ctx)
+	if _, err := lock.Exec(ctx, "LOCK TABLE modkit_outbox_events IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	failed := make(chan string, 1)
+	go func() {
+		failed <- failure(t, func(tb outboxtest.TB) { outboxtest.Drain(tb, c, outboxtest.NewRecorder().Publisher(placed)) })
+	}()
+	select {
+	case msg := <-failed:
+		if !strings.Contains(msg, "start the dispatcher") {
+			t.Fatalf("Drain failed with %q; want it to say its dispatcher did not start", msg)
+		}
+	case <-time.After(2 * time.Minute): // a hang, not a timing
+		t.Fatal("Drain still waiting for its dispatcher two minutes into a WaitTimeout of one second")
+	}
 }
