@@ -230,7 +230,7 @@ func (m Migration) DownSQL() string { return m.down }
 // the ones it applied. Running it again applies nothing.
 func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 	var applied []Migration
-	err := m.locked(ctx, func(conn *pgx.Conn) error {
+	err := m.locked(ctx, true, func(conn *pgx.Conn) error {
 		done, err := m.appliedVersions(ctx, conn)
 		if err != nil {
 			return err
@@ -261,7 +261,7 @@ func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 		return nil, fmt.Errorf("modkit/db: Down needs a positive number of steps (got %d)", steps)
 	}
 	var reverted []Migration
-	err := m.locked(ctx, func(conn *pgx.Conn) error {
+	err := m.locked(ctx, false, func(conn *pgx.Conn) error {
 		done, err := m.appliedVersions(ctx, conn)
 		if err != nil {
 			return err
@@ -328,10 +328,12 @@ func (m *Migrator) withConn(ctx context.Context, fn func(conn *pgx.Conn) error) 
 	return fn(c.Conn())
 }
 
-// locked runs fn on one connection holding the schema's advisory lock. The
-// lock is session-level, so it is released at the latest when the connection
-// dies.
-func (m *Migrator) locked(ctx context.Context, fn func(conn *pgx.Conn) error) error {
+// locked runs fn on one connection holding the schema's advisory lock,
+// creating the schema and the migrations table first when create is set
+// (Up; a Down has nothing to revert in a schema that has neither). The
+// lock is session-level, so it is released at the latest when the
+// connection dies.
+func (m *Migrator) locked(ctx context.Context, create bool, fn func(conn *pgx.Conn) error) error {
 	return m.withConn(ctx, func(conn *pgx.Conn) error {
 		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", m.lockKey()); err != nil {
 			return fmt.Errorf("modkit/db: migrate: take advisory lock: %w", err)
@@ -348,6 +350,9 @@ func (m *Migrator) locked(ctx context.Context, fn func(conn *pgx.Conn) error) er
 		if err := conn.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL", schema, m.table()).
 			Scan(&schemaExists, &tableExists); err != nil {
 			return fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
+		}
+		if !create {
+			return fn(conn)
 		}
 		if !schemaExists {
 			if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {

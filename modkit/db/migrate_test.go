@@ -378,3 +378,23 @@ func TestMigratorDownInAMixedCaseSchema(t *testing.T) {
 		t.Fatal(`Down left "Shop".modkit_outbox_events behind`)
 	}
 }
+
+// A Down in a schema that was never migrated (a typo in --schema, say)
+// reverts nothing and creates nothing: it created the schema and its
+// migrations table, then said there was nothing to revert.
+func TestMigratorDownCreatesNothing(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_never", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reverted, err := m.Down(ctx, 1)
+	if err != nil || len(reverted) != 0 {
+		t.Fatalf("Down in a schema never migrated: %+v, %v; want nothing reverted", reverted, err)
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT to_regnamespace('mk_never') IS NOT NULL").Scan(&exists); err != nil || exists {
+		t.Fatalf("the schema exists after Down (%v)", err)
+	}
+}
