@@ -9,10 +9,14 @@ import (
 // Hook registers t with an fx lifecycle: OnStart starts it (waiting for
 // ready if the task awaits it, until fx's start timeout; a task not ready
 // by then is stopped before OnStart returns, which may take up to its stop
-// timeout more; a stop that times out is in OnStart's error, as
-// ErrStopTimeout, since fx runs no OnStop for a failed start) and OnStop stops it (bounded by the task's stop timeout and
-// fx's stop timeout, whichever ends first; see StopDeadline). A stop that
-// times out fails the app's Stop with ErrStopTimeout.
+// timeout more) and OnStop stops it (bounded by the task's stop timeout
+// and fx's stop timeout, whichever ends first; see StopDeadline). A stop
+// that times out fails the app's Stop with ErrStopTimeout. fx reports its
+// start timeout as a bare context error as soon as it passes, without
+// waiting for OnStart's error, so a task not ready in time also logs, at
+// error level on its Config.Logger, that it was not ready and how its stop
+// went (a stop that timed out leaves the run going: fx runs no OnStop for
+// a failed start).
 func Hook(lc fx.Lifecycle, t *Task) {
 	lc.Append(fx.Hook{
 		OnStart: t.Start,

@@ -264,10 +264,15 @@ func (t *Task) Start(ctx context.Context) error {
 		return fmt.Errorf("%w (task %q)", ErrExitedBeforeReady, t.cfg.Name)
 	case <-ctx.Done():
 		notReady := fmt.Errorf("lifecycle: task %q was not ready before the start context ended: %w", t.cfg.Name, context.Cause(ctx))
+		// Logged as well as returned: fx reports its start timeout as
+		// soon as it passes, without waiting for this hook's error, which
+		// names the task and says how its stop went.
+		t.log.Error("task not ready before the start context ended; stopping it", "err", context.Cause(ctx))
 		// The stop's own error says whether the run is gone (a timeout
 		// leaves it running, and fx runs no stop hook for a failed start)
 		// or how it failed.
 		if _, err := t.Stop(context.Background()); err != nil {
+			t.log.Error("task's stop after a failed start", "err", err)
 			return errors.Join(notReady, err)
 		}
 		return notReady

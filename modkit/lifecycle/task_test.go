@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -422,6 +424,50 @@ func TestFxHook(t *testing.T) {
 	if s := task.Status(); s != lifecycle.Stopped {
 		t.Fatalf("after fx stop: %s", s)
 	}
+}
+
+// A task not ready by fx's start timeout says so in its log, naming
+// itself: fx returns a bare context error as soon as its timeout passes,
+// so OnStart's error, which names the task, never reached the caller.
+func TestFxStartTimeoutIsLogged(t *testing.T) {
+	logs := &lineWatch{want: `level=ERROR msg="task not ready before the start context ended; stopping it" task=slow-start`,
+		seen: make(chan struct{})}
+	app := fx.New(
+		fx.NopLogger,
+		fx.Invoke(func(lc fx.Lifecycle) error {
+			task, err := lifecycle.New(lifecycle.Config{Name: "slow-start", AwaitReady: true,
+				Logger: slog.New(slog.NewTextHandler(logs, nil))}, func(ctx context.Context, _ func()) error {
+				<-ctx.Done() // never ready
+				return nil
+			})
+			lifecycle.Hook(lc, task)
+			return err
+		}),
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond) // fx's start timeout
+	defer cancel()
+	if err := app.Start(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("app start = %v, want fx's start timeout", err)
+	}
+	select { // fx returned at its timeout; the hook logs before it stops the task
+	case <-logs.seen:
+	case <-time.After(time.Minute):
+		t.Fatalf("no log record saying the task was not ready")
+	}
+}
+
+// lineWatch closes seen when a write holds want.
+type lineWatch struct {
+	want string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (l *lineWatch) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), l.want) {
+		l.once.Do(func() { close(l.seen) })
+	}
+	return len(p), nil
 }
 
 func TestFxStartFailsWhenTaskFails(t *testing.T) {
