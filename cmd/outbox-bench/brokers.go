@@ -98,7 +98,7 @@ func startNATS(ctx context.Context) (outbox.Publisher, func(), error) {
 		stop()
 		return outbox.Publisher{}, nil, errors.New("nats-server did not start")
 	}
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
 	if err != nil {
 		stop()
 		return outbox.Publisher{}, nil, err

@@ -12,7 +12,7 @@
 //
 // # Example
 //
-//	nc, _ := nats.Connect(url, nats.FlusherTimeout(5*time.Second))
+//	nc, _ := nats.Connect(url, nats.MaxReconnects(-1), nats.FlusherTimeout(5*time.Second))
 //	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 //	pub, _ := outboxnats.New(js, outboxnats.Config{})
 //	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
@@ -25,8 +25,21 @@
 // connection and their acknowledgements are awaited together instead of
 // one round trip after another; each call still waits for its own ack (or
 // its context's end) before it returns. Give the JetStream context a
-// PublishAsyncTimeout (jetstream.WithPublishAsyncTimeout) so that pending
-// acknowledgements lost with a connection are failed instead of kept.
+// PublishAsyncTimeout (jetstream.WithPublishAsyncTimeout): nats.go keeps an
+// acknowledgement that never comes pending until then, beyond the end of
+// the publish that awaited it (a subject on which a plain subscriber
+// suppresses the server's "no responders" answer, say), and once
+// jetstream.WithPublishAsyncMaxPending of them (4,000 by default) are
+// pending, every publish on the context fails with ErrTooManyStalledMsgs,
+// every topic's.
+//
+// # Reconnecting
+//
+// A NATS connection gives up reconnecting after nats.MaxReconnects
+// attempts (60 by default, two seconds apart) and is closed for good: each
+// publish then fails, and every event is dead-lettered after its attempts,
+// until the process restarts. New therefore refuses a connection that
+// would give up within an hour; connect with nats.MaxReconnects(-1).
 //
 // nats.go writes to the socket without the publish's context: once its
 // buffer is full, a publish (and every other one on the connection) waits
@@ -65,6 +78,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -167,11 +181,22 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: outboxnats: the JetStream context is nil", outbox.ErrInvalidConfig)
 	}
+	if nc := js.Conn(); nc != nil {
+		if o := nc.Opts; o.MaxReconnect >= 0 && time.Duration(o.MaxReconnect)*o.ReconnectWait < minReconnecting {
+			return nil, fmt.Errorf("%w: outboxnats: the NATS connection gives up reconnecting after %d attempts %v apart, and a "+
+				"closed connection never publishes again (every event would be dead-lettered after its attempts): connect with "+
+				"nats.MaxReconnects(-1)", outbox.ErrInvalidConfig, o.MaxReconnect, o.ReconnectWait)
+		}
+	}
 	if cfg.Subject == nil {
 		cfg.Subject = DefaultSubject
 	}
 	return &Publisher{js: js, subject: cfg.Subject}, nil
 }
+
+// minReconnecting is how long a connection must keep trying to reconnect
+// for New to take it.
+const minReconnecting = time.Hour
 
 // For returns the outbox.Publisher of topic, for NewDispatcher.
 func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
@@ -210,6 +235,9 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	if !publishableSubject(m.Subject) {
 		return outbox.Permanent(fmt.Errorf("%w: subject %q: %w: an empty token, a wildcard or white space, which no stream "+
 			"can store (Config.Subject maps the event's names to it)", ErrNotAcknowledged, m.Subject, nats.ErrBadSubject))
+	}
+	if err := ctx.Err(); err != nil { // a stopping dispatcher's: nothing to send
+		return fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, m.Subject, context.Cause(ctx))
 	}
 	fut, err := p.js.PublishMsgAsync(m)
 	if err != nil {

@@ -57,7 +57,7 @@ func startServer(t testing.TB, opts ...func(*server.Options)) *server.Server {
 // connect opens a JetStream context on url, closed when the test ends.
 func connect(t testing.TB, url string) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,5 +390,64 @@ func TestHeadersCarriedUnchanged(t *testing.T) {
 		if got := h.Values(k); len(got) != 1 || got[0] != v {
 			t.Errorf("header %s: read back %q, published %q", k, got, v)
 		}
+	}
+}
+
+// New refuses a connection that gives up reconnecting within an hour (the
+// nats.Connect default: 60 attempts, 2s apart): closed after a short
+// outage, it never published again, and every event was dead-lettered
+// after its attempts until the process restarted.
+func TestNewRefusesAConnectionThatGivesUp(t *testing.T) {
+	srv := startServer(t)
+	for _, tc := range []struct {
+		name string
+		opts []nats.Option
+		ok   bool
+	}{
+		{"the defaults", nil, false},
+		{"ten attempts a minute apart", []nats.Option{nats.MaxReconnects(10), nats.ReconnectWait(time.Minute)}, false},
+		{"no reconnecting", []nats.Option{nats.NoReconnect()}, false},
+		{"for ever", []nats.Option{nats.MaxReconnects(-1)}, true},
+		{"two hours of attempts", []nats.Option{nats.MaxReconnects(3600), nats.ReconnectWait(2 * time.Second)}, true},
+	} {
+		nc, err := nats.Connect(srv.ClientURL(), tc.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = outboxnats.New(js, outboxnats.Config{})
+		nc.Close()
+		if tc.ok && err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if !tc.ok && (!errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "nats.MaxReconnects(-1)")) {
+			t.Errorf("%s: %v, want ErrInvalidConfig saying to reconnect for ever", tc.name, err)
+		}
+	}
+}
+
+// A publish whose context has ended sends nothing: a stopping dispatcher's
+// publishes were sent, and their outcomes dropped.
+func TestPublishWithEndedContextSendsNothing(t *testing.T) {
+	js := connect(t, startServer(t).ClientURL())
+	s := createStream(t, js)
+	p := newPublisher(t, js, outboxnats.Config{})
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}
+	if err := p.Publish(ended, d); !errors.Is(err, context.Canceled) || outbox.IsPermanent(err) {
+		t.Fatalf("publish with an ended context: %v, want context.Canceled to retry", err)
+	}
+	// A publish after it: the stream holds that one only.
+	d2 := d
+	d2.ID = uuid.New()
+	if err := p.Publish(ctx, d2); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := readAll(t, js, s); len(msgs) != 1 || msgs[0].Headers().Get(outboxnats.HeaderMsgID) != d2.ID.String() {
+		t.Fatalf("the stream holds %d message(s); want only the second publish", len(msgs))
 	}
 }
