@@ -10,7 +10,10 @@
 //
 // and the event's own headers (the W3C trace context among them), except
 // those that HTTP or the scheme reserve (Content-Type, Content-Length,
-// Host, hop-by-hop headers and webhook-*).
+// Host, hop-by-hop headers and webhook-*) and the credentials
+// (Authorization, Proxy-Authorization, Cookie): those of the endpoint
+// (the URL's user and password, say) are the Publisher's to send, not an
+// event's to replace or forward.
 //
 // # Example
 //
@@ -24,9 +27,9 @@
 // # Outcomes
 //
 // A 2xx response is a delivery. Any other status is a *StatusError: 4xx
-// other than 408 and 429 are wrapped in outbox.Permanent (the receiver
-// refused the event; retrying sends the same thing again); 408, 429, 3xx
-// (redirects are not followed) and 5xx are retried, as are network errors
+// other than 408, 421, 425 and 429 are wrapped in outbox.Permanent (the
+// receiver refused the event; retrying sends the same thing again); those
+// four, 3xx (redirects are not followed) and 5xx are retried, as are network errors
 // and timeouts. Each request is bounded by Config.Timeout. A request that
 // can never be sent fails permanently without one: a URL that is not
 // absolute http or https with a host (New refuses such an Endpoint), or an
@@ -52,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -131,10 +135,15 @@ func (e *StatusError) Error() string {
 func (e *StatusError) RetryAfter() time.Duration { return e.retryAfter }
 
 // Permanent reports whether the status says that retrying cannot help: a
-// 4xx other than 408 Request Timeout and 429 Too Many Requests.
+// 4xx other than 408 Request Timeout, 421 Misdirected Request (a proxy or
+// CDN that took the connection for another host: another connection may
+// do), 425 Too Early and 429 Too Many Requests.
 func (e *StatusError) Permanent() bool {
-	return e.StatusCode >= 400 && e.StatusCode < 500 &&
-		e.StatusCode != http.StatusRequestTimeout && e.StatusCode != http.StatusTooManyRequests
+	switch e.StatusCode {
+	case http.StatusRequestTimeout, http.StatusMisdirectedRequest, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return e.StatusCode >= 400 && e.StatusCode < 500
 }
 
 // ErrRequest matches (errors.Is) failures to get any response: the
@@ -240,7 +249,7 @@ func (p *Publisher) For(topic outbox.Topic) outbox.Publisher {
 var reserved = map[string]bool{
 	"content-type": true, "content-length": true, "host": true, "connection": true, "keep-alive": true,
 	"transfer-encoding": true, "te": true, "trailer": true, "upgrade": true, "expect": true,
-	"proxy-authorization": true, "proxy-connection": true,
+	"proxy-authorization": true, "proxy-connection": true, "authorization": true, "cookie": true,
 }
 
 // Request builds the signed request of d, timestamped now.
@@ -309,7 +318,11 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+	secs, err := strconv.ParseInt(v, 10, 64)
+	if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-") {
+		secs, err = math.MaxInt64, nil // more seconds than an int64 holds: capped below
+	}
+	if err == nil {
 		if secs <= 0 {
 			return 0
 		}

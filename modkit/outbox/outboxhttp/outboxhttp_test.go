@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -222,13 +223,16 @@ func TestRequest(t *testing.T) {
 	c, db := outboxtest.NewClient(t, outbox.Config{})
 	res, err := c.Enqueue(ctx, db.Provider.Pool, outbox.Message{Namespace: "test", Topic: "events",
 		Headers: map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-			"x-custom": "yes", "x-inner": "a  b\tc", "webhook-id": "forged", "content-type": "text/plain"},
+			"x-custom": "yes", "x-inner": "a  b\tc", "webhook-id": "forged", "content-type": "text/plain",
+			"Authorization": "Bearer from-the-event", "cookie": "session=from-the-event"},
 		Payload: json.RawMessage(`{"hello":"world"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := newPublisher(t, outboxhttp.Config{URL: func(d outbox.Delivery) string {
-		return srv.URL + "/hooks/" + d.Namespace + "/" + d.Topic
+		u, _ := url.Parse(srv.URL + "/hooks/" + d.Namespace + "/" + d.Topic)
+		u.User = url.UserPassword("hook", "secret") // the endpoint's credentials, not the event's
+		return u.String()
 	}})
 	outboxtest.Drain(t, c, p.For(brokertest.Topic))
 	rc.mu.Lock()
@@ -245,14 +249,18 @@ func TestRequest(t *testing.T) {
 		h.Get("x-custom") != "yes" || h.Get("x-inner") != "a  b\tc" || !strings.HasPrefix(h.Get("traceparent"), "00-4bf92f3577b34da6a3ce929d0e0e4736-") {
 		t.Errorf("headers %v", h)
 	}
+	if user, pass, ok := r.BasicAuth(); !ok || user != "hook" || pass != "secret" || h.Get("cookie") != "" {
+		t.Errorf("credentials: Authorization %q, Cookie %q; want the endpoint's basic auth and no cookie", h.Get("authorization"), h.Get("cookie"))
+	}
 	var body map[string]string
 	if err := json.Unmarshal(rc.bodies[0], &body); err != nil || body["hello"] != "world" {
 		t.Errorf("body %s", rc.bodies[0])
 	}
 }
 
-// TestStatuses: 2xx succeeds; 4xx other than 408 and 429 is permanent;
-// 408, 429, 5xx and 3xx are retried; Retry-After is read in seconds and as
+// TestStatuses: 2xx succeeds; 4xx other than 408, 421, 425 and 429 is
+// permanent; those, 5xx and 3xx are retried; Retry-After is read in
+// seconds (more than an int64 holds: the cap) and as
 // a date.
 func TestStatuses(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
@@ -284,6 +292,9 @@ func TestStatuses(t *testing.T) {
 		{"/410", false, true, 0},
 		{"/422", false, true, 0},
 		{"/408", false, false, 0},
+		{"/421", false, false, 0},
+		{"/425", false, false, 0},
+		{"/429?retry-after=99999999999999999999", false, false, 24 * time.Hour},
 		{"/429?retry-after=7", false, false, 7 * time.Second},
 		{"/503?retry-after=" + strings.ReplaceAll(now.Add(90*time.Second).Format(http.TimeFormat), " ", "%20"), false, false, 90 * time.Second},
 		{"/500", false, false, 0},
