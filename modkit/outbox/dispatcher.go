@@ -189,6 +189,9 @@ type Dispatcher struct {
 
 	metrics  *metrics
 	hardStop atomic.Bool // publishes were cancelled by a stop
+	// due is the current run's queue of claimer wake-ups (nil when
+	// stopped), for the maintenance pass's releases of held events.
+	due atomic.Pointer[dueTimes]
 	// sawOrdered: this dispatcher has claimed events with an ordering key,
 	// so it repairs held ones once per PollInterval (see claimer).
 	sawOrdered atomic.Bool
@@ -348,6 +351,8 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 
 	completerDone := make(chan struct{})
 	due := newDueTimes()
+	d.due.Store(due)
+	defer d.due.Store(nil)
 	go func() { defer close(completerDone); d.completer(flushCtx, results, due) }()
 	var helpers sync.WaitGroup
 	if !d.cfg.PollOnly {

@@ -261,13 +261,17 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string, 
 	// Events held behind a settled predecessor (see releaseHeld): the
 	// claimer frees them once per PollInterval only after it has claimed
 	// ordered events, which a dispatcher started while a key's head was
-	// dead never does.
-	if _, err := d.c.store.ReleaseHeld(ctx, topics, d.reg.skipDead, releaseHeldMax); err != nil {
+	// dead never does. What it frees is claimed at once: the completer's
+	// own release after a dead head (which wakes the claimer) finds
+	// nothing to free when this one came first.
+	if n, err := d.c.store.ReleaseHeld(ctx, topics, d.reg.skipDead, releaseHeldMax); err != nil {
 		if ctx.Err() != nil {
 			return "the release of held events", failed
 		}
 		d.log.Warn("releasing ordered events held behind settled ones failed", "error", err)
 		failed = true
+	} else if q := d.due.Load(); n > 0 && q != nil {
+		q.add(time.Now())
 	}
 	// One purge per distinct retention.
 	byRetention := map[time.Duration][]string{}

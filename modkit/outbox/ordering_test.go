@@ -811,6 +811,31 @@ func TestSkipDeadHeadsGoesOnAtOnce(t *testing.T) {
 	log.waitFor(t, "the key's successors delivered past its dead head", finalCount(outbox.StatusDelivered, 2))
 }
 
+// Events that the maintenance pass frees (the dead head of a SkipDeadHeads
+// topic, settled by another dispatcher) are claimed at once, not at the
+// poll (here longer than the test's guard). The pass woke nobody, so when
+// it freed a key's successors before the completer's own release after a
+// dead head (which wakes the claimer) could, they waited for the poll: a
+// flake of TestSkipDeadHeadsGoesOnAtOnce.
+func TestMaintenanceReleaseIsClaimedAtOnce(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueueOneKey(t, client, pool, 3)
+	st := admStore(t, pool, "public", nil)
+	head := admClaim(t, st, 1) // leased elsewhere: the dispatcher claims nothing of the key
+	log := newOutcomeLog()
+	cfg := withoutRechecks(testConfig(log))
+	cfg.SweepInterval = 50 * time.Millisecond
+	_, pass := startMaintained(t, client, cfg, outbox.Publisher{Topic: testTopic, SkipDeadHeads: true,
+		Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	// Past the claimer's one release after its start (it claimed no
+	// ordered event, so it makes no other), which would otherwise free
+	// the successors itself.
+	pass.waitPasses(t, 2)
+	admSettle(t, st, driver.Dead, "dead elsewhere", head...)
+	log.waitFor(t, "the key's successors delivered past its dead head", finalCount(outbox.StatusDelivered, 2))
+}
+
 // An event left held behind a settled predecessor by an earlier process
 // (its enqueue committed while the predecessor's delivery did, so the
 // delivery could not free it) is released by a dispatcher that starts
