@@ -688,8 +688,18 @@ func (s hungResignStore) Resign(ctx context.Context, _ uuid.UUID, _ []string) er
 // resign of the maintenance leases: the resign gets what the stop has
 // left, not the whole LeaseHeadroom (5s here, beyond the 3s stop).
 func TestStopFitsItsTimeoutWhenResignHangs(t *testing.T) {
+	d := startOnStore(t, func(st driver.Store) driver.Store { return hungResignStore{st} })
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop with a resign that gets no answer: %v; want it within StopTimeout", err)
+	}
+}
+
+// startOnStore starts a dispatcher with a 3s StopTimeout on a client whose
+// store wrap wraps; the test stops it.
+func startOnStore(t *testing.T, wrap func(driver.Store) driver.Store) *outbox.Dispatcher {
+	t.Helper()
 	_, tdb := newClient(t, outbox.Config{})
-	client := clientWrappingStore(t, tdb.Provider.Pool, func(st driver.Store) driver.Store { return hungResignStore{st} })
+	client := clientWrappingStore(t, tdb.Provider.Pool, wrap)
 	cfg := testConfig(newOutcomeLog())
 	cfg.StopTimeout = 3 * time.Second
 	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
@@ -699,9 +709,7 @@ func TestStopFitsItsTimeoutWhenResignHangs(t *testing.T) {
 	if err := d.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Stop(ctx); err != nil {
-		t.Fatalf("stop with a resign that gets no answer: %v; want it within StopTimeout", err)
-	}
+	return d
 }
 
 // hungClaimStore serves the first claim and gets no answer to the next ones
@@ -726,18 +734,8 @@ func (s *hungClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]dri
 // in flight: the claim gets what the stop has left, not the whole
 // LeaseHeadroom (5s here, beyond the 3s stop).
 func TestStopFitsItsTimeoutWhenAClaimHangs(t *testing.T) {
-	_, tdb := newClient(t, outbox.Config{})
 	store := &hungClaimStore{hung: make(chan struct{})}
-	client := clientWrappingStore(t, tdb.Provider.Pool, func(st driver.Store) driver.Store { store.Store = st; return store })
-	cfg := testConfig(newOutcomeLog())
-	cfg.StopTimeout = 3 * time.Second
-	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	d := startOnStore(t, func(st driver.Store) driver.Store { store.Store = st; return store })
 	recv(t, "a claim that hangs", store.hung)
 	if err := d.Stop(ctx); err != nil {
 		t.Fatalf("stop with a claim in flight that gets no answer: %v; want it within StopTimeout", err)

@@ -52,10 +52,10 @@ func NotifyChannel(schema string) string {
 // LegacyNotifyChannel is the channel that every schema's enqueues shared
 // before migration 0032. Dispatchers still listen on it and wake for what
 // it announces, so that producers of an earlier version (and an enqueue
-// function not yet migrated) still wake them during a rolling upgrade;
-// dispatchers of an earlier version listen only there, and until they are
-// upgraded they find the events that newer producers announce at their
-// poll.
+// function not yet migrated) still wake them during a rolling upgrade.
+// Dispatchers of an earlier version listen only there: until they are
+// upgraded they find at their poll what newer producers announce and, once
+// migration 0032 has run, what the enqueue functions announce.
 const LegacyNotifyChannel = "modkit_outbox"
 
 // maxChannelLen is the longest channel name PostgreSQL accepts (NAMEDATALEN
