@@ -144,8 +144,8 @@ func runServe(ctx context.Context, e env, args []string) error {
 const serveShutdownWait = 5 * time.Second
 
 // allowedHosts is the set of host names (without ports, lower case) the
-// dashboard answers to: those of list, else the loopback names when addr is
-// a loopback address; nil for any.
+// dashboard answers to: those of list, else the loopback names and addr's
+// own IP when addr is a loopback address; nil for any.
 func allowedHosts(list string, addr net.Addr) map[string]bool {
 	out := map[string]bool{}
 	for _, h := range strings.Split(list, ",") {
@@ -157,7 +157,9 @@ func allowedHosts(list string, addr net.Addr) map[string]bool {
 		return out
 	}
 	if a, ok := addr.(*net.TCPAddr); ok && a.IP.IsLoopback() {
-		return map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true}
+		// The listener's own address too (127.0.0.2, say: the URL serve
+		// prints); an IP literal cannot be a rebound name.
+		return map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true, strings.ToLower(a.IP.String()): true}
 	}
 	return nil
 }

@@ -248,7 +248,8 @@ func TestTailReplayedSoonAfter(t *testing.T) {
 }
 
 // The host names serve answers to: --hosts when given (ports and case do
-// not matter), else the loopback names on a loopback address, else any.
+// not matter), else the loopback names and the listener's own IP on a
+// loopback address, else any.
 func TestServeAllowedHosts(t *testing.T) {
 	loopback := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 8080}
 	public := &net.TCPAddr{IP: net.IPv4zero, Port: 8080}
@@ -266,6 +267,9 @@ func TestServeAllowedHosts(t *testing.T) {
 		{"ops.internal, dash.example:443", public, "OPS.internal:8080", true},
 		{"ops.internal, dash.example:443", public, "dash.example", true},
 		{"ops.internal", loopback, "localhost:8080", false},
+		// Another loopback address: its own IP, the URL serve prints.
+		{"", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 8080}, "127.0.0.2:8080", true},
+		{"", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: 8080}, "127.0.0.3:8080", false},
 	} {
 		allowed := allowedHosts(tc.list, tc.addr)
 		if got := allowed == nil || allowed[hostOnly(tc.host)]; got != tc.ok {
