@@ -771,3 +771,65 @@ func TestOverviewListsTopicsDeliveredInTheLastHour(t *testing.T) {
 		t.Fatalf("an operator's overview has no form to purge any topic:\n%s", body)
 	}
 }
+
+// A dead event left unpurged because an earlier event of its ordering key
+// is not settled (PurgeDead keeps a key's order) is not said to be "no
+// longer dead": the message says why, and the page shows the key.
+func TestDashboardPurgeOfADeadEventBehindItsKey(t *testing.T) {
+	w := newWorld(t)
+	keyed := outbox.Topic{Namespace: "shop", Topic: "ledger"}
+	for i := range 2 {
+		if _, err := w.client.Enqueue(bg, w.pool, outbox.Message{Namespace: keyed.Namespace, Topic: keyed.Topic, OrderingKey: "acct-7",
+			Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill := func() uuid.UUID { // claims the key's head and records it dead
+		worker := uuid.New()
+		got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{keyed.Namespace + ":" + keyed.Topic}, Limit: 1,
+			MaxAttempts: 5, Worker: worker, Lease: time.Minute})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim: %v %v", got, err)
+		}
+		if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Dead, Error: "x"}}); err != nil {
+			t.Fatal(err)
+		}
+		return got[0].ID
+	}
+	adm := w.client.Admin()
+	first := kill()
+	if err := adm.SkipHead(bg, "test", first); err != nil {
+		t.Fatal(err)
+	}
+	second := kill() // the key's head once the first was skipped
+	if _, err := adm.ReplayDead(bg, "test", outbox.EventFilter{}, first); err != nil {
+		t.Fatal(err)
+	}
+	base := serve(t, w, outboxui.Options{OperatorToken: token, By: "ops dashboard"})
+	jar := newJar()
+	_, csrf := get(t, jar, base+"events/"+second.String())
+	if code, _ := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	resp, err := jar.PostForm(base+"purge-dead", url.Values{"csrf": {csrf}, "id": {second.String()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	to, err := resp.Location()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := get(t, jar, to.String())
+	if !strings.HasPrefix(flashOf(page), "Nothing purged: it waits behind an earlier event of its ordering key") ||
+		!strings.Contains(page, `id="ordering-key">acct-7 (event 2 of the key)`) {
+		t.Fatalf("after the purge of a dead event behind its key: message %q; the page must show the key:\n%s", flashOf(page), page)
+	}
+	if ev, err := adm.Get(bg, second); err != nil || ev.Status != outbox.StatusDead {
+		t.Fatalf("the event: %+v %v, want it still dead", ev, err)
+	}
+}

@@ -519,7 +519,15 @@ func (h *handler) purgeDead(w http.ResponseWriter, r *http.Request) {
 	}
 	h.log.Info("outboxui: purge dead", "event", id, "purged", len(done), "remote", r.RemoteAddr)
 	if len(done) == 0 {
-		h.redirect(w, r, "events/"+id.String(), "Nothing purged: the event is no longer dead.")
+		flash := "Nothing purged: the event is no longer dead."
+		if ev, err := h.admin.Get(r.Context(), id); err == nil && ev.Status == outbox.StatusDead {
+			// PurgeDead keeps the order of an ordering key: it leaves a
+			// dead event behind an earlier one of its key that is not
+			// delivered.
+			flash = "Nothing purged: it waits behind an earlier event of its ordering key that is not delivered, purged " +
+				"or skipped, which the events after it would overtake. Settle that event first."
+		}
+		h.redirect(w, r, "events/"+id.String(), flash)
 		return
 	}
 	h.redirect(w, r, "events/"+id.String(), "Event purged: it is deleted, and its history stays.")

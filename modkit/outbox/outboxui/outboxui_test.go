@@ -443,6 +443,11 @@ func TestDashboardGuards(t *testing.T) {
 	if body, _ := get(t, jar, base+"events?since=1h&namespace=shop"); strings.Count(body, `<tr data-id=`) != 2 { // the delivered one was purged
 		t.Fatalf("shop events of the last hour:\n%s", body)
 	}
+	// A range the form does not offer stays selected, so that the next
+	// submission keeps it.
+	if body, _ := get(t, jar, base+"events?since=2h"); !strings.Contains(body, `<option value="2h" selected>`) {
+		t.Fatalf("the filter form lost since=2h:\n%s", body)
+	}
 	if code, _ := post(t, jar, base+"events?since=yesterday", nil, ""); code != http.StatusMethodNotAllowed {
 		t.Fatalf("POST to the list: %d", code)
 	}

@@ -139,6 +139,11 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		f.CreatedAfter = time.Now().Add(-ago)
 	}
 	d.Ranges = []string{"15m", "1h", "24h", "168h"}
+	if d.Since != "" && !slices.Contains(d.Ranges, d.Since) {
+		// A range from the URL stays selected, or the next submission of
+		// the form would drop it.
+		d.Ranges = append(d.Ranges, d.Since)
+	}
 	d.Filter = f
 	page, err := h.admin.List(r.Context(), f)
 	if errors.Is(err, outbox.ErrInvalidConfig) || errors.Is(err, outbox.ErrInvalidCursor) {
