@@ -36,8 +36,6 @@ const SchemaDefault = "public"
 // must revert its own migrations first). Nothing is applied or reverted.
 var ErrMigrationConflict = errors.New("modkit/db: the migrations table does not match this migration set")
 
-// ErrInvalidSchema is returned for a schema (or table) name that is not a
-// plain PostgreSQL identifier.
 // ErrTransactionInMigration: a migration file ended the transaction the
 // Migrator runs it in (a COMMIT or ROLLBACK in the file). What ran before
 // that statement is committed, the rest ran outside Schema's search_path,
@@ -45,7 +43,8 @@ var ErrMigrationConflict = errors.New("modkit/db: the migrations table does not 
 // the file, repair the schema by hand, and migrate again.
 var ErrTransactionInMigration = errors.New("modkit/db: the migration file ended the migrator's transaction (a COMMIT or ROLLBACK in it)")
 
-// ErrInvalidSchema: the schema or table name is not one the Migrator takes.
+// ErrInvalidSchema is returned for a schema (or table) name that is not a
+// plain PostgreSQL identifier.
 var ErrInvalidSchema = errors.New("modkit/db: invalid schema or table name: use 1-63 letters, digits or underscores, not starting with a digit or pg_")
 
 var schemaPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)

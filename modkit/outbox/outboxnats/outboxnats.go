@@ -182,10 +182,10 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("%w: outboxnats: the JetStream context is nil", outbox.ErrInvalidConfig)
 	}
 	if nc := js.Conn(); nc != nil {
-		if o := nc.Opts; o.MaxReconnect >= 0 && time.Duration(o.MaxReconnect)*o.ReconnectWait < minReconnecting {
-			return nil, fmt.Errorf("%w: outboxnats: the NATS connection gives up reconnecting after %d attempts %v apart, and a "+
-				"closed connection never publishes again (every event would be dead-lettered after its attempts): connect with "+
-				"nats.MaxReconnects(-1)", outbox.ErrInvalidConfig, o.MaxReconnect, o.ReconnectWait)
+		if o := nc.Opts; !o.AllowReconnect || o.MaxReconnect >= 0 && time.Duration(o.MaxReconnect)*o.ReconnectWait < minReconnecting {
+			return nil, fmt.Errorf("%w: outboxnats: the NATS connection gives up reconnecting within an hour (reconnecting allowed: "+
+				"%v, %d attempts %v apart), and a closed connection never publishes again (every event would be dead-lettered "+
+				"after its attempts): connect with nats.MaxReconnects(-1)", outbox.ErrInvalidConfig, o.AllowReconnect, o.MaxReconnect, o.ReconnectWait)
 		}
 	}
 	if cfg.Subject == nil {
