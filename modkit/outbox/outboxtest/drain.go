@@ -142,9 +142,7 @@ const lastLinesKept = 5
 func (l *lastLines) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		l.lines = append(l.lines, line)
-	}
+	l.lines = append(l.lines, strings.Split(strings.TrimRight(string(p), "\n"), "\n")...)
 	if n := len(l.lines); n > lastLinesKept {
 		l.lines = slices.Delete(l.lines, 0, n-lastLinesKept)
 	}
