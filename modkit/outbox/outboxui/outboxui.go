@@ -74,12 +74,22 @@
 //     such an address: DNS rebinding), as modkit-outbox serve does on a
 //     loopback address, and on any with --hosts. Behind a
 //     proxy that terminates TLS, set Options.SecureCookies.
+//   - What page loads cost the database is bounded, since anyone who
+//     reaches the dashboard may load them: at most four page loads read
+//     the database at once (the others wait for their turn), and the
+//     overview's chart and hourly figures, whose read sorts every delivery
+//     of the last hour, are read at most every 10 seconds and shared by
+//     the page loads meanwhile (a purge from the dashboard reads them
+//     afresh). The events page reads an index for pending, processing
+//     and dead events; with no status, or delivered, it reads the whole
+//     table (no index holds events by enqueue time).
 //
 // Every call goes through outbox.Admin; the dashboard has no SQL of its
 // own.
 package outboxui
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -185,6 +195,10 @@ type handler struct {
 	key   []byte // signs CSRF tokens, operator sessions and flash messages: derived from Options.SigningKey, else random per handler
 	mux   *http.ServeMux
 	log   *slog.Logger
+	// series keeps the overview's series for a while, and reads bounds
+	// the page loads that read the database at once (load.go).
+	series *seriesCache
+	reads  chan struct{}
 }
 
 // New returns the dashboard on admin.
@@ -204,7 +218,11 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger}
+	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger,
+		reads: make(chan struct{}, maxConcurrentReads)}
+	h.series = &seriesCache{now: time.Now, read: func(ctx context.Context) (outbox.Series, error) {
+		return admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
+	}}
 	if opts.SigningKey != nil {
 		// A key of the dashboard's own, so that a key the application also
 		// uses elsewhere never signs the same bytes for both.
@@ -218,9 +236,9 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 		}
 	}
 	h.opts.SigningKey = nil // h.key is all the handler needs
-	h.mux.HandleFunc("GET /{$}", h.overview)
-	h.mux.HandleFunc("GET /events", h.events)
-	h.mux.HandleFunc("GET /events/{id}", h.event)
+	h.mux.HandleFunc("GET /{$}", h.limitReads(h.overview))
+	h.mux.HandleFunc("GET /events", h.limitReads(h.events))
+	h.mux.HandleFunc("GET /events/{id}", h.limitReads(h.event))
 	h.mux.HandleFunc("GET /assets/style.css", func(w http.ResponseWriter, r *http.Request) {
 		http.ServeFileFS(w, r, assets, "assets/style.css")
 	})

@@ -212,6 +212,9 @@ func TestDashboardInChromium(t *testing.T) {
 	if n := count(t, ctx, p, "svg#chart rect.bar"); n != 1 {
 		t.Errorf("chart bars: %d, want 1 (one minute with a delivery)", n)
 	}
+	if got := text(t, ctx, p, "figure figcaption"); !strings.Contains(got, "at most every 10s") {
+		t.Errorf("chart caption %q does not say how long the series is kept", got)
+	}
 	screenshot(t, ctx, p, "overview.png")
 
 	// A filter narrows the list.

@@ -36,6 +36,9 @@ type overviewData struct {
 	Series           outbox.Series
 	LastP50, LastP95 time.Duration
 	Dispatchers      []dispatcherRow
+	// SeriesTTL is how long the series is kept: the chart and the hourly
+	// figures are that much behind at most.
+	SeriesTTL time.Duration
 	// SeriesErr is the error id of the log record that says why the
 	// series could not be read; the chart and the hourly figures are then
 	// left out.
@@ -51,7 +54,8 @@ type dispatcherRow struct {
 
 // overview counts the backlog (Admin.Backlog: it reads no delivered
 // event, so a page load costs the same whatever history the table keeps)
-// and the last hour's deliveries (Admin.Series). A topic is listed when it
+// and the last hour's deliveries (Admin.Series, read at most every
+// seriesTTL: see load.go). A topic is listed when it
 // has a pending, processing or dead event or a delivery in the last hour.
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
@@ -62,8 +66,8 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	// Without the series (a database role that may not read the delivery
 	// history) the overview still shows the counts.
-	d := overviewData{}
-	series, err := h.admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
+	d := overviewData{SeriesTTL: seriesTTL}
+	series, err := h.series.get(ctx)
 	if err != nil {
 		d.SeriesErr = h.logInternal(r, slog.LevelWarn, "reading the delivery history for the overview's chart", err)
 		series = outbox.Series{}
