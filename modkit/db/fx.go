@@ -8,7 +8,9 @@ import (
 
 // Module provides the process's *Provider, built from the Config in the
 // graph. The connection is checked in the app's start hook (bounded by fx's
-// start timeout) and closed in its stop hook. It is the only module that
+// start timeout) and closed in its stop hook, which returns when fx's stop
+// timeout is up even while a component still holds a connection (the pool
+// then closes once it is returned). It is the only module that
 // provides the pool: other modules take a *Provider.
 var Module = fx.Module("modkit-db",
 	fx.Provide(newFx),
@@ -39,7 +41,7 @@ func newFx(p FxParams) (*Provider, error) {
 			}
 			return nil
 		},
-		OnStop: func(_ context.Context) error { prov.Close(); return nil },
+		OnStop: prov.closeWithin,
 	})
 	return prov, nil
 }

@@ -2,10 +2,13 @@ package db_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
 	"go.uber.org/fx/fxtest"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -62,5 +65,56 @@ func TestOpenErrors(t *testing.T) {
 	}
 	if _, err := db.Open(context.Background(), db.Config{DSN: "postgres://x@127.0.0.1:1/x", MaxConns: -1}); err == nil {
 		t.Fatal("negative MaxConns accepted")
+	}
+}
+
+// stopEvents passes on the error of each OnStop hook fx ran.
+type stopEvents chan error
+
+func (s stopEvents) LogEvent(e fxevent.Event) {
+	if e, ok := e.(*fxevent.OnStopExecuted); ok {
+		s <- e.Err
+	}
+}
+
+// The stop hook returns when fx's stop timeout is up, saying why, even
+// while a component still holds a connection: pgxpool's Close waits for
+// every connection in use, so the hook used to wait for it, and fx
+// reported its own timeout without naming the cause. The pool closes once
+// the connection comes back.
+func TestFxModuleStopIsBoundedWhileAConnectionIsHeld(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	stopped := make(stopEvents, 4)
+	var prov *db.Provider
+	app := fx.New(
+		fx.Supply(db.Config{DSN: tdb.DSN}),
+		db.Module,
+		fx.Populate(&prov),
+		fx.WithLogger(func() fxevent.Logger { return stopped }),
+	)
+	ctx := context.Background()
+	if err := app.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := prov.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := app.Stop(stopCtx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("stop with a connection held: %v, want the stop's timeout", err)
+	}
+	// Without the bound, the hook returns only now, without an error.
+	conn.Release()
+	err = <-stopped
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 connection(s) still in use") {
+		t.Fatalf("the stop hook's error: %v, want one that says a connection is still in use", err)
+	}
+	// The pool closes once the connection is back. (Close waits for the
+	// close under way: a sync.Once.)
+	prov.Close()
+	if n := prov.Pool.Stat().TotalConns(); n != 0 {
+		t.Fatalf("%d connections left in the pool after it closed", n)
 	}
 }

@@ -100,6 +100,27 @@ func (p *Provider) Close() {
 	})
 }
 
+// closeWithin is Close bounded by ctx: pgxpool's Close waits for every
+// connection in use to be returned, which a component that still holds
+// one (a transaction not ended, an Acquire not released) never does. When
+// ctx ends first it says so; the pool goes on closing, and closes once the
+// connections come back.
+func (p *Provider) closeWithin(ctx context.Context) error {
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("db: the pool was not closed when the stop's time was up (%w): %d connection(s) still in use; "+
+			"a component still holds one (a transaction not committed or rolled back, an Acquire not released, "+
+			"rows not closed): stop it before the database, or give the stop more time", ctx.Err(), p.Pool.Stat().AcquiredConns())
+	}
+}
+
 func redactDSN(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
 	return fmt.Sprintf("postgres://%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
