@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"runtime"
+	"slices"
 
 	"go.uber.org/fx"
 
@@ -54,42 +55,68 @@ var Module = fx.Module("modkit-outbox",
 // at construction). They run after
 // the database is reachable and before the start hook of anything built
 // from the outbox *Client, the dispatcher included, whatever order the
-// modules are listed in. Add it once, next to Module:
+// modules are listed in. Add it next to Module:
 //
 //	fx.New(db.Module, outbox.Module, outbox.WithMigrations(db.MigratorConfig{
 //		Schema: "shop", FS: shopMigrations, Table: "shop_schema_migrations",
 //	}), …)
+//
+// Several modules may each add their own: every call's sets run, in the
+// order fx builds them, and the sets of all calls must use different
+// tables. (The outbox's own migrations then run once per call; after the
+// first they find nothing to do.)
 //
 // Migrations are safe to run from several replicas at once (an advisory
 // lock serialises them) and do nothing when the schema is up to date. They
 // run within fx's start timeout. A migration that fails stops the app from
 // starting, with the migrator's error.
 func WithMigrations(app ...db.MigratorConfig) fx.Option {
+	sets := slices.Clone(app)
 	return fx.Module("modkit-outbox-migrations",
-		fx.Supply(appMigrations(app)),
-		fx.Provide(newFxMigrations),
-		fx.Invoke(func(*fxMigrations) {}),
+		fx.Provide(fx.Annotate(func(p fxMigrationsParams) (*fxMigrations, error) { return newFxMigrations(p, sets) },
+			fx.ResultTags(`group:"`+migrationsGroup+`"`))),
+		fx.Invoke(fx.Annotate(checkFxMigrations, fx.ParamTags(`group:"`+migrationsGroup+`"`))),
 	)
 }
 
-// appMigrations carries WithMigrations' app sets into the graph.
-type appMigrations []db.MigratorConfig
+// migrationsGroup collects what each WithMigrations call registered.
+const migrationsGroup = "outbox_migrations"
 
-// fxMigrations stands for "the migrations hook is registered": the *Client
-// depends on it, so every start hook registered by something built from the
-// client comes after the migrations.
-type fxMigrations struct{}
+// fxMigrations stands for "a WithMigrations call's hook is registered":
+// the *Client depends on all of them, so every start hook registered by
+// something built from the client comes after the migrations. Tables are
+// its app sets' migrations tables (schema.table), for the check across
+// calls.
+type fxMigrations struct {
+	tables []string
+}
+
+// checkFxMigrations refuses two WithMigrations calls whose app sets share
+// a migrations table: each set would take the other's versions for its
+// own. (Within one call, newFxMigrations refuses them.)
+func checkFxMigrations(calls []*fxMigrations) error {
+	seen := map[string]bool{}
+	for _, c := range calls {
+		for _, table := range c.tables {
+			if seen[table] {
+				return configError("outbox.WithMigrations: two calls have app migrations on the migrations table %s: "+
+					"give each set its own MigratorConfig.Table", table)
+			}
+			seen[table] = true
+		}
+	}
+	return nil
+}
 
 type fxMigrationsParams struct {
 	fx.In
 	Lifecycle fx.Lifecycle
 	DB        *db.Provider
-	App       appMigrations
 	Config    Config       `optional:"true"`
 	Logger    *slog.Logger `optional:"true"`
 }
 
-func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
+func newFxMigrations(p fxMigrationsParams, app []db.MigratorConfig) (*fxMigrations, error) {
 	cfg := p.Config
 	if cfg.Logger == nil {
 		cfg.Logger = p.Logger
@@ -99,12 +126,13 @@ func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
 	if err != nil {
 		return nil, err
 	}
-	migrators := make([]*db.Migrator, len(p.App))
+	migrators := make([]*db.Migrator, len(app))
 	// Two sets sharing one migrations table would each take the other's
 	// versions for their own (db.ErrMigrationConflict at start): refuse
 	// them at construction.
 	tables := map[string]string{client.cfg.Schema + "." + db.MigrationsTable: "the outbox's migrations"}
-	for i, mc := range p.App {
+	res := &fxMigrations{}
+	for i, mc := range app {
 		if mc.FS == nil {
 			// A Migrator's default FS is the outbox's own migrations: an
 			// app set without files would install a second outbox.
@@ -117,6 +145,7 @@ func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
 				"give each set its own MigratorConfig.Table", i, table, other)
 		}
 		tables[table] = fmt.Sprintf("app migrations %d", i)
+		res.tables = append(res.tables, table)
 		if mc.Logger == nil {
 			mc.Logger = client.cfg.Logger
 		}
@@ -130,12 +159,12 @@ func newFxMigrations(p fxMigrationsParams) (*fxMigrations, error) {
 		}
 		for i, m := range migrators {
 			if _, err := m.Up(ctx); err != nil {
-				return fmt.Errorf("outbox.WithMigrations: app migrations %d (table %q): %w", i, p.App[i].Table, err)
+				return fmt.Errorf("outbox.WithMigrations: app migrations %d (table %q): %w", i, app[i].Table, err)
 			}
 		}
 		return nil
 	}})
-	return &fxMigrations{}, nil
+	return res, nil
 }
 
 const publisherGroup = "outbox_publishers"
@@ -175,9 +204,9 @@ func checkPublisherConstructor(constructor any) error {
 type fxClientParams struct {
 	fx.In
 	DB         *db.Provider
-	Config     Config        `optional:"true"`
-	Logger     *slog.Logger  `optional:"true"`
-	Migrations *fxMigrations `optional:"true"`
+	Config     Config          `optional:"true"`
+	Logger     *slog.Logger    `optional:"true"`
+	Migrations []*fxMigrations `group:"outbox_migrations"`
 }
 
 func newFxClient(p fxClientParams) (*Client, error) {

@@ -219,6 +219,61 @@ func TestFxWithMigrationsRefusesASharedTable(t *testing.T) {
 	}
 }
 
+// Two modules may each add WithMigrations with their own sets: both sets
+// run before the start hooks of what is built on the Client. Two calls
+// whose sets share a migrations table fail the app at construction.
+func TestFxWithMigrationsFromTwoModules(t *testing.T) {
+	set := func(table string) fstest.MapFS {
+		return fstest.MapFS{
+			"0001_" + table + ".up.sql":   {Data: []byte("CREATE TABLE " + table + " (id int)")},
+			"0001_" + table + ".down.sql": {Data: []byte("DROP TABLE " + table)},
+		}
+	}
+	t.Run("two sets", func(t *testing.T) {
+		tdb := pgtest.NewDB(t)
+		var seen []string
+		app := fxtest.New(t,
+			fx.Module("orders", outbox.WithMigrations(db.MigratorConfig{Schema: "shop", FS: set("orders"), Table: "orders_migrations"})),
+			fx.Module("billing", outbox.WithMigrations(db.MigratorConfig{Schema: "shop", FS: set("invoices"), Table: "billing_migrations"})),
+			fx.Invoke(func(lc fx.Lifecycle, c *outbox.Client, p *db.Provider) {
+				lc.Append(fx.Hook{OnStart: func(ctx context.Context) error {
+					for _, table := range []string{"shop.orders", "shop.invoices", "fresh_outbox.modkit_outbox_events"} {
+						var name *string
+						if err := p.Pool.QueryRow(ctx, "SELECT to_regclass($1)::text", table).Scan(&name); err != nil {
+							return err
+						}
+						if name != nil {
+							seen = append(seen, *name)
+						}
+					}
+					return nil
+				}})
+			}),
+			outbox.Module,
+			fx.Supply(outbox.Config{Schema: "fresh_outbox"}),
+			fx.Supply(tdb.Provider),
+			fx.Supply(quietLog),
+			fx.NopLogger,
+		)
+		app.RequireStart()
+		app.RequireStop()
+		if len(seen) != 3 {
+			t.Fatalf("tables a start hook on the client found: %v, want both sets' and the outbox's", seen)
+		}
+	})
+	t.Run("a shared table", func(t *testing.T) {
+		tdb := pgtest.NewDB(t)
+		app := fx.New(fx.Supply(tdb.Provider), outbox.Module,
+			fx.Module("orders", outbox.WithMigrations(db.MigratorConfig{Schema: "shop", FS: set("orders"), Table: "t"})),
+			fx.Module("billing", outbox.WithMigrations(db.MigratorConfig{Schema: "shop", FS: set("invoices"), Table: "t"})),
+			fx.NopLogger)
+		err := app.Err()
+		if !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "shop.t") {
+			t.Fatalf("app error %v, want ErrInvalidConfig naming the table shop.t", err)
+		}
+	})
+}
+
 // An app set of migrations without files fails the app at construction: a
 // Migrator's default files are the outbox's own, so it installed a second
 // outbox in the set's schema.
