@@ -8,7 +8,10 @@
 // internal/pgserver). Each test database is a copy of a template database
 // migrated once per test binary, so a new database costs one CREATE DATABASE.
 // Test databases are dropped when their test ends and the template when the
-// binary exits, so an external server is left as it was found.
+// binary exits, so an external server is left as it was found. A binary
+// that does not get that far (a panic, go test's timeout, a kill) leaves
+// its databases behind; their names carry their creation time, and the
+// first test binary to use the server after staleAfter drops them.
 //
 // Use it from TestMain:
 //
@@ -27,6 +30,8 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,9 +92,12 @@ func ServerURL() string {
 }
 
 func setup() error {
-	prefix = fmt.Sprintf("modkit_test_%d_%04x", os.Getpid(), rand.IntN(1<<16))
+	prefix = fmt.Sprintf("modkit_test_%d_%d_%04x", time.Now().Unix(), os.Getpid(), rand.IntN(1<<16))
 	if u := ServerURL(); u != "" {
 		adminDSN = u
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = dropStale(ctx, time.Now())
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -229,6 +237,49 @@ func adminExec(ctx context.Context, sql string) error {
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, sql)
 	return err
+}
+
+// staleAfter is how old a test database is when the next test binary
+// takes it for one that an earlier binary left behind: far longer than
+// any test binary runs.
+const staleAfter = 24 * time.Hour
+
+// staleName matches the names of the test databases (the prefix, then _tmpl
+// or a counter) and captures their creation time, in Unix seconds.
+var staleName = regexp.MustCompile(`^modkit_test_([0-9]{10})_[0-9]+_[0-9a-f]{4}_(tmpl|[0-9]+)$`)
+
+// dropStale drops the test databases created more than staleAfter before
+// now, and returns their names. Databases it may not drop (another role's,
+// one somebody is connected to) are left alone.
+func dropStale(ctx context.Context, now time.Time) ([]string, error) {
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_catalog.pg_database WHERE datname LIKE 'modkit\_test\_%'`)
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var dropped []string
+	for _, name := range names {
+		m := staleName.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		created, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil || now.Sub(time.Unix(created, 0)) < staleAfter {
+			continue
+		}
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()); err == nil {
+			dropped = append(dropped, name)
+		}
+	}
+	return dropped, nil
 }
 
 func dropDatabase(ctx context.Context, name string) error {
