@@ -22,8 +22,11 @@ type TB interface {
 
 // Main sets up the PostgreSQL server for the test binary, runs the tests,
 // drops what it created and, when every test passed, fails the binary if
-// goroutines leaked (go.uber.org/goleak). Call it from TestMain; it calls
-// os.Exit:
+// goroutines leaked (go.uber.org/goleak). A binary that panics or times
+// out leaves its databases on a server of TEST_DATABASE_URL or
+// DATABASE_URL; the first test binary that starts on that server a day
+// later drops them (those nobody is connected to). Call it from TestMain;
+// it calls os.Exit:
 //
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }
 func Main(m *testing.M) { pgtest.Main(m) }
