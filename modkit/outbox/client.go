@@ -25,7 +25,9 @@ type Config struct {
 	// creates them there; every enqueue, dispatcher and Admin call of the
 	// client uses it.
 	Schema string
-	// MaxPayloadBytes caps Message.Payload, its JSON text. Default 1 MiB.
+	// MaxPayloadBytes caps Message.Payload, its JSON text, with each
+	// number counted as PostgreSQL prints it: every digit (1e6 as 1000000),
+	// since every read of the event prints it so. Default 1 MiB.
 	// The database refuses a payload whose stored (binary jsonb) form
 	// exceeds 4 MiB on its own, unless the owner raises that limit with
 	// SELECT <schema>.modkit_outbox_set_payload_limit(bytes). The stored

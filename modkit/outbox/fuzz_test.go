@@ -264,6 +264,58 @@ func TestPayloadValidationMatchesJSONB(t *testing.T) {
 	}
 }
 
+// jsonb keeps a number as numeric, which prints every digit: the payload
+// limit counts numbers as PostgreSQL prints them, so a few bytes of 1e131071
+// cannot come back as gigabytes that no read (no claim) can return. For
+// each number, a limit of its printed size (or its text's, if longer)
+// takes it, and one byte less refuses it with ErrPayloadTooLarge before
+// any SQL runs.
+func TestPayloadLimitCountsNumbersAsPrinted(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	for _, number := range []string{
+		`1e3`, `1E+3`, `-1e3`, `1.5e3`, `1.50e1`, `1.5e-3`, `-1.5e-3`, `0.001e5`, `0.00123e-2`, `12.5e-16382`,
+		`0e9`, `0.000e-5000`, `-0e-3`, `1e0`, `10e-1`, `1e131071`, `-9.9e131071`, `1e-16383`, `123`, `-0.5`,
+	} {
+		var printed int
+		if err := pool.QueryRow(ctx, "SELECT octet_length($1::text::jsonb::text)", number).Scan(&printed); err != nil {
+			t.Fatal(err)
+		}
+		limit := max(printed, len(number))
+		payload := json.RawMessage(`[` + number + `]`) // the brackets print as written
+		for _, c := range []struct {
+			limit int
+			ok    bool
+		}{{limit + 2, true}, {limit + 1, false}} {
+			cl := clientOn(t, pool, outbox.Config{MaxPayloadBytes: c.limit})
+			_, err := cl.Enqueue(ctx, pool, outbox.Message{Namespace: "n", Topic: "t", Payload: payload})
+			switch {
+			case c.ok && err != nil:
+				t.Errorf("%s (printed in %d bytes) with a limit of %d: %v", payload, printed+2, c.limit, err)
+			case !c.ok && !errors.Is(err, outbox.ErrPayloadTooLarge):
+				t.Errorf("%s (printed in %d bytes) with a limit of %d: %v, want ErrPayloadTooLarge", payload, printed+2, c.limit, err)
+			}
+		}
+	}
+	// A payload of such numbers far past the limit as printed, though
+	// small as written, is refused and writes nothing.
+	poison := json.RawMessage("[" + strings.Repeat("1e131071,", 99) + "1e131071]")
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	before := countIn(t, tx)
+	c := clientOn(t, pool, outbox.Config{})
+	_, err = c.Enqueue(ctx, tx, outbox.Message{Namespace: "n", Topic: "t", Payload: poison})
+	if !errors.Is(err, outbox.ErrPayloadTooLarge) || !strings.Contains(err.Error(), "as PostgreSQL prints its numbers") {
+		t.Fatalf("%d bytes printing as %d MB: %v, want ErrPayloadTooLarge saying why", len(poison), 100*131072/1_000_000, err)
+	}
+	if n := countIn(t, tx) - before; n != 0 {
+		t.Fatalf("refused but %d rows written", n)
+	}
+}
+
 // safeIdentifier is what an accepted schema or table name must look like
 // for it to be harmless in SQL even unquoted.
 var safeIdentifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)

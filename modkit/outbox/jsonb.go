@@ -24,7 +24,10 @@ const jsonMaxDepth = 10000
 // checkPayload reads doc once and reports whether it is one JSON value as
 // encoding/json.Valid defines it (valid), and if so the first reason, in
 // document order, why PostgreSQL's jsonb would still refuse it ("" when
-// jsonb stores it). Go accepts things jsonb does not: the escape \u0000,
+// jsonb stores it), and how many bytes its numbers gain when PostgreSQL
+// prints them (grows): jsonb keeps a number as numeric, which prints in
+// full, so the 8 bytes of 1e131071 come back as 131,072 digits, and a
+// small payload of them as gigabytes that no read can return. Go accepts things jsonb does not: the escape \u0000,
 // unpaired UTF-16 surrogate escapes and numbers beyond numeric's range
 // (and invalid UTF-8 inside strings, which validate checks apart). Catching
 // them here keeps Enqueue's promise that bad input fails before any SQL runs
@@ -34,7 +37,7 @@ const jsonMaxDepth = 10000
 // did in two, for every message enqueued: two fifths of EnqueueBatch's own
 // CPU went to those two passes (BENCHMARKS.md, "Bulk: one pass over each
 // payload").
-func checkPayload(doc []byte) (valid bool, why string) {
+func checkPayload(doc []byte) (valid bool, why string, grows int) {
 	var stackSpace [32]byte
 	open := stackSpace[:0] // the '{' or '[' of each container the value at i is in
 	wantValue := true
@@ -43,14 +46,14 @@ func checkPayload(doc []byte) (valid bool, why string) {
 		i = skipJSONSpace(doc, i)
 		if wantValue {
 			if i == len(doc) {
-				return false, ""
+				return false, "", 0
 			}
 			var ok bool
 			var w string
 			switch c := doc[i]; c {
 			case '{', '[':
 				if len(open) == jsonMaxDepth {
-					return false, ""
+					return false, "", 0
 				}
 				if i = skipJSONSpace(doc, i+1); i < len(doc) && doc[i] == c+2 { // '}' and ']' follow '{' and '[' by two
 					i++
@@ -60,7 +63,7 @@ func checkPayload(doc []byte) (valid bool, why string) {
 				open = append(open, c)
 				if c == '{' {
 					if i, ok, w = scanJSONKey(doc, i); !ok {
-						return false, ""
+						return false, "", 0
 					}
 				}
 				why = cmp.Or(why, w)
@@ -74,10 +77,12 @@ func checkPayload(doc []byte) (valid bool, why string) {
 			case 'n':
 				i, ok = scanJSONLiteral(doc, i, "null")
 			default:
-				i, ok, w = scanJSONNumber(doc, i)
+				var g int
+				i, ok, w, g = scanJSONNumber(doc, i)
+				grows += g
 			}
 			if !ok {
-				return false, ""
+				return false, "", 0
 			}
 			why = cmp.Or(why, w)
 			wantValue = false
@@ -85,12 +90,12 @@ func checkPayload(doc []byte) (valid bool, why string) {
 		}
 		if len(open) == 0 {
 			if i != len(doc) {
-				return false, ""
+				return false, "", 0
 			}
-			return true, why
+			return true, why, grows
 		}
 		if i == len(doc) {
-			return false, ""
+			return false, "", 0
 		}
 		switch top := open[len(open)-1]; doc[i] {
 		case ',':
@@ -99,7 +104,7 @@ func checkPayload(doc []byte) (valid bool, why string) {
 				var ok bool
 				var w string
 				if i, ok, w = scanJSONKey(doc, skipJSONSpace(doc, i)); !ok {
-					return false, ""
+					return false, "", 0
 				}
 				why = cmp.Or(why, w)
 			}
@@ -108,7 +113,7 @@ func checkPayload(doc []byte) (valid bool, why string) {
 			open = open[:len(open)-1]
 			i++
 		default:
-			return false, ""
+			return false, "", 0
 		}
 	}
 }
@@ -218,8 +223,10 @@ func escapedRune(doc []byte, i int) (rune, bool) {
 }
 
 // scanJSONNumber checks the number starting at i, its syntax and its range
-// against numeric's, and returns the index just past it.
-func scanJSONNumber(doc []byte, i int) (int, bool, string) {
+// against numeric's, and returns the index just past it and how many bytes
+// longer than its text PostgreSQL prints it (numeric prints every digit:
+// 1e6 as 1000000, 1e-6 as 0.000001).
+func scanJSONNumber(doc []byte, i int) (int, bool, string, int) {
 	start := i
 	if i < len(doc) && doc[i] == '-' {
 		i++
@@ -230,7 +237,7 @@ func scanJSONNumber(doc []byte, i int) (int, bool, string) {
 	intStart := i
 	switch {
 	case i == len(doc) || !isDigit(doc[i]):
-		return i, false, ""
+		return i, false, "", 0
 	case doc[i] == '0':
 		i++
 	default:
@@ -248,11 +255,12 @@ func scanJSONNumber(doc []byte, i int) (int, bool, string) {
 			}
 		}
 		if fracDigits == 0 {
-			return i, false, ""
+			return i, false, "", 0
 		}
 	}
 	exp := 0
-	if i < len(doc) && (doc[i] == 'e' || doc[i] == 'E') {
+	hasExp := i < len(doc) && (doc[i] == 'e' || doc[i] == 'E')
+	if hasExp {
 		i++
 		neg := false
 		if i < len(doc) && (doc[i] == '+' || doc[i] == '-') {
@@ -266,10 +274,10 @@ func scanJSONNumber(doc []byte, i int) (int, bool, string) {
 			}
 		}
 		if i == digits {
-			return i, false, ""
+			return i, false, "", 0
 		}
 		if exp >= numericMaxExp {
-			return i, true, fmt.Sprintf("has the number %s, whose exponent is beyond PostgreSQL numeric's range", abbreviate(doc[start:i]))
+			return i, true, fmt.Sprintf("has the number %s, whose exponent is beyond PostgreSQL numeric's range", abbreviate(doc[start:i])), 0
 		}
 		if neg {
 			exp = -exp
@@ -277,9 +285,24 @@ func scanJSONNumber(doc []byte, i int) (int, bool, string) {
 	}
 	if max(0, fracDigits-exp) > numericMaxScale || (nonzero && weight+exp > numericMaxWeight) {
 		return i, true, fmt.Sprintf("has the number %s, which is beyond PostgreSQL numeric's range (%d digits before the decimal point, %d after)",
-			abbreviate(doc[start:i]), numericMaxWeight+1, numericMaxScale)
+			abbreviate(doc[start:i]), numericMaxWeight+1, numericMaxScale), 0
 	}
-	return i, true, ""
+	if !hasExp {
+		return i, true, "", 0 // printed as written
+	}
+	// Printed in full: the sign, the integer part (at least "0"), and the
+	// decimal point and scale when there is a fraction.
+	printed := 1 // the integer part of a number below 1, or of zero
+	if nonzero {
+		printed = max(1, weight+exp+1)
+		if doc[start] == '-' {
+			printed++
+		}
+	}
+	if scale := max(0, fracDigits-exp); scale > 0 {
+		printed += 1 + scale
+	}
+	return i, true, "", max(0, printed-(i-start))
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }

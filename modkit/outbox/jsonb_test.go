@@ -56,7 +56,7 @@ func TestCheckPayloadFirstReason(t *testing.T) {
 		{`{"a":"\u0000"} x`, ``},
 		{`"\u0000\u00zz"`, ``},
 	} {
-		valid, why := checkPayload([]byte(c.doc))
+		valid, why, _ := checkPayload([]byte(c.doc))
 		if c.want == "" {
 			if valid {
 				t.Errorf("%q: valid (%q), want a syntax error", c.doc, why)
@@ -79,7 +79,7 @@ func FuzzCheckPayload(f *testing.F) {
 		f.Add([]byte(doc))
 	}
 	f.Fuzz(func(t *testing.T, doc []byte) {
-		valid, why := checkPayload(doc)
+		valid, why, _ := checkPayload(doc)
 		if want := json.Valid(doc); valid != want {
 			t.Fatalf("%q: checkPayload says valid=%v, encoding/json.Valid %v", doc, valid, want)
 		}
@@ -90,6 +90,6 @@ func FuzzCheckPayload(f *testing.F) {
 }
 
 func checkPayloadValid(doc string) bool {
-	valid, _ := checkPayload([]byte(doc))
+	valid, _, _ := checkPayload([]byte(doc))
 	return valid
 }

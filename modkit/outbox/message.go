@@ -57,7 +57,8 @@ type Message struct {
 	// Payload is the event body: valid JSON, at most the configured size
 	// (1 MiB unless Config.MaxPayloadBytes says otherwise).
 	// The dispatcher hands it to the publisher unchanged (as jsonb
-	// normalises it: key order and whitespace may differ).
+	// normalises it: key order and whitespace may differ, and numbers
+	// come back as numeric prints them: 1e3 as 1000, 1.50 as 1.50).
 	Payload json.RawMessage
 }
 
@@ -119,14 +120,19 @@ func validate(i int, m *Message, maxPayload int) error {
 	if len(m.Payload) > maxPayload {
 		return bad("Payload", ErrPayloadTooLarge, "%d bytes, the limit is %d", len(m.Payload), maxPayload)
 	}
-	valid, why := checkPayload(m.Payload)
+	valid, why, grows := checkPayload(m.Payload)
 	switch {
 	case !valid:
-		return bad("Payload", ErrInvalidPayload, "not valid JSON")
+		return bad("Payload", ErrInvalidPayload, "not valid JSON (or nested more than %d deep)", jsonMaxDepth)
 	case !utf8.Valid(m.Payload): // only strings can hold such bytes in valid JSON
 		return bad("Payload", ErrInvalidPayload, "contains invalid UTF-8")
 	case why != "":
 		return bad("Payload", ErrInvalidPayload, "%s", why)
+	case len(m.Payload)+grows > maxPayload:
+		// jsonb keeps each number as numeric, which prints every digit:
+		// each read of the event (every claim) would build the whole text.
+		return bad("Payload", ErrPayloadTooLarge, "%d bytes as written, but %d as PostgreSQL prints its numbers in full "+
+			"(1e6 as 1000000), and the limit is %d: write such numbers as strings", len(m.Payload), len(m.Payload)+grows, maxPayload)
 	}
 	if m.TenantID != nil && *m.TenantID == uuid.Nil {
 		return bad("TenantID", ErrInvalidTenant, "the nil UUID; leave TenantID nil for events without a tenant")
