@@ -51,7 +51,8 @@ type Message struct {
 	// Delivery.Headers (correlation ids, content types): at most 64
 	// entries and 16 KiB, names of printable ASCII without spaces, values
 	// of UTF-8. Enqueue adds the W3C trace context of ctx (traceparent,
-	// tracestate) unless Headers already has a traceparent; those two are
+	// tracestate) unless Headers already has a traceparent (in any letter
+	// case: Traceparent, as an http.Header spells it, counts); those two are
 	// stored beyond the limits.
 	Headers map[string]string
 	// Payload is the event body: valid JSON, at most the configured size

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"reflect"
+	"strings"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel"
@@ -88,7 +89,7 @@ func withTraceContext(ctx context.Context, h map[string]string) map[string]strin
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return h
 	}
-	if _, ok := h["traceparent"]; ok {
+	if _, ok := traceParentKey(h); ok {
 		return h
 	}
 	out := make(map[string]string, len(h)+2)
@@ -97,6 +98,27 @@ func withTraceContext(ctx context.Context, h map[string]string) map[string]strin
 	}
 	traceContext.Inject(ctx, propagation.MapCarrier(out))
 	return out
+}
+
+// traceParentKey returns the key under which h holds a traceparent, in
+// any letter case: a header copied from an http.Header as it is spells it
+// Traceparent, and adding a traceparent beside it gave the event two
+// (which outboxhttp refuses to send).
+func traceParentKey(h map[string]string) (string, bool) {
+	if _, ok := h["traceparent"]; ok {
+		return "traceparent", true
+	}
+	return headerKeyFold(h, "traceparent")
+}
+
+// headerKeyFold returns the key of h equal to name in any letter case.
+func headerKeyFold(h map[string]string, name string) (string, bool) {
+	for k := range h {
+		if len(k) == len(name) && strings.EqualFold(k, name) {
+			return k, true
+		}
+	}
+	return "", false
 }
 
 // publishSpanOptions are the start options of a topic's publish spans:
@@ -116,11 +138,19 @@ func publishSpanOptions(t Topic) []trace.SpanStartOption {
 // tenth of a drain's client CPU with no TracerProvider set.
 func startPublishSpan(ctx context.Context, m Delivery, opts []trace.SpanStartOption) (context.Context, trace.Span) {
 	fromEvent := false
-	if _, ok := m.Headers["traceparent"]; ok {
+	if key, ok := traceParentKey(m.Headers); ok {
+		carrier := propagation.MapCarrier(m.Headers)
+		if key != "traceparent" {
+			// The propagator reads the lower-case names only.
+			carrier = propagation.MapCarrier{"traceparent": m.Headers[key]}
+			if k, ok := headerKeyFold(m.Headers, "tracestate"); ok {
+				carrier["tracestate"] = m.Headers[k]
+			}
+		}
 		// Extracted on its own, so that a span context ctx already
 		// carries is not taken for the event's when its header does not
 		// parse.
-		if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), propagation.MapCarrier(m.Headers))); sc.IsValid() {
+		if sc := trace.SpanContextFromContext(traceContext.Extract(context.Background(), carrier)); sc.IsValid() {
 			ctx, fromEvent = trace.ContextWithRemoteSpanContext(ctx, sc), true
 		}
 	}

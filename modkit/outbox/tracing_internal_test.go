@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -87,6 +88,7 @@ func TestPublishSpanParent(t *testing.T) {
 		{"the event's trace context", map[string]string{"traceparent": event}, "b7ad6b7169203331"},
 		{"none", nil, ""},
 		{"one that does not parse", map[string]string{"traceparent": "garbage"}, ""},
+		{"spelt as an http.Header spells it", map[string]string{"Traceparent": event, "Tracestate": "k=v"}, "b7ad6b7169203331"},
 	} {
 		_, span := startPublishSpan(startCtx, Delivery{ID: uuid.New(), Headers: c.headers}, nil)
 		span.End()
@@ -98,5 +100,25 @@ func TestPublishSpanParent(t *testing.T) {
 		case c.parent != "" && got.SpanID().String() != c.parent:
 			t.Errorf("%s: the span's parent is %s, want %s", c.name, got.SpanID(), c.parent)
 		}
+	}
+}
+
+// An event whose headers already carry a traceparent, in any letter case
+// (Traceparent, copied from an http.Header), gets no second one: two that
+// differ by case alone made outboxhttp refuse the event for good.
+func TestTraceContextKeepsTheCallersTraceparent(t *testing.T) {
+	span := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled})
+	ctx := trace.ContextWithSpanContext(context.Background(), span)
+	for _, h := range []map[string]string{
+		{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		{"Traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		{"TRACEPARENT": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-id": "1"},
+	} {
+		if got := withTraceContext(ctx, h); len(got) != len(h) {
+			t.Errorf("headers %v became %v, want them as they were", h, got)
+		}
+	}
+	if got := withTraceContext(ctx, map[string]string{"x-id": "1"}); !strings.Contains(got["traceparent"], span.TraceID().String()) {
+		t.Errorf("headers without a traceparent became %v, want ctx's added", got)
 	}
 }
