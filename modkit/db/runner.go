@@ -183,6 +183,8 @@ func nilHandle(h any) bool {
 		return v == nil
 	case *pgxpool.Conn:
 		return v == nil
+	case *pgxpool.Tx:
+		return v == nil
 	case *pgx.Conn:
 		return v == nil
 	case *sql.Tx:
@@ -192,7 +194,10 @@ func nilHandle(h any) bool {
 	case *sql.Conn:
 		return v == nil
 	}
-	return false
+	// Another implementation of pgx.Tx or of the Runner methods, a nil
+	// pointer of which would panic as well.
+	rv := reflect.ValueOf(h)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 type pgxQuerier struct{ q Runner }

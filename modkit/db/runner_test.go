@@ -156,7 +156,7 @@ func TestRunnerKinds(t *testing.T) {
 
 func TestAsQuerierRejectsUnsupported(t *testing.T) {
 	for _, r := range []any{nil, 42, "postgres://", (*bun.Tx)(nil), (*bun.DB)(nil),
-		(*pgxpool.Pool)(nil), (*pgxpool.Conn)(nil), (*pgx.Conn)(nil),
+		(*pgxpool.Pool)(nil), (*pgxpool.Conn)(nil), (*pgxpool.Tx)(nil), (*pgx.Conn)(nil),
 		// bun values around no database/sql handle, bare and through db.SQL
 		bun.Tx{}, &bun.Tx{}, bun.Conn{}, &bun.Conn{}, &bun.DB{},
 		db.SQL(bun.Tx{}), db.SQL(&bun.Tx{}), db.SQL(bun.Conn{}), db.SQL(&bun.DB{}),

@@ -111,9 +111,16 @@ func TestEnqueueThroughEveryRunner(t *testing.T) {
 	}
 	// A wrong type does not compile; a nil runner (or a wrapped nil handle)
 	// is refused before any SQL runs.
-	for _, r := range []db.Runner{nil, (*pgxpool.Pool)(nil), (*pgx.Conn)(nil), db.SQL((*sql.Tx)(nil)), db.SQL((*bun.DB)(nil))} {
+	batch := make([]outbox.Message, 64) // the COPY path
+	for i := range batch {
+		batch[i] = msg(4 + i)
+	}
+	for _, r := range []db.Runner{nil, (*pgxpool.Pool)(nil), (*pgxpool.Tx)(nil), (*pgx.Conn)(nil), db.SQL((*sql.Tx)(nil)), db.SQL((*bun.DB)(nil))} {
 		if _, err := c.Enqueue(ctx, r, msg(3)); !errors.Is(err, db.ErrUnsupportedRunner) {
 			t.Fatalf("runner %#v: %v, want ErrUnsupportedRunner", r, err)
+		}
+		if _, err := c.EnqueueBatch(ctx, r, batch); !errors.Is(err, db.ErrUnsupportedRunner) {
+			t.Fatalf("batch on runner %#v: %v, want ErrUnsupportedRunner", r, err)
 		}
 	}
 }
