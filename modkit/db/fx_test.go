@@ -105,9 +105,16 @@ func TestFxModuleStopIsBoundedWhileAConnectionIsHeld(t *testing.T) {
 	if err := app.Stop(stopCtx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("stop with a connection held: %v, want the stop's timeout", err)
 	}
-	// Without the bound, the hook returns only now, without an error.
+	// The hook has returned, or returns, by the stop's deadline, with the
+	// connection still held. (Without the bound it returned only once the
+	// connection came back; the wait below is a guard against that hang.)
+	select {
+	case err = <-stopped:
+	case <-time.After(time.Minute):
+		conn.Release()
+		t.Fatal("the stop hook did not return while a connection was held")
+	}
 	conn.Release()
-	err = <-stopped
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 connection(s) still in use") {
 		t.Fatalf("the stop hook's error: %v, want one that says a connection is still in use", err)
 	}
