@@ -29,7 +29,7 @@ func runEvents(ctx context.Context, e env, args []string) error {
 	after := f.String("after", "", "list: the cursor printed after the previous page")
 	all := f.Bool("all", false, "list: follow the pages to the end")
 	asJSON := f.Bool("json", false, "print JSON instead of a table")
-	payload := f.Bool("payload", false, "include the payloads (they may hold personal data)")
+	payload := f.Bool("payload", false, "include the payloads (they may hold personal data); show, and list with --json")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err

@@ -110,7 +110,8 @@ Usage:
 
 Commands:
 %s
-Every command takes --database-url (default $DATABASE_URL) and --schema
+Every command but migrate sql (which prints the migrations without
+connecting) takes --database-url (default $DATABASE_URL) and --schema
 (default public). "modkit-outbox COMMAND --help" shows a command's flags
 and examples.
 

@@ -16,6 +16,10 @@ const migrateExamples = `  modkit-outbox migrate up                        # app
   modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (drops its tables)
   modkit-outbox migrate sql --format goose --out db/migrations
   modkit-outbox migrate sql --format plain | psql -v ON_ERROR_STOP=1 "$DATABASE_URL"
+
+migrate sql connects to nothing, so it takes neither --database-url nor
+--schema (nor --connect-timeout): its files create the outbox in the first
+schema of the search_path of the session that runs them.
 `
 
 func runMigrate(ctx context.Context, e env, args []string) error {
