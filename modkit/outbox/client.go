@@ -134,7 +134,17 @@ type Client struct {
 	store  driver.Store
 	notify notifyGate
 	admin  *Admin
+	// batchMaxBytes bounds what one EnqueueBatch sends (batchMaxBytesDefault;
+	// tests lower it).
+	batchMaxBytes int
 }
+
+// batchMaxBytesDefault is the most one EnqueueBatch takes, its messages'
+// payloads, headers and keys together. A batch goes to the database as one
+// statement's arrays on some paths (ordering keys, database/sql), and a
+// statement or an array value cannot pass 1 GiB: past it the driver closed
+// the caller's connection with an error of its own, after minutes of work.
+const batchMaxBytesDefault = 512 << 20
 
 // New returns a Client on drv (outboxpg.New(pool) for PostgreSQL) with cfg.
 // It does no I/O. Run Client.Migrate (or the migrations in migrations/ with
@@ -154,7 +164,7 @@ func New(drv driver.Driver, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	c := &Client{cfg: cfg, store: store}
+	c := &Client{cfg: cfg, store: store, batchMaxBytes: batchMaxBytesDefault}
 	c.admin = &Admin{c: c}
 	return c, nil
 }
@@ -216,7 +226,9 @@ func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (_ Enqu
 // EnqueueBatch is Enqueue for many messages at once, in one statement (COPY
 // for large batches through a pgx.Tx or pool), and returns one result per
 // message, in order. All messages are validated first; if any is invalid
-// nothing is written and the error's ValidationError.Index names it.
+// nothing is written and the error's ValidationError.Index names it. A
+// batch takes at most 512 MiB of payloads, headers and keys together; a
+// larger one is refused the same way, with ErrPayloadTooLarge.
 // Messages with the same dedupe key in one batch yield one row, the first
 // of them's, as one Enqueue after another would: every result names it,
 // and the later ones are AlreadyEnqueued.
@@ -224,9 +236,23 @@ func (c *Client) EnqueueBatch(ctx context.Context, tx db.Runner, msgs []Message)
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	total := 0
 	for i := range msgs {
-		if err := validate(i, &msgs[i], c.cfg.MaxPayloadBytes); err != nil {
+		m := &msgs[i]
+		if err := validate(i, m, c.cfg.MaxPayloadBytes); err != nil {
 			return nil, err
+		}
+		total += len(m.Payload) + len(m.OrderingKey)
+		if m.DedupeKey != nil {
+			total += len(*m.DedupeKey)
+		}
+		for k, v := range m.Headers {
+			total += len(k) + len(v)
+		}
+		if total > c.batchMaxBytes {
+			return nil, &ValidationError{Index: i, Field: "Payload", Kind: ErrPayloadTooLarge, Reason: fmt.Sprintf(
+				"the batch's messages up to this one total %d bytes, and one EnqueueBatch takes at most %d: "+
+					"split the batch into several calls (in the same transaction, if they must commit together)", total, c.batchMaxBytes)}
 		}
 	}
 	destination := msgs[0].Namespace + ":" + msgs[0].Topic

@@ -277,6 +277,53 @@ func TestEnqueueValidation(t *testing.T) {
 	}
 }
 
+// A batch larger than one EnqueueBatch takes (512 MiB; lowered here) is
+// refused before any SQL, on every path, naming the message that passes
+// the limit; the caller's transaction goes on. It went to the database as
+// one statement's arrays on some paths, and past 1 GiB the driver closed
+// the caller's connection with an error of its own.
+func TestEnqueueBatchTooLarge(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	outbox.SetBatchMaxBytes(c, 10_000)
+	pool := tdb.Provider.Pool
+	payload := json.RawMessage(`"` + strings.Repeat("x", 998) + `"`) // 1,000 bytes
+	for name, size := range map[string]int{"arrays": 5, "ordering keys": 5, "COPY": 100} {
+		msgs := make([]outbox.Message, size)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Namespace: "n", Topic: "t", Payload: payload}
+			if name == "ordering keys" {
+				msgs[i].OrderingKey = "k"
+			}
+		}
+		if name != "COPY" {
+			// Headers and keys count too: 5 × (1,000 + 1,001 + 1) passes 10,000 at the fifth message.
+			for i := range msgs {
+				msgs[i].Headers = map[string]string{"h": strings.Repeat("v", 1000)}
+			}
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.EnqueueBatch(ctx, tx, msgs)
+		var verr *outbox.ValidationError
+		if !errors.Is(err, outbox.ErrPayloadTooLarge) || !errors.As(err, &verr) || !strings.Contains(err.Error(), "split the batch") {
+			t.Fatalf("%s: %v, want ErrPayloadTooLarge saying to split the batch", name, err)
+		}
+		if want := map[string]int{"arrays": 4, "ordering keys": 4, "COPY": 10}[name]; verr.Index != want {
+			t.Errorf("%s: the error names message %d, want %d, the first past the limit", name, verr.Index, want)
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatalf("%s: the caller's transaction is unusable after the refusal: %v", name, err)
+		}
+		_ = tx.Rollback(ctx)
+		// The messages before the one named go.
+		if _, err := c.EnqueueBatch(ctx, pool, msgs[:verr.Index]); err != nil {
+			t.Fatalf("%s: the batch up to message %d: %v", name, verr.Index, err)
+		}
+	}
+}
+
 func TestEnqueueBatch(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool

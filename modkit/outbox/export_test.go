@@ -56,3 +56,6 @@ func SettleInOneBatch(ctx context.Context, d *Dispatcher, items ...SettleItem) {
 	}
 	d.settle(ctx, batch, newDueTimes())
 }
+
+// SetBatchMaxBytes lowers what one EnqueueBatch of c may send.
+func SetBatchMaxBytes(c *Client, n int) { c.batchMaxBytes = n }
