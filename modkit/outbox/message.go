@@ -156,6 +156,10 @@ func validate(i int, m *Message, maxPayload int) error {
 		case m.TenantID != nil && (!prefixed || owner != *m.TenantID):
 			return bad("DedupeKey", ErrTenantMismatch, "%q must begin with the tenant id %s (or %s) followed by \"/\"",
 				truncateForMessage(*k), hex32(*m.TenantID), m.TenantID.String())
+		case m.TenantID == nil && prefixed && owner == uuid.Nil:
+			// No tenant may have the nil UUID (see above).
+			return bad("DedupeKey", ErrTenantMismatch, "%q begins with the nil UUID and \"/\", the shape of a tenant's key, "+
+				"and no tenant is the nil UUID: use a key that does not begin with a UUID and \"/\"", truncateForMessage(*k))
 		case m.TenantID == nil && prefixed:
 			return bad("DedupeKey", ErrTenantMismatch, "%q begins with tenant %s's prefix but TenantID is nil: "+
 				"set TenantID to that tenant, or use a key that does not begin with a UUID and \"/\"",

@@ -50,6 +50,12 @@ func TestTenantKeys(t *testing.T) {
 	if _, err := client.Enqueue(ctx, pool, other); !errors.Is(err, outbox.ErrTenantMismatch) {
 		t.Fatalf("another tenant's prefix: %v, want ErrTenantMismatch", err)
 	}
+	// The nil UUID's prefix: no tenant can own it, so the error does not
+	// say to set TenantID to it (which ErrInvalidTenant refuses).
+	_, err := client.Enqueue(ctx, pool, keyed(9, uuid.Nil.String()+"/order-2"))
+	if !errors.Is(err, outbox.ErrTenantMismatch) || strings.Contains(err.Error(), "set TenantID") {
+		t.Fatalf("a key with the nil UUID's prefix: %v, want ErrTenantMismatch that does not say to set TenantID", err)
+	}
 	if n := countRows(t, pool, "true"); n != 1 {
 		t.Fatalf("%d rows after refused enqueues, want 1", n)
 	}
