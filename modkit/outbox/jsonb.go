@@ -27,7 +27,8 @@ const jsonMaxDepth = 10000
 // jsonb stores it), and how many bytes its numbers gain when PostgreSQL
 // prints them (grows): jsonb keeps a number as numeric, which prints in
 // full, so the 8 bytes of 1e131071 come back as 131,072 digits, and a
-// small payload of them as gigabytes that no read can return. Go accepts things jsonb does not: the escape \u0000,
+// small payload of them as gigabytes that no read can return. Go accepts
+// things jsonb does not: the escape \u0000,
 // unpaired UTF-16 surrogate escapes and numbers beyond numeric's range
 // (and invalid UTF-8 inside strings, which validate checks apart). Catching
 // them here keeps Enqueue's promise that bad input fails before any SQL runs
