@@ -28,9 +28,11 @@
 // # Failures
 //
 // A topic not created yet, an unreachable broker or a missing
-// acknowledgement is an error to retry. A record too large for the client
-// (kgo.ProducerBatchMaxBytes) is wrapped in outbox.Permanent, since no
-// retry can change it. The broker's "too large" answers a whole batch
+// acknowledgement is an error to retry. So is a topic deleted and created
+// again, whose new id the client learns for the next attempt. A record
+// that the client refuses as too large (kgo.ProducerBatchMaxBytes,
+// kgo.MaxBufferedBytes) is wrapped in outbox.Permanent, since no retry can
+// change it. The broker's "too large" answers a whole batch
 // (records of other events published at the same moment share it), so it
 // is retried for a record under the client's limit; keep
 // ProducerBatchMaxBytes at most the topic's max.message.bytes so that
@@ -74,6 +76,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -163,12 +168,17 @@ type Publisher struct {
 	// batchMax is the client's kgo.ProducerBatchMaxBytes: a record over
 	// it can never be produced.
 	batchMax int
+
+	forgotMu sync.Mutex
+	forgot   map[string]time.Time // when forgetTopic last made the client forget each topic
 }
 
 // New returns a Publisher producing through cl. It fails with an error
 // matching outbox.ErrInvalidConfig if cl has idempotent writes disabled
 // (kgo.DisableIdempotentWrite), is transactional (kgo.TransactionalID: it
-// would refuse every record produced outside a transaction) or flushes by
+// would refuse every record produced outside a transaction), stops
+// producing for good on data loss (kgo.StopProducerOnDataLossDetected) or
+// flushes by
 // hand only (kgo.ManualFlushing: records would wait for a Flush nobody
 // calls), or has a default produce topic
 // (kgo.DefaultProduceTopic) that Kafka refuses (the error then matches
@@ -184,6 +194,11 @@ func New(cl *kgo.Client, cfg Config) (*Publisher, error) {
 	if v := cl.OptValues(kgo.TransactionalID); len(v) > 1 && v[1] == true {
 		return nil, fmt.Errorf("%w: outboxkafka: the client is transactional (kgo.TransactionalID), and refuses records "+
 			"produced outside a transaction; give the publisher a client of its own without it", outbox.ErrInvalidConfig)
+	}
+	if stop, _ := cl.OptValue(kgo.StopProducerOnDataLossDetected).(bool); stop {
+		return nil, fmt.Errorf("%w: outboxkafka: the client stops producing for good when it detects data loss "+
+			"(kgo.StopProducerOnDataLossDetected): after one such answer every publish would fail until the process restarts, "+
+			"and the outbox dead-letters what it cannot publish; give the publisher a client without it", outbox.ErrInvalidConfig)
 	}
 	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
 		return nil, fmt.Errorf("%w: outboxkafka: the client flushes by hand only (kgo.ManualFlushing): a publish would wait "+
@@ -253,6 +268,9 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 		if err == nil {
 			return nil
 		}
+		if errors.Is(err, kerr.UnknownTopicID) {
+			p.forgetTopic(r.Topic)
+		}
 		err = fmt.Errorf("%w: topic %q: %w", ErrNotAcknowledged, r.Topic, err)
 		if p.isPermanent(err, r) {
 			return outbox.Permanent(err)
@@ -279,11 +297,37 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 func (p *Publisher) isPermanent(err error, r *kgo.Record) bool {
 	switch {
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
-		return p.batchMax > 0 && recordBytes(r) >= p.batchMax
+		// franz-go refuses by itself a record too large for its limits
+		// (kgo.ProducerBatchMaxBytes, which it compares with the encoded
+		// batch, a few dozen bytes more than the record; and
+		// kgo.MaxBufferedBytes), and says so without the batch's
+		// compressed size, which a broker's answer carries.
+		return p.batchMax > 0 && recordBytes(r) >= p.batchMax || !strings.Contains(err.Error(), ", compressed_bytes=")
 	case errors.Is(err, kerr.InvalidTopicException):
 		return true
 	}
 	return false
+}
+
+// forgetTopic makes the client forget what it knows of topic (its id
+// above all), at most once a second. A topic deleted and created again
+// has a new id, and franz-go fails every record of it with
+// UNKNOWN_TOPIC_ID until told to forget the old one: without this, each
+// event of the topic ran out of attempts until the process restarted.
+// Records of the topic buffered at that moment fail and are retried.
+func (p *Publisher) forgetTopic(topic string) {
+	p.forgotMu.Lock()
+	now := time.Now()
+	if last, ok := p.forgot[topic]; ok && now.Sub(last) < time.Second {
+		p.forgotMu.Unlock()
+		return
+	}
+	if p.forgot == nil {
+		p.forgot = map[string]time.Time{}
+	}
+	p.forgot[topic] = now
+	p.forgotMu.Unlock()
+	p.cl.PurgeTopicsFromClient(topic)
 }
 
 // recordBytes is what r holds: its key, value and headers (less than its

@@ -235,6 +235,7 @@ func TestClientChecked(t *testing.T) {
 		"without idempotent writes": {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
 		"transactional":             {kgo.TransactionalID("outbox")},
 		"flushing by hand":          {kgo.ManualFlushing()},
+		"stopping on data loss":     {kgo.StopProducerOnDataLossDetected()},
 	} {
 		cl := newClient(t, cluster.ListenAddrs(), opts...)
 		if _, err := outboxkafka.New(cl, outboxkafka.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) {
@@ -246,16 +247,70 @@ func TestClientChecked(t *testing.T) {
 	}
 }
 
-// TestTooLargeIsPermanent: a record over the client's batch limit is a
-// permanent failure.
+// TestTooLargeIsPermanent: a record the client refuses as too large is a
+// permanent failure: one over its batch limit, one just under it (the
+// client compares the encoded batch, a few dozen bytes larger), and one
+// over its buffer (kgo.MaxBufferedBytes).
 func TestTooLargeIsPermanent(t *testing.T) {
 	cluster := startCluster(t)
-	p := newPublisher(t, newClient(t, cluster.ListenAddrs(), kgo.ProducerBatchMaxBytes(1024)), outboxkafka.Config{})
-	big := json.RawMessage(`"` + strings.Repeat("x", 4000) + `"`)
-	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: big})
-	if !outbox.IsPermanent(err) {
-		t.Fatalf("got %v, want a permanent error", err)
+	batchLimited := newPublisher(t, newClient(t, cluster.ListenAddrs(), kgo.ProducerBatchMaxBytes(1024)), outboxkafka.Config{})
+	bufferLimited := newPublisher(t, newClient(t, cluster.ListenAddrs(), kgo.MaxBufferedBytes(2000)), outboxkafka.Config{})
+	for _, c := range []struct {
+		name  string
+		p     *outboxkafka.Publisher
+		bytes int
+	}{{"over the batch limit", batchLimited, 4000}, {"just under the batch limit", batchLimited, 1000}, {"over the buffer", bufferLimited, 3000}} {
+		d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events"}
+		d.Payload = json.RawMessage(`"` + strings.Repeat("x", c.bytes-2-len(outboxkafka.HeaderEventID)-36) + `"`)
+		if err := c.p.Publish(ctx, d); !outbox.IsPermanent(err) || !errors.Is(err, kerr.MessageTooLarge) {
+			t.Errorf("%s (a record of %d bytes): got %v, want a permanent MESSAGE_TOO_LARGE", c.name, c.bytes, err)
+		}
 	}
+}
+
+// TestTopicCreatedAgainIsPublished: a topic deleted and created again has
+// a new id, and the client failed every record of it (UNKNOWN_TOPIC_ID)
+// until the process restarted, so each event of the topic ran out of
+// attempts. A failed attempt now makes it learn the new id: one of the
+// next few attempts goes through.
+func TestTopicCreatedAgainIsPublished(t *testing.T) {
+	cluster := startCluster(t)
+	p := newPublisher(t, newClient(t, cluster.ListenAddrs()), outboxkafka.Config{Topic: func(outbox.Delivery) string { return kafkaTopic }})
+	publish := func() error {
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return p.Publish(c, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)})
+	}
+	if err := publish(); err != nil {
+		t.Fatal(err)
+	}
+	admin := newClient(t, cluster.ListenAddrs())
+	del := kmsg.NewPtrDeleteTopicsRequest()
+	dt := kmsg.NewDeleteTopicsRequestTopic()
+	dt.Topic = kmsg.StringPtr(kafkaTopic)
+	del.Topics, del.TopicNames = append(del.Topics, dt), []string{kafkaTopic}
+	if _, err := del.RequestWith(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
+	create := kmsg.NewPtrCreateTopicsRequest()
+	ct := kmsg.NewCreateTopicsRequestTopic()
+	ct.Topic, ct.NumPartitions, ct.ReplicationFactor = kafkaTopic, 1, 1
+	create.Topics = append(create.Topics, ct)
+	if resp, err := create.RequestWith(ctx, admin); err != nil || resp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("create the topic again: %v %+v", err, resp)
+	}
+	var errs []error
+	for range 5 {
+		err := publish()
+		if err == nil {
+			return
+		}
+		if outbox.IsPermanent(err) {
+			t.Fatalf("a publish to the topic created again: %v, want an error to retry", err)
+		}
+		errs = append(errs, err)
+	}
+	t.Fatalf("no publish to the topic created again went through in 5 attempts: %v", errs)
 }
 
 // TestBatchTooLargeIsRetried: the broker's "too large" answers a whole
