@@ -48,3 +48,8 @@ func SetCloseWait(t interface{ Cleanup(func()) }, d time.Duration) {
 	closeWait = d
 	t.Cleanup(func() { closeWait = old })
 }
+
+// SendWhenContextEnded makes p's publishes whose ctx has ended send their
+// message and abandon it at once (a publish sends nothing then), for tests
+// of abandoned publishes.
+func SendWhenContextEnded(p *Publisher) { p.sendWhenEnded = true }

@@ -28,7 +28,12 @@
 // wrapped in outbox.Permanent, so the event is dead-lettered rather than
 // silently dropped; replay it once its queue is bound. A negative
 // confirmation, a lost connection or a closed channel is an error to
-// retry.
+// retry; the error quotes the broker's reason for closing the channel (a
+// missing exchange, say). A message larger than the broker's
+// max_message_size makes the broker close the channel, failing the other
+// publishes on it (to retry); that message is wrapped in outbox.Permanent,
+// so that it closes the channel once rather than on each of its attempts.
+// A publish whose ctx has already ended sends nothing.
 //
 // # Connections
 //
@@ -64,6 +69,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -151,6 +158,10 @@ type Publisher struct {
 	// retire). Add is called with mu held before closed is set, so
 	// Close's Wait comes after every Add.
 	retiring sync.WaitGroup
+
+	// sendWhenEnded makes a publish whose ctx has ended send its message
+	// and abandon it at once: tests make abandoned publishes with it.
+	sendWhenEnded bool
 }
 
 // attempt is one connection attempt. Its outcome, sess or err, is set
@@ -186,6 +197,21 @@ type session struct {
 	// marks holds the same marks in the order of their publishes, for
 	// settle; one whose return came stays until settle reaches it.
 	marks []mark
+
+	// closes receives the broker's reason when it closes the channel
+	// (buffered: the library sends it before closing closes).
+	closes     chan *amqp.Error
+	reasonOnce sync.Once
+	reason     *amqp.Error
+}
+
+// closeReason returns the broker's reason for closing the channel, nil
+// for a close without one (the Publisher's own, the connection's end).
+// Call it only once the channel is closed: the library sets the channel
+// closed before it hands the reason over, and then closes closes.
+func (s *session) closeReason() *amqp.Error {
+	s.reasonOnce.Do(func() { s.reason = <-s.closes })
+	return s.reason
 }
 
 // mark is an abandoned publish: its message-id and confirmation.
@@ -300,6 +326,11 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 			return err
 		}
 	}
+	if ctx.Err() != nil && !p.sendWhenEnded {
+		// Sent now, the message would be abandoned unconfirmed and sent
+		// again by the retry: a duplicate for certain.
+		return fmt.Errorf("%w: exchange %q, routing key %q: %w", ErrNotConfirmed, exchange, key, ended(ctx))
+	}
 	dc, err := s.publish(ctx, exchange, key, msg)
 	if err != nil {
 		p.drop(s)
@@ -315,7 +346,7 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	if !dc.Acked() {
 		if s.ch.IsClosed() {
 			p.drop(s)
-			return fmt.Errorf("%w: exchange %q, routing key %q: the channel closed first", ErrNotConfirmed, exchange, key)
+			return channelClosedError(s.closeReason(), exchange, key, len(msg.Body))
 		}
 		return fmt.Errorf("%w: exchange %q, routing key %q: negative confirmation", ErrNotConfirmed, exchange, key)
 	}
@@ -387,19 +418,42 @@ func (p *Publisher) connect(a *attempt) {
 	}
 }
 
-// publish sends msg on the session's channel. amqp091-go ignores the
+// channelClosedError is the error of a publish whose channel closed
+// before its confirmation, for reason (nil when the broker gave none).
+// The message that made the broker close the channel for its size (over
+// max_message_size) is a permanent failure: every attempt of it would
+// close the channel again, failing the publishes beside it.
+func channelClosedError(reason *amqp.Error, exchange, key string, bodyLen int) error {
+	if reason == nil {
+		return fmt.Errorf("%w: exchange %q, routing key %q: the channel closed first", ErrNotConfirmed, exchange, key)
+	}
+	err := fmt.Errorf("%w: exchange %q, routing key %q: the broker closed the channel first: %d %s", ErrNotConfirmed, exchange, key, reason.Code, reason.Reason)
+	if m := maxMessageSize.FindStringSubmatch(reason.Reason); reason.Code == amqp.PreconditionFailed && m != nil {
+		if limit, perr := strconv.Atoi(m[1]); perr == nil && bodyLen > limit {
+			return outbox.Permanent(fmt.Errorf("%w (this message's %d bytes are more than the broker's max_message_size: "+
+				"raise it, or make the event smaller, then replay it)", err, bodyLen))
+		}
+	}
+	return err
+}
+
+// maxMessageSize matches RabbitMQ's reason for closing a channel on a
+// message larger than max_message_size, and captures the limit.
+var maxMessageSize = regexp.MustCompile(`message size \d+ is larger than configured max size (\d+)`)
+
+// publish sends msg on the session's channel (Publish sends nothing when
+// ctx has ended, but in tests). amqp091-go ignores the
 // context and writes without a deadline, so a publish written to a broker
 // that has stopped reading its socket (a memory or disk alarm, a stalled
 // network) would block, and every publish on the channel behind it, until
-// heartbeats gave the connection up (about 30s). If ctx was live when the
-// publish began and ends while the library still holds it (writing it, or
+// heartbeats gave the connection up (about 30s). If ctx ends while the library still holds it (writing it, or
 // waiting for the channel behind another publish being written), the
 // connection is closed with a deadline in the past: the write fails at
 // once, the publish returns its error, and the caller gives the session
 // up. Publishes on the connection that were waiting for their
 // confirmation fail too (ErrNotConfirmed, to be retried).
 func (s *session) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
-	if ctx.Err() != nil { // sent and then abandoned, as before
+	if ctx.Err() != nil { // Publisher.sendWhenEnded: sent, then abandoned
 		return s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
 	}
 	var writing atomic.Bool
@@ -444,6 +498,7 @@ func (p *Publisher) open() (*session, error) {
 	s := &session{conn: conn, ch: ch, returns: make(chan amqp.Return), barrier: make(chan struct{}),
 		done: make(chan struct{}), returned: map[string]amqp.Return{}, abandoned: map[string]*amqp.DeferredConfirmation{}}
 	ch.NotifyReturn(s.returns)
+	s.closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 	go s.readReturns()
 	return s, nil
 }

@@ -238,6 +238,39 @@ func TestUnroutableIsPermanent(t *testing.T) {
 	}
 }
 
+// TestPublishWithEndedContextSendsNothing: a publish whose ctx has already
+// ended returns ctx's error and sends nothing. Sent, the message would be
+// abandoned unconfirmed and sent again by the retry (a duplicate for
+// certain), and it would be written without the guard that ends a stuck
+// write with its ctx.
+func TestPublishWithEndedContextSendsNothing(t *testing.T) {
+	u := brokerURL(t)
+	queue, ch := declareQueue(t, u)
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: toQueue(queue)})
+	first, last := event(), event()
+	if err := p.Publish(ctx, first); err != nil { // the connection is open
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := p.Publish(cancelled, event()); !errors.Is(err, context.Canceled) || !errors.Is(err, outboxamqp.ErrNotConfirmed) {
+		t.Fatalf("a publish on an ended context: %v, want ErrNotConfirmed matching context.Canceled", err)
+	}
+	if err := p.Publish(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	// The queue holds the first and the last, in order: nothing between.
+	for _, want := range []outbox.Delivery{first, last} {
+		msg, ok, err := ch.Get(queue, true)
+		if err != nil || !ok || msg.MessageId != want.ID.String() {
+			t.Fatalf("the queue's next message: %q (found %v, %v), want %s", msg.MessageId, ok, err, want.ID)
+		}
+	}
+	if _, ok, err := ch.Get(queue, true); ok || err != nil {
+		t.Fatalf("a third message in the queue (%v): the publish on an ended context was sent", err)
+	}
+}
+
 // TestMissingExchangeRetried: publishing to an exchange that does not
 // exist fails (the broker closes the channel) with an error to retry, and
 // the next publish opens a new channel.
@@ -254,6 +287,11 @@ func TestMissingExchangeRetried(t *testing.T) {
 	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "missing", Payload: json.RawMessage(`{}`)})
 	if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
 		t.Fatalf("missing exchange: got %v, want ErrNotConfirmed to retry", err)
+	}
+	// The broker's reason is in the error (it goes to the event's
+	// last_error), or only a packet capture would tell why.
+	if msg := err.Error(); !strings.Contains(msg, "404") || !strings.Contains(msg, "no exchange") {
+		t.Fatalf("missing exchange: the error %q does not give the broker's reason", msg)
 	}
 	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
 		t.Fatalf("after the channel error: %v", err)
@@ -301,6 +339,7 @@ func TestAbandonedPublishReturnNotReused(t *testing.T) {
 	other, ch := declareQueue(t, u)
 	late := "outboxamqp-test-late-" + uuid.NewString()
 	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: routeTopic("late", late, other)})
+	outboxamqp.SendWhenContextEnded(p)
 	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "late", Payload: json.RawMessage(`{}`)}
 	// The connection is opened first: without one, a publish on a
 	// cancelled context ends before anything is sent.
@@ -578,6 +617,7 @@ func TestAbandonedMarksSettled(t *testing.T) {
 		dials.Add(1)
 		return amqp.Dial(u.String())
 	}})
+	outboxamqp.SendWhenContextEnded(p)
 	// The connection is opened first: without one, a publish on a
 	// cancelled context ends before anything is sent.
 	if err := p.Publish(ctx, event()); err != nil {

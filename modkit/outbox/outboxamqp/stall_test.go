@@ -402,6 +402,7 @@ func TestStalledCloseBlocksNoPublish(t *testing.T) {
 	// that a publish ends with its context.
 	r := newStallRig(t, outboxamqp.Config{Route: toQueue(queue)}, true)
 	p := r.p
+	outboxamqp.SendWhenContextEnded(p)
 
 	if err := p.Publish(ctx, event()); err != nil {
 		t.Fatal(err)
@@ -462,6 +463,7 @@ func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
 		return "", queue
 	}}, false)
 	p := r.p
+	outboxamqp.SendWhenContextEnded(p)
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
