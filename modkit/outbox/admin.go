@@ -392,7 +392,10 @@ func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) Even
 // tool): each replay is recorded in the event's History as a "replayed"
 // entry with by, the time and the database session user; last_error keeps
 // the error the event died with. Ids that are unknown or not dead are
-// skipped. It returns the ids replayed.
+// skipped. It returns the ids replayed. A dead head skipped with SkipHead
+// stays skipped (since migration 0033): replayed, the key's events not yet
+// published wait for it, as they come after it, and if it dies again they
+// go on without it.
 func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
 	p, err := deadParams("ReplayDead", "replaying", by, f, ids)
 	if err != nil {
@@ -413,11 +416,13 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 // History keeps a "purged" entry with by, the time and the database
 // session user. Deleting an event frees its dedupe key, and deleting the
 // dead head of an ordering key lets the key's later events go on, as
-// SkipHead does. A dead event behind another dead event of its ordering
-// key is deleted only with that one (in the same call): alone, it would
-// let the key's later events overtake it; of a run of more than 1,000 dead
-// events of one key, one call deletes the first 1,000. Ids that are
-// unknown or not dead are skipped. It returns the ids deleted.
+// SkipHead does. A dead event behind an event of its ordering key that is
+// not delivered is deleted only with that one (another dead event given in
+// the same call); behind a pending or leased one, or a dead one not given,
+// it is left, since alone it would let the key's later events overtake
+// that one. A run of dead events of one key goes in one statement, however
+// long. Ids that are unknown or not dead, and dead events left, are
+// skipped: it returns the ids deleted.
 func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
 	p, err := deadParams("PurgeDead", "purging", by, f, ids)
 	if err != nil {

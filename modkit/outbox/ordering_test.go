@@ -630,6 +630,89 @@ func TestPurgeDeadKeepsTheKeysOrder(t *testing.T) {
 	log.waitFor(t, "the third event delivered", finalCount(outbox.StatusDelivered, 1))
 }
 
+// A purge of a key's long run of dead events deletes the whole run in one
+// call, in one statement (it went one event a round, each round reading
+// every id left, at most 1,000 rounds: seconds to minutes for runs of
+// thousands, and the first 1,000 only); the event after the run may be
+// claimed at once. A dead event behind a pending one of its key is left.
+// (The events are all of key "k": the run, its next event, pending, then
+// one more pending and two dead behind it.)
+func TestPurgeDeadOfALongRun(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	const run = 1500
+	batch := make([]outbox.Message, run+1)
+	for i := range batch {
+		batch[i] = msg(i)
+		batch[i].OrderingKey = "k"
+	}
+	res, err := client.EnqueueBatch(ctx, pool, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueueOneKey(t, client, pool, 3) // after the run's next event: one pending, then two dead
+	var behind []uuid.UUID
+	if err := pool.QueryRow(ctx, `SELECT array_agg(id ORDER BY ordering_seq) FROM modkit_outbox_events
+		WHERE ordering_key = 'k' AND ordering_seq > $1`, run+1).Scan(&behind); err != nil {
+		t.Fatal(err)
+	}
+	dead := make([]uuid.UUID, 0, run+2)
+	for _, r := range res[:run] {
+		dead = append(dead, r.ID)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
+		WHERE id = ANY($1)`, append(slices.Clone(dead), behind[1:]...)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.Admin().PurgeDead(ctx, "alice", outbox.EventFilter{Status: outbox.StatusDead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sortedIDs(got), sortedIDs(dead)) {
+		t.Fatalf("purged %d events; want the run's %d, and none of the dead events behind a pending one", len(got), len(dead))
+	}
+	next := get(t, client, res[run].ID)
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT held FROM modkit_outbox_events WHERE id = $1`, next.ID).Scan(&held); err != nil || held {
+		t.Fatalf("the event after the purged run is held (%v): it waits for the poll", err)
+	}
+	for _, id := range behind[1:] {
+		if e := get(t, client, id); e.Status != outbox.StatusDead {
+			t.Fatalf("a dead event behind a pending one of its key is %s after the purge; want dead, left", e.Status)
+		}
+	}
+}
+
+// A head skipped with SkipHead stays skipped when it is replayed: dead
+// again, it does not block its key once more (BlockedKeys listed it,
+// though the key's later events went on).
+func TestReplayedSkippedHeadStaysSkipped(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	admin := client.Admin()
+	ids := enqueueOneKey(t, client, pool, 2)
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: failPermanently(ids[0])})
+	log.waitFor(t, "the head dead", finalCount(outbox.StatusDead, 1))
+	if err := admin.SkipHead(ctx, "alice", ids[0]); err != nil {
+		t.Fatalf("skip the head: %v", err)
+	}
+	log.waitFor(t, "the second delivered", finalCount(outbox.StatusDelivered, 1))
+	if got, err := admin.ReplayDead(ctx, "bob", outbox.EventFilter{}, ids[0]); err != nil || len(got) != 1 {
+		t.Fatalf("replay the skipped head: %v, %v", got, err)
+	}
+	log.waitFor(t, "the replayed head dead again", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m[ids[0]]) == 2 })
+	if blocked, err := admin.BlockedKeys(ctx, 0); err != nil || len(blocked) != 0 {
+		t.Fatalf("blocked keys after the skipped head died again: %+v, %v; want none", blocked, err)
+	}
+	m := msg(3)
+	m.OrderingKey = "k"
+	if _, err := client.Enqueue(ctx, pool, m); err != nil {
+		t.Fatal(err)
+	}
+	log.waitFor(t, "a later event of the key delivered", finalCount(outbox.StatusDelivered, 2))
+}
+
 // sortedIDs returns ids sorted.
 func sortedIDs(ids []uuid.UUID) []uuid.UUID {
 	out := slices.Clone(ids)
