@@ -228,7 +228,10 @@
 //   - claim.batches: claims that leased at least one event of the topic;
 //     claim.events: the events they leased. lease.repairs: expired leases
 //     repaired by a claim or the sweeper (a dispatcher crashed or overran;
-//     each is a lease_expired entry in the event's history). wakeups:
+//     each is a lease_expired entry in the event's history). A lease that
+//     expired on the event's last attempt is not repaired: the sweeper
+//     buries the event, which dead counts (its history has the
+//     lease_expired entry too). wakeups:
 //     enqueue notifications received for a topic this dispatcher serves.
 //   - publish.duration: the time of each Publish or HandleTx call (not
 //     recorded for abandoned calls). delivery.lag: from the event's enqueue
@@ -252,9 +255,18 @@
 //     delivers) waits for the next pass. pending.depth counts pending events (due or not),
 //     processing.depth leased ones, dead.count dead ones;
 //     pending.oldest_age is how long the oldest due pending event has
-//     waited past its next_attempt_at (0 when none is due); stuck.depth
-//     counts leased events whose lease expired without an outcome, waiting
-//     for a claim or the sweeper to repair them.
+//     waited past its next_attempt_at (0 when none is due), counting an
+//     event held behind an earlier one of its ordering key as due from its
+//     own next_attempt_at: it grows while a key waits for its head (a
+//     retry, a dead head), which is what an alert on it should catch;
+//     stuck.depth counts leased events whose lease expired without an
+//     outcome, waiting for a claim or the sweeper to repair them. A read
+//     of the gauges that fails drops them (they are not reported until a
+//     read succeeds, rather than reported stale) and counts as failing
+//     maintenance in Health.
+//   - The attributes carry no schema: two outboxes of one process (two
+//     schemas) with the same namespace and topic share their series. Give
+//     them different namespaces to tell them apart.
 //   - dispatcher.degraded is 1 while Dispatcher.Health reports Degraded.
 //
 // To export them to Prometheus, install the OpenTelemetry Prometheus

@@ -209,3 +209,51 @@ func TestHealthDegradedWhileMaintenanceFails(t *testing.T) {
 		t.Fatalf("health after a pass that worked: %+v", h)
 	}
 }
+
+// failingDepthStore's reads of the depth gauges fail while failing is set.
+type failingDepthStore struct {
+	driver.Store
+	failing atomic.Bool
+}
+
+func (s *failingDepthStore) Depth(ctx context.Context, topics []string) ([]driver.DepthRow, error) {
+	if s.failing.Load() {
+		return nil, errors.New("test: statement timeout")
+	}
+	return s.Store.Depth(ctx, topics)
+}
+
+// While the depth gauges cannot be read, they are not reported (they kept
+// their last values, so that an alert on the oldest event's age stayed
+// quiet while events piled up) and Health says maintenance is failing (it
+// said nothing); both recover with a read that works.
+func TestDepthReadFailureIsNotHidden(t *testing.T) {
+	reader := mtInstall(t)
+	_, tdb := newClient(t, outbox.Config{})
+	st := &failingDepthStore{}
+	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
+	cfg := testConfig(newOutcomeLog())
+	cfg.SweepInterval = 200 * time.Millisecond
+	d, pass := startMaintained(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	attrs := mtTopicAttrs(testTopic)
+	pass.waitFinishedPasses(t, 1)
+	if _, n := mtValue(mtCollect(t, reader), "outbox.pending.depth", attrs); n != 1 {
+		t.Fatalf("pending depth reported %d times after a pass that read it, want once", n)
+	}
+	st.failing.Store(true)
+	pass.waitPasses(t, 2) // the second began after the reads began to fail
+	if _, n := mtValue(mtCollect(t, reader), "outbox.pending.depth", attrs); n != 0 {
+		t.Errorf("pending depth still reported while it cannot be read")
+	}
+	if h := d.Health(); !h.Degraded || !slices.ContainsFunc(h.Problems, func(p string) bool { return strings.Contains(p, "maintenance failing") }) {
+		t.Errorf("health while the depth cannot be read: %+v", h)
+	}
+	st.failing.Store(false)
+	pass.waitFinishedPasses(t, 2)
+	if _, n := mtValue(mtCollect(t, reader), "outbox.pending.depth", attrs); n != 1 {
+		t.Errorf("pending depth reported %d times once it is read again, want once", n)
+	}
+	if h := d.Health(); h.Degraded {
+		t.Errorf("health once the depth is read again: %+v", h)
+	}
+}

@@ -316,8 +316,11 @@ func (d *Dispatcher) maintain(ctx context.Context, roles []string) (cut string, 
 			d.purgeMarks[t] = m
 		}
 	}
-	if _, ok := d.metrics.refreshDepth(ctx, d.c.store, false); !ok && ctx.Err() != nil {
+	_, ok, readFailed := d.metrics.refreshDepth(ctx, d.c.store, false)
+	if !ok && ctx.Err() != nil {
 		return "reading the depth gauges", failed
 	}
-	return "", failed
+	// A pass that cannot read the gauges is a failed one: Health says so,
+	// as the gauges no longer do.
+	return "", failed || readFailed
 }

@@ -258,22 +258,33 @@ func (m *metrics) setLeading(topics []string) {
 
 // refreshDepth reads the gauges of the topics this dispatcher leads and
 // reports whether it read any (false when it leads none or the read
-// failed); a failure keeps the old values, and is logged unless quiet.
-func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, quiet bool) ([]driver.DepthRow, bool) {
+// failed, and failed true for the latter). A failure drops the values
+// read before, so that stale depths are not reported as current (an
+// alert on the oldest event's age would stay quiet while events pile up),
+// and is logged unless quiet.
+func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, quiet bool) (rows []driver.DepthRow, ok, failed bool) {
 	m.mu.Lock()
 	topics, gen := m.leading, m.leadGen
 	m.readSeq++
 	seq := m.readSeq
 	m.mu.Unlock()
 	if len(topics) == 0 {
-		return nil, false
+		return nil, false, false
 	}
 	rows, err := store.Depth(ctx, topics)
 	if err != nil {
-		if ctx.Err() == nil && !quiet {
-			m.d.log.Warn("reading the depth gauges failed; they keep their last values", "error", err)
+		if ctx.Err() != nil {
+			return nil, false, false // stopping, or a pass out of time: no news
 		}
-		return nil, false
+		m.mu.Lock()
+		if gen == m.leadGen && seq > m.stored {
+			m.depth, m.stored = nil, seq
+		}
+		m.mu.Unlock()
+		if !quiet {
+			m.d.log.Warn("reading the depth gauges failed; they are not reported until a read succeeds", "error", err)
+		}
+		return nil, false, true
 	}
 	// Topics with no live rows read zero rather than vanish.
 	have := map[string]bool{}
@@ -293,7 +304,7 @@ func (m *metrics) refreshDepth(ctx context.Context, store driver.Store, quiet bo
 	if !quiet && live(rows) {
 		m.touch() // a maintenance pass found work: the refresher follows it
 	}
-	return rows, true
+	return rows, true, false
 }
 
 // live reports whether rows have pending or processing events.
@@ -337,7 +348,7 @@ func (m *metrics) refreshGauges(ctx context.Context, store driver.Store) {
 		default:
 		}
 		start := time.Now()
-		rows, ok := m.refreshDepth(ctx, store, true)
+		rows, ok, _ := m.refreshDepth(ctx, store, true)
 		wait = max(gaugeRefreshMin, gaugeCostFactor*time.Since(start))
 		busy = ok && live(rows)
 		if m.onRefresh != nil {
