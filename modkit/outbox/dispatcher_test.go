@@ -128,6 +128,36 @@ func TestDispatcherIsolatesPanics(t *testing.T) {
 	}
 }
 
+// nilSendError is an error type whose Error method reads its receiver.
+type nilSendError struct{ code int }
+
+func (e *nilSendError) Error() string { return fmt.Sprintf("send failed: %d", e.code) }
+
+// A publisher that returns a nil pointer as its error (var err *T; return
+// err), whose Error method then panics, fails that attempt with an error
+// that says so. The dispatcher read the error after the publisher's call,
+// outside its panic guard, and the panic ended the process, again after
+// each restart.
+func TestDispatcherSurvivesANilPointerError(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueN(t, client, pool, 5)
+	log := newOutcomeLog()
+	var failed atomic.Bool
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
+		if d.ID == ids[2] && failed.CompareAndSwap(false, true) {
+			var err *nilSendError
+			return err
+		}
+		return nil
+	}})
+	log.waitFor(t, "5 deliveries", finalCount(outbox.StatusDelivered, 5))
+	e := get(t, client, ids[2])
+	if e.Attempts != 2 || e.LastError == nil || !strings.Contains(*e.LastError, "nilSendError whose methods panic") {
+		t.Fatalf("the event whose publish returned a nil pointer: %+v", e)
+	}
+}
+
 // Two dispatchers on separate pools, like two replicas, share the work and
 // never publish one event twice under valid leases at once.
 func TestTwoDispatchersShareWork(t *testing.T) {

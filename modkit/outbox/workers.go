@@ -725,5 +725,27 @@ func (d *Dispatcher) callSafely(p *Publisher, m Delivery, call func() error) (er
 				"panic", SanitizeError(err, d.c.cfg.ErrorMaxLen), "stack", string(debug.Stack()))
 		}
 	}()
-	return call()
+	if err = call(); err != nil {
+		err = usableError(p, err)
+	}
+	return err
+}
+
+// usableError returns err, or, when reading it panics, an error that says
+// so. The dispatcher reads an error's text, its Permanent mark and its
+// RetryAfter after the publisher's call, on goroutines where a panic would
+// end the process: a nil pointer returned as an error (var err *MyError;
+// return err) whose Error method reads its receiver took every topic down,
+// and again after each restart.
+func usableError(p *Publisher, err error) (out error) {
+	defer func() {
+		if r := recover(); r != nil {
+			out = fmt.Errorf("publisher %s returned an error of type %T whose methods panic (a nil pointer returned as an error?): %v",
+				p.name(), err, r)
+		}
+	}()
+	_ = err.Error()
+	_ = IsPermanent(err)
+	_ = retryAfter(err)
+	return err
 }
