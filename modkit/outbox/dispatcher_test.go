@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -155,6 +156,39 @@ func TestDispatcherSurvivesANilPointerError(t *testing.T) {
 	e := get(t, client, ids[2])
 	if e.Attempts != 2 || e.LastError == nil || !strings.Contains(*e.LastError, "nilSendError whose methods panic") {
 		t.Fatalf("the event whose publish returned a nil pointer: %+v", e)
+	}
+}
+
+// An event written with one's own SQL whose headers hold values that are
+// not strings (the table takes any JSON object) is delivered with their
+// JSON text, and the events claimed with it are delivered too: the claim
+// failed to decode it after leasing the batch, and the batch went
+// unpublished until the sweep buried it.
+func TestHeadersOfOwnSQLWithOtherValues(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	own := uuid.Must(uuid.NewV7())
+	if _, err := pool.Exec(ctx, `INSERT INTO modkit_outbox_events (id, namespace, topic, payload, headers)
+		VALUES ($1, $2, $3, '{}', '{"retries": 3, "ok": true, "s": "x", "n": null, "o": {"a": 1}}')`,
+		own, testTopic.Namespace, testTopic.Topic); err != nil {
+		t.Fatal(err)
+	}
+	enqueueN(t, client, pool, 5)
+	log := newOutcomeLog()
+	got := make(chan map[string]string, 1)
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: func(_ context.Context, d outbox.Delivery) error {
+		if d.ID == own {
+			got <- d.Headers
+		}
+		return nil
+	}})
+	log.waitFor(t, "6 deliveries", finalCount(outbox.StatusDelivered, 6))
+	want := map[string]string{"retries": "3", "ok": "true", "s": "x", "n": "null", "o": `{"a": 1}`}
+	if h := <-got; !maps.Equal(h, want) {
+		t.Fatalf("headers delivered %v, want %v", h, want)
+	}
+	if e := get(t, client, own); !maps.Equal(e.Headers, want) {
+		t.Fatalf("Admin.Get headers %v, want %v", e.Headers, want)
 	}
 }
 

@@ -227,13 +227,32 @@ func headersArg(h map[string]string) (*string, error) {
 }
 
 // scanHeaders decodes a headers column.
+// scanHeaders decodes an event's headers. The database takes any JSON
+// object, and an event written with one's own SQL may hold {"retries": 3}:
+// a value that is not a string becomes its JSON text ("3"), so that such
+// an event neither loses the header nor fails the claim of the events
+// leased with it (their leases were taken, and they went unpublished until
+// the sweep buried them).
 func scanHeaders(b []byte) (map[string]string, error) {
 	if b == nil {
 		return nil, nil
 	}
 	var h map[string]string
-	if err := json.Unmarshal(b, &h); err != nil {
+	if err := json.Unmarshal(b, &h); err == nil {
+		return h, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("outboxpg: decode headers: %w", err)
+	}
+	h = make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s string
+		if len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil {
+			h[k] = s
+		} else {
+			h[k] = string(v)
+		}
 	}
 	return h, nil
 }
