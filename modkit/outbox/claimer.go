@@ -42,7 +42,18 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 	}
 	var hotUntil time.Time // end of the wake window
 	recheckIn := d.cfg.WakeRecheck
-	isReady, wantClaim, errDelay := false, true, time.Duration(0)
+	isReady, errDelay := false, time.Duration(0)
+	// wanted: a wake-up, re-check, due retry or poll asked the topic's
+	// lane to claim, and it has not claimed since. Kept per lane: a lane
+	// without room when the news came claims once it has room, rather than
+	// waiting for the poll because other lanes claimed meanwhile.
+	wanted := make(map[string]bool, len(d.reg.keys))
+	wantAll := func() {
+		for _, t := range d.reg.keys {
+			wanted[t] = true
+		}
+	}
+	wantAll()
 	// hungry: the topic's last claim came back full.
 	hungry := make(map[string]bool, len(d.reg.keys))
 	// Held events are released once per PollInterval by the clock, not
@@ -62,7 +73,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			if !releasedOnce || d.sawOrdered.Load() {
 				releasedOnce = true
 				if d.releaseHeld(ctx) > 0 {
-					wantClaim = true
+					wantAll()
 				}
 			}
 		}
@@ -73,7 +84,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 		// an empty claim for an idle topic cannot end another's drain.
 		round := groups[:0:0]
 		for _, g := range groups {
-			if g.claimable() && (wantClaim || slices.ContainsFunc(g.topics, func(t string) bool { return hungry[t] })) {
+			if g.claimable() && slices.ContainsFunc(g.topics, func(t string) bool { return wanted[t] || hungry[t] }) {
 				round = append(round, g)
 			}
 		}
@@ -138,7 +149,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 				if !sleepCtx(ctx, errDelay) {
 					return nil
 				}
-				wantClaim = true // the whole round again
+				wantAll() // the whole round again
 				continue
 			}
 			pool.adapt(sizedFull, leased)
@@ -158,7 +169,18 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			// news, re-checking inside the window.
 			// (A hungry lane with no room must not stop the re-checks that
 			// catch other topics' events enqueued without a NOTIFY.)
-			wantClaim = false
+			for _, g := range round {
+				for _, t := range g.topics {
+					wanted[t] = false
+				}
+			}
+			if d.onClaimRound != nil {
+				var topics []string
+				for _, g := range round {
+					topics = append(topics, g.topics...)
+				}
+				d.onClaimRound(topics)
+			}
 			if !slices.ContainsFunc(d.reg.keys, func(t string) bool { return hungry[t] }) {
 				resetTimer(poll, d.cfg.PollInterval)
 			}
@@ -172,10 +194,10 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			return nil
 		case <-pool.roomFreed: // matters when waiting for room
 		case <-wake:
-			wantClaim = true
+			wantAll()
 			hotUntil, recheckIn = time.Now().Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
 		case <-recheck.C:
-			wantClaim = true
+			wantAll()
 		case <-due.added:
 			armDue()
 		case <-dueTimer.C:
@@ -183,10 +205,10 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 			armedFor = time.Time{}
 			due.popDue(now)
 			armDue()
-			wantClaim = true
+			wantAll()
 			hotUntil, recheckIn = now.Add(d.cfg.WakeWindow), d.cfg.WakeRecheck
 		case <-poll.C:
-			wantClaim = true
+			wantAll()
 			resetTimer(poll, d.cfg.PollInterval)
 		}
 	}

@@ -220,6 +220,9 @@ type Dispatcher struct {
 	// the roles held and whether the pass finished before its deadline
 	// (tests).
 	onMaintenance func(held []string, finished bool)
+	// onClaimRound, when set, is called after each round of claims that
+	// worked, with the topics that claimed (tests).
+	onClaimRound func(topics []string)
 	// purgeMarks are the purge watermarks of the topics this dispatcher
 	// maintains ("namespace:topic"), read and written by its maintenance
 	// goroutine only (maintenance.go).

@@ -59,3 +59,8 @@ func SettleInOneBatch(ctx context.Context, d *Dispatcher, items ...SettleItem) {
 
 // SetBatchMaxBytes lowers what one EnqueueBatch of c may send.
 func SetBatchMaxBytes(c *Client, n int) { c.batchMaxBytes = n }
+
+// OnClaimRound sets a hook called after each round of claims of d that
+// worked, with the topics that claimed ("namespace:topic"); set it before
+// Start.
+func OnClaimRound(d *Dispatcher, fn func(topics []string)) { d.onClaimRound = fn }

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,4 +49,83 @@ func TestRetryClaimedWhenDue(t *testing.T) {
 	if retryIn < 200*time.Millisecond || late < 0 {
 		t.Fatalf("retry due in %v ran %v after its due time; want a delay of at least 200ms, and no attempt before it", retryIn, late)
 	}
+}
+
+// A retry that falls due while its topic's lane has too little room to
+// claim is claimed once the lane has room. The due time's wake-up was
+// dropped when another topic's lane claimed in its round, and the retry
+// waited for the poll (here past the test's guard: polls and
+// notifications are off). The same holds for a notification's wake-up.
+func TestDueRetryWaitsForItsLanesRoom(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	busy, idle := outbox.Topic{Namespace: "test", Topic: "busy"}, outbox.Topic{Namespace: "test", Topic: "idle"}
+	retried := enqueueTopic(t, client, pool, busy, 1)[0]
+	// One publish at a time and claims of 10: once the first attempt has
+	// failed, the lane holds at most 1 + 2×10 events. The 17 after it
+	// leave it too little room to claim (4, under half a claim), and its
+	// last claim was not full, so nothing but a wake-up makes it claim
+	// again.
+	enqueueTopic(t, client, pool, busy, 17)
+	gate := make(chan struct{})
+	failedAt := make(chan time.Time, 1)
+	second := make(chan struct{})
+	publish := func(ctx context.Context, d outbox.Delivery) error {
+		if d.ID == retried {
+			if d.Attempt == 1 {
+				failedAt <- time.Now()
+				return errors.New("try again")
+			}
+			close(second)
+			return nil
+		}
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	cfg := withoutRechecks(testConfig(newOutcomeLog()))
+	cfg.PollOnly, cfg.BatchSize = true, 10
+	cfg.Retry = outbox.RetryPolicy{BaseDelay: time.Second, MaxDelay: time.Second} // due 0.5–1 s after the failure
+	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: busy, Publish: publish, Concurrency: 1},
+		outbox.Publisher{Topic: idle, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type round struct {
+		at     time.Time
+		topics []string
+	}
+	rounds := make(chan round, 100)
+	outbox.OnClaimRound(d, func(topics []string) { rounds <- round{time.Now(), topics} })
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	opened := false
+	t.Cleanup(func() {
+		if !opened {
+			close(gate)
+		}
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	failed := recv(t, "the first attempt's failure", failedAt)
+	// The due time's round: the only round after the retry's earliest due
+	// time (the busy lane's claims came right after the failure). The busy
+	// lane, without room, does not claim in it.
+	for {
+		r := recv(t, "the round of claims when the retry fell due", rounds)
+		if r.at.After(failed.Add(450 * time.Millisecond)) {
+			if slices.Contains(r.topics, "test:busy") {
+				t.Fatal("the busy lane had room when the retry fell due: the test needs it without")
+			}
+			break
+		}
+	}
+	close(gate) // the busy lane drains and has room
+	opened = true
+	recv(t, "the retry's second attempt", second)
 }
