@@ -84,7 +84,12 @@
 //     abandoned: its slot is freed and its event goes back without using
 //     an attempt; a topic whose every slot is held by abandoned publishes is
 //     paused until they return, and Dispatcher.Health reports it. Other
-//     topics are not affected.
+//     topics are not affected by one topic's hang: it holds at most its own
+//     limit. The limits of all topics together may pass the dispatcher's
+//     Concurrency (half of it each, by default), so two or more topics that
+//     hang together can hold every slot until their publishes' deadline,
+//     and the others' events wait that long; give topics whose publishers
+//     may hang together lower limits, or a dispatcher of their own.
 //   - Exhausted events end dead, never stuck: a worker that dies on the last
 //     allowed attempt leaves the row processing with attempts =
 //     max_attempts, which no claim picks up; the topic's maintenance moves

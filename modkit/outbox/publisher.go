@@ -100,7 +100,9 @@ type Publisher struct {
 	// (at least 1) when it serves several. At most the dispatcher's
 	// Concurrency; a topic allowed all of it (as every topic is when the
 	// dispatcher's Concurrency is 1) can hold up the others while its
-	// publishes hang, until their deadline.
+	// publishes hang, until their deadline, and so can several topics
+	// whose limits together reach it (three topics at the default, say)
+	// when they hang together.
 	Concurrency int
 	// Retention keeps this topic's delivered events this long before the
 	// dispatcher's maintenance purges them (and with them their dedupe
