@@ -567,6 +567,7 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 		h.failInternal(w, r, "purge", err)
 		return
 	}
+	h.series.forget() // the overview this redirects to shows the deliveries left
 	h.log.Info("outboxui: purge", "topic", ns+"/"+topic, "older_than", older, "deleted", n, "remote", r.RemoteAddr)
 	h.redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s/%s.", n, ns, topic))
 }
