@@ -7,20 +7,22 @@
 -- for the first 1,000 of a run of 10,000, all in one statement holding its
 -- locks (a statement timeout or a cancelled request rolled it all back).
 -- It now deletes in one statement: the selected dead events without a key,
--- and each stretch of a key's selected dead events with consecutive
--- sequence numbers whose first one is the key's head (the event before it
--- is gone, delivered, or a skipped dead one). What it deletes is what the
--- rounds deleted, without their limit; a dead event behind an event of its
--- key that is not delivered and not purged with it (a dead one, a pending
--- or leased one) is still left.
+-- and in each stretch of a key's selected dead events with consecutive
+-- sequence numbers, the events from the first one that the event before it
+-- no longer holds back (gone, delivered, or a skipped dead one) on. What
+-- it deletes is what the rounds deleted, without their limit; a dead event
+-- behind an event of its key that is not delivered and not purged with it
+-- (a dead one, a pending or leased one) is still left. It locks the dead
+-- events given before it reads them, so that a replay committed meanwhile
+-- is seen.
 --
 -- modkit_outbox_replay_rows cleared head_skipped. A head skipped with
 -- SkipHead lets the events after it go on; replayed and dead again, it was
 -- a head that blocked its key once more, and BlockedKeys listed it though
 -- the key's later events had been delivered. A replayed event now stays
--- skipped: pending, it goes before the key's events not yet published (the
--- claim waits for it as for any pending predecessor), and dead again, the
--- key goes on.
+-- skipped: dead again, the key goes on. (Pending again, it holds back the
+-- event right after it if that one is not delivered yet; the key's other
+-- events do not wait for it.)
 --
 -- CREATE OR REPLACE keeps each function's owner and grants.
 DO $migration$
@@ -34,6 +36,15 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = @s, pg_temp AS $$
 DECLARE
     v_now timestamptz := @s.modkit_outbox_clock(p_now);
 BEGIN
+    -- Lock the dead events given first, in one order, so that the
+    -- statement below (which takes a snapshot of its own) sees what a
+    -- replay or another purge committed meanwhile: read from an older
+    -- snapshot, a run whose middle event was just replayed would lose the
+    -- events after that one, and free the key's next event to overtake it.
+    PERFORM 1 FROM @s.modkit_outbox_events e
+    WHERE e.id = ANY(p_ids) AND e.status = 'dead'
+    ORDER BY e.id
+    FOR UPDATE;
     RETURN QUERY
     WITH sel AS MATERIALIZED (
         SELECT e.id, e.ordering_key, e.ordering_stream, e.ordering_seq
@@ -46,21 +57,23 @@ BEGIN
             s.ordering_seq - pg_catalog.row_number() OVER (PARTITION BY s.ordering_stream ORDER BY s.ordering_seq) AS stretch,
             s.ordering_seq
         FROM sel s WHERE s.ordering_key IS NOT NULL),
-    firsts AS (
-        SELECT t.ordering_stream, t.stretch, min(t.ordering_seq) AS first_seq
-        FROM stretches t GROUP BY t.ordering_stream, t.stretch),
-    -- A stretch goes when the event before its first one no longer holds
-    -- that one back.
-    free AS (
-        SELECT f.ordering_stream, f.stretch FROM firsts f
+    -- A stretch goes from its first event that the event before it no
+    -- longer holds back (gone, delivered, a skipped dead one, or the
+    -- stretch's own event before it that is a skipped dead one) on: every
+    -- event after that one follows an event this statement deletes.
+    heads AS (
+        SELECT t.ordering_stream, t.stretch, min(t.ordering_seq) AS from_seq
+        FROM stretches t
         WHERE NOT EXISTS (
             SELECT 1 FROM @s.modkit_outbox_events p
-            WHERE p.ordering_stream = f.ordering_stream AND p.ordering_seq = f.first_seq - 1
-              AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped)))),
+            WHERE p.ordering_stream = t.ordering_stream AND p.ordering_seq = t.ordering_seq - 1
+              AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped)))
+        GROUP BY t.ordering_stream, t.stretch),
     victims AS MATERIALIZED (
         SELECT s.id FROM sel s WHERE s.ordering_key IS NULL
         UNION ALL
-        SELECT t.id FROM stretches t JOIN free f ON f.ordering_stream = t.ordering_stream AND f.stretch = t.stretch),
+        SELECT t.id FROM stretches t
+        JOIN heads h ON h.ordering_stream = t.ordering_stream AND h.stretch = t.stretch AND t.ordering_seq >= h.from_seq),
     del AS (
         DELETE FROM @s.modkit_outbox_events AS e
         USING victims v

@@ -393,9 +393,10 @@ func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) Even
 // entry with by, the time and the database session user; last_error keeps
 // the error the event died with. Ids that are unknown or not dead are
 // skipped. It returns the ids replayed. A dead head skipped with SkipHead
-// stays skipped (since migration 0033): replayed, the key's events not yet
-// published wait for it, as they come after it, and if it dies again they
-// go on without it.
+// stays skipped (since migration 0033): if it dies again, its key goes on
+// without it. Replayed, it is published out of order: after the key's
+// events that went on meanwhile, and before or beside those not published
+// yet (only the event right after it waits for it).
 func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
 	p, err := deadParams("ReplayDead", "replaying", by, f, ids)
 	if err != nil {

@@ -683,6 +683,85 @@ func TestPurgeDeadOfALongRun(t *testing.T) {
 	}
 }
 
+// A purge that waits for a replay of an event in the middle of the run it
+// purges sees the replay: the events behind the replayed one stay, and the
+// key's next event stays held. Read from the snapshot it began with, the
+// purge deleted them and freed the next event to overtake the replayed one.
+func TestPurgeDeadSeesAReplayItWaitedFor(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 4)
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison'
+		WHERE id = ANY($1)`, ids[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET held = true WHERE id = $1`, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	replay, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = replay.Rollback(ctx) }()
+	if _, err := replay.Exec(ctx, `SELECT * FROM modkit_outbox_replay($1, 'alice')`, []uuid.UUID{ids[1]}); err != nil {
+		t.Fatal(err)
+	}
+	purged := make(chan []uuid.UUID, 1)
+	failed := make(chan error, 1)
+	go func() {
+		got, err := client.Admin().PurgeDead(ctx, "bob", outbox.EventFilter{}, ids[:3]...)
+		if err != nil {
+			failed <- err
+			return
+		}
+		purged <- got
+	}()
+	eventually(t, "the purge waiting for the replay's lock", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%purge_dead%')`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := replay.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-purged:
+		if !slices.Equal(got, ids[:1]) {
+			t.Fatalf("purged %v; want the head %v only: the others are behind the replayed event", got, ids[0])
+		}
+	case err := <-failed:
+		t.Fatal(err)
+	case <-time.After(guard):
+		t.Fatal("the purge did not return")
+	}
+	var held bool
+	if err := pool.QueryRow(ctx, `SELECT held FROM modkit_outbox_events WHERE id = $1`, ids[3]).Scan(&held); err != nil || !held {
+		t.Fatalf("the key's next event was freed to overtake the replayed one (held %v, %v)", held, err)
+	}
+}
+
+// A purge checks each event's own predecessor: behind a skipped dead event
+// that must stay (a pending event holds it back), the next dead event goes.
+// The set-based purge first judged a run by its first event only and kept
+// them all.
+func TestPurgeDeadBehindASkippedEventThatStays(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	ids := enqueueOneKey(t, client, pool, 3)
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET head_skipped = true, held = false WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE modkit_outbox_events SET status = 'dead', held = false, last_error = 'poison',
+		head_skipped = (id = $2) WHERE id = ANY($1)`, ids[1:], ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.Admin().PurgeDead(ctx, "alice", outbox.EventFilter{}, ids[1:]...)
+	if err != nil || !slices.Equal(got, ids[2:]) {
+		t.Fatalf("purged %v, %v; want the third event only (the second, skipped, is behind a pending one)", got, err)
+	}
+}
+
 // A head skipped with SkipHead stays skipped when it is replayed: dead
 // again, it does not block its key once more (BlockedKeys listed it,
 // though the key's later events went on).

@@ -296,13 +296,15 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 // the invalid one, which dies after its attempts.
 func (p *Publisher) isPermanent(err error, r *kgo.Record) bool {
 	switch {
-	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge):
+	case errors.Is(err, kerr.MessageTooLarge):
 		// franz-go refuses by itself a record too large for its limits
 		// (kgo.ProducerBatchMaxBytes, which it compares with the encoded
 		// batch, a few dozen bytes more than the record; and
 		// kgo.MaxBufferedBytes), and says so without the batch's
 		// compressed size, which a broker's answer carries.
 		return p.batchMax > 0 && recordBytes(r) >= p.batchMax || !strings.Contains(err.Error(), ", compressed_bytes=")
+	case errors.Is(err, kerr.RecordListTooLarge): // only a broker says this, of a whole batch
+		return p.batchMax > 0 && recordBytes(r) >= p.batchMax
 	case errors.Is(err, kerr.InvalidTopicException):
 		return true
 	}

@@ -238,7 +238,8 @@ func scanHeaders(b []byte) (map[string]string, error) {
 		return nil, nil
 	}
 	var h map[string]string
-	if err := json.Unmarshal(b, &h); err == nil {
+	// A null value decodes as "" here: read those the slow way, as "null".
+	if err := json.Unmarshal(b, &h); err == nil && !hasEmptyValue(h) {
 		return h, nil
 	}
 	var raw map[string]json.RawMessage
@@ -255,6 +256,15 @@ func scanHeaders(b []byte) (map[string]string, error) {
 		}
 	}
 	return h, nil
+}
+
+func hasEmptyValue(h map[string]string) bool {
+	for _, v := range h {
+		if v == "" {
+			return true
+		}
+	}
+	return false
 }
 
 type columns struct {
