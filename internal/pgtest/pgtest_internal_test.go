@@ -70,15 +70,18 @@ func TestDropStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, want := range names {
-		if got := slices.Contains(dropped, name); got != want {
-			t.Errorf("%s: dropped %v, want %v", name, got, want)
-		}
 		var exists bool
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
 			t.Fatal(err)
 		}
-		if exists == want {
-			t.Errorf("%s: exists %v after dropStale, want %v", name, exists, !want)
+		// Another test binary starting on a shared server may have dropped
+		// the stale ones first: what counts is that they are gone, and
+		// that the others are left by everyone.
+		switch {
+		case want && exists:
+			t.Errorf("%s: still there after dropStale", name)
+		case !want && (!exists || slices.Contains(dropped, name)):
+			t.Errorf("%s: dropped (exists %v, by this call %v), want it left", name, exists, slices.Contains(dropped, name))
 		}
 	}
 	// This binary's own databases are young.

@@ -203,6 +203,9 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 		case <-dueTimer.C:
 			now := time.Now()
 			armedFor = time.Time{}
+			if d.onDueWake != nil {
+				d.onDueWake()
+			}
 			due.popDue(now)
 			armDue()
 			wantAll()

@@ -223,6 +223,9 @@ type Dispatcher struct {
 	// onClaimRound, when set, is called after each round of claims that
 	// worked, with the topics that claimed (tests).
 	onClaimRound func(topics []string)
+	// onDueWake, when set, is called when the claimer wakes for a retry
+	// that fell due (tests).
+	onDueWake func()
 	// purgeMarks are the purge watermarks of the topics this dispatcher
 	// maintains ("namespace:topic"), read and written by its maintenance
 	// goroutine only (maintenance.go).

@@ -64,3 +64,7 @@ func SetBatchMaxBytes(c *Client, n int) { c.batchMaxBytes = n }
 // worked, with the topics that claimed ("namespace:topic"); set it before
 // Start.
 func OnClaimRound(d *Dispatcher, fn func(topics []string)) { d.onClaimRound = fn }
+
+// OnDueWake sets a hook called when d's claimer wakes for a retry that
+// fell due; set it before Start.
+func OnDueWake(d *Dispatcher, fn func()) { d.onDueWake = fn }

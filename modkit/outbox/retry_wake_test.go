@@ -94,12 +94,14 @@ func TestDueRetryWaitsForItsLanesRoom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type round struct {
-		at     time.Time
+	// The claimer's wake-ups and rounds, in its order.
+	type step struct {
+		due    bool
 		topics []string
 	}
-	rounds := make(chan round, 100)
-	outbox.OnClaimRound(d, func(topics []string) { rounds <- round{time.Now(), topics} })
+	steps := make(chan step, 100)
+	outbox.OnDueWake(d, func() { steps <- step{due: true} })
+	outbox.OnClaimRound(d, func(topics []string) { steps <- step{topics: topics} })
 	if err := d.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -112,18 +114,16 @@ func TestDueRetryWaitsForItsLanesRoom(t *testing.T) {
 			t.Errorf("stop: %v", err)
 		}
 	})
-	failed := recv(t, "the first attempt's failure", failedAt)
-	// The due time's round: the only round after the retry's earliest due
-	// time (the busy lane's claims came right after the failure). The busy
-	// lane, without room, does not claim in it.
+	recv(t, "the first attempt's failure", failedAt)
+	// The round after the due retry's wake-up. The busy lane, without
+	// room, does not claim in it.
 	for {
-		r := recv(t, "the round of claims when the retry fell due", rounds)
-		if r.at.After(failed.Add(450 * time.Millisecond)) {
-			if slices.Contains(r.topics, "test:busy") {
-				t.Fatal("the busy lane had room when the retry fell due: the test needs it without")
-			}
+		if recv(t, "the wake-up for the due retry", steps).due {
 			break
 		}
+	}
+	if r := recv(t, "the round of claims when the retry fell due", steps); slices.Contains(r.topics, "test:busy") {
+		t.Fatal("the busy lane had room when the retry fell due: the test needs it without")
 	}
 	close(gate) // the busy lane drains and has room
 	opened = true
