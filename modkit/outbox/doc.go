@@ -86,10 +86,14 @@
 //     paused until they return, and Dispatcher.Health reports it. Other
 //     topics are not affected by one topic's hang: it holds at most its own
 //     limit. The limits of all topics together may pass the dispatcher's
-//     Concurrency (half of it each, by default), so two or more topics that
-//     hang together can hold every slot until their publishes' deadline,
-//     and the others' events wait that long; give topics whose publishers
-//     may hang together lower limits, or a dispatcher of their own.
+//     Concurrency (half of it each, by default), so a topic that already
+//     has a publish in flight does not take the pool's last free slots: it
+//     leaves one for each topic with nothing in flight, up to an eighth of
+//     Concurrency (at least one). Topics that hang together therefore hold
+//     at most the rest, and a topic with nothing in flight still starts a
+//     publish at once; but while the slots left are all busy, further
+//     topics' events wait for one of them. Topics whose publishers may hang
+//     together are best given lower limits, or a dispatcher of their own.
 //   - Exhausted events end dead, never stuck: a worker that dies on the last
 //     allowed attempt leaves the row processing with attempts =
 //     max_attempts, which no claim picks up; the topic's maintenance moves

@@ -214,3 +214,67 @@ func TestQueuedEventsPastTheirDeadlineAreNotPublished(t *testing.T) {
 		t.Fatal("no event went back unpublished: nothing was queued behind the hung publishes, so the test proved nothing")
 	}
 }
+
+// Topics whose publishes hang together cannot hold every slot: with
+// Concurrency 8, topics A and B (four slots each by default) hang on every
+// publish, and together they take seven slots, leaving the eighth to
+// topic C, whose event is published while they still hang, not after
+// their deadline. Once they return, the event of theirs that waited is
+// delivered too.
+func TestTopicsHungTogetherLeaveASlot(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	topicA := outbox.Topic{Namespace: "slots", Topic: "a"}
+	topicB := outbox.Topic{Namespace: "slots", Topic: "b"}
+	topicC := outbox.Topic{Namespace: "slots", Topic: "c"}
+
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // before the dispatcher's stop
+	var running, most, ended atomic.Int64
+	started := make(chan struct{}, 16)
+	hang := func(ctx context.Context, _ outbox.Delivery) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		started <- struct{}{}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			ended.Add(1)
+			return ctx.Err()
+		}
+	}
+	type seen struct{ running, ended int64 }
+	publishedC := make(chan seen, 1)
+	publishC := func(context.Context, outbox.Delivery) error {
+		publishedC <- seen{running.Load(), ended.Load()}
+		return nil
+	}
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.Concurrency, cfg.LeaseDuration = 8, time.Minute
+	startDispatcher(t, c, cfg,
+		outbox.Publisher{Topic: topicA, Publish: hang},
+		outbox.Publisher{Topic: topicB, Publish: hang},
+		outbox.Publisher{Topic: topicC, Publish: publishC})
+
+	enqueueTopic(t, c, pool, topicA, 4)
+	enqueueTopic(t, c, pool, topicB, 4)
+	for range 7 {
+		recv(t, "seven hung publishes of A and B", started)
+	}
+	enqueueTopic(t, c, pool, topicC, 1)
+	got := recv(t, "C's event published", publishedC)
+	if got.ended != 0 || got.running != 7 {
+		t.Fatalf("C's event was published with %d of A's and B's publishes running and %d ended at their deadline; "+
+			"want it published beside seven hung publishes, none ended", got.running, got.ended)
+	}
+	releaseOnce.Do(func() { close(release) })
+	log.waitFor(t, "all nine delivered", finalCount(outbox.StatusDelivered, 9))
+	if m := most.Load(); m != 7 {
+		t.Fatalf("at most %d of A's and B's publishes ran at once; want 7 (Concurrency 8, one slot kept for C)", m)
+	}
+}

@@ -98,11 +98,14 @@ type Publisher struct {
 	// or hung topic cannot take every worker of its dispatcher. Default:
 	// the dispatcher's Concurrency when it serves one topic, half of it
 	// (at least 1) when it serves several. At most the dispatcher's
-	// Concurrency; a topic allowed all of it (as every topic is when the
-	// dispatcher's Concurrency is 1) can hold up the others while its
-	// publishes hang, until their deadline, and so can several topics
-	// whose limits together reach it (three topics at the default, say)
-	// when they hang together.
+	// Concurrency. A topic takes a second or later slot only while, after
+	// it, the dispatcher still has a slot free for each other topic with
+	// no publish in flight, up to an eighth of the dispatcher's
+	// Concurrency (at least one): topics whose publishes hang, alone or
+	// together, cannot hold every slot while another topic waits for its
+	// first, and when every other topic is idle a busy topic may be held
+	// that many slots below its limit. (With a dispatcher Concurrency of
+	// 1, the only slot is any topic's to hold.)
 	Concurrency int
 	// Retention keeps this topic's delivered events this long before the
 	// dispatcher's maintenance purges them (and with them their dedupe

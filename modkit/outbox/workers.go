@@ -354,7 +354,7 @@ func (p *workerPool) pumpTakingLocked(take bool) (taken *call) {
 		started = false
 		for i := range p.lanes {
 			l := p.lanes[(p.next+i)%len(p.lanes)]
-			if len(l.queue) == 0 || l.inflight >= l.limit || l.paused() {
+			if len(l.queue) == 0 || !p.mayStartLocked(l) {
 				continue
 			}
 			unit := l.queue[0]
@@ -373,6 +373,40 @@ func (p *workerPool) pumpTakingLocked(take bool) (taken *call) {
 	}
 	return taken
 }
+
+// mayStartLocked reports whether the lane may start a publish now: it is
+// not paused and has a slot free under its own limit and the pool's. A lane
+// that already has a publish in flight must also leave free, after its
+// start, a slot for each other lane with none in flight (not paused), up to
+// keptFree: so topics whose publishes hang together cannot hold every slot
+// while a topic with nothing in flight gets work (it would wait for their
+// deadline). A lane with nothing in flight may take any free slot.
+func (p *workerPool) mayStartLocked(l *lane) bool {
+	if l.inflight >= l.limit || l.paused() || p.inflight >= p.limit {
+		return false
+	}
+	if l.inflight == 0 {
+		return true
+	}
+	free := p.limit - p.inflight - 1 // after this start
+	keep := p.keptFree()
+	if free >= keep {
+		return true
+	}
+	idle := 0
+	for _, o := range p.lanes {
+		if o.inflight == 0 && !o.paused() {
+			if idle++; idle > free {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// keptFree is the most slots the pool keeps for lanes with nothing in
+// flight: an eighth of Concurrency, at least one.
+func (p *workerPool) keptFree() int { return max(1, p.limit/8) }
 
 // expire gives back queued events whose deadline has passed.
 func (p *workerPool) expire() {
