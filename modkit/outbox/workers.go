@@ -241,19 +241,30 @@ func (p *workerPool) chainLimit(l *lane) int {
 	return max(1, min(int(window/l.avg/2), 1+2*p.d.cfg.BatchSize/l.limit))
 }
 
-// laneCapacity is how many events a lane may hold, running and queued: its
-// limit plus one batch until a publish of the lane has finished; then what
-// it can start before a claim's publish deadline at its recent pace, at
-// most its limit plus two batches (so that the next full batch can be
-// claimed while the last one is still being worked through).
+// laneCapacity is how many events a lane may hold, running and queued: the
+// slots it can get (laneSlots) plus one batch until a publish of the lane
+// has finished; then what it can start on those slots before a claim's
+// publish deadline at its recent pace, at most the slots plus two batches
+// (so that the next full batch can be claimed while the last one is still
+// being worked through).
 func (p *workerPool) laneCapacity(l *lane) int {
+	slots := p.laneSlots(l)
 	if l.avg <= 0 {
-		return l.limit + p.batch
+		return slots + p.batch
 	}
-	most := l.limit + 2*p.batch
+	most := slots + 2*p.batch
 	window := p.d.cfg.LeaseDuration - p.d.cfg.LeaseHeadroom
 	rounds := int(window / l.avg)
-	return max(l.limit, min(l.limit*rounds, most))
+	return max(slots, min(slots*rounds, most))
+}
+
+// laneSlots is how many publish slots the lane can hold now: its limit, or
+// fewer while other lanes hold the rest of the pool's (at least one, which
+// frees when one of theirs ends). Sized by its limit alone, a slow lane
+// beside topics whose publishes hang claimed what one slot could not start
+// before the deadline, and the rest went back unpublished.
+func (p *workerPool) laneSlots(l *lane) int {
+	return max(1, min(l.limit, p.limit-(p.inflight-l.inflight)))
 }
 
 // submit queues a claim's events on their lanes and starts what it can.

@@ -34,6 +34,7 @@ func TestPlanNeverOverfillsALane(t *testing.T) {
 		for i, l := range lanes {
 			l.topic = Topic{"plan", fmt.Sprintf("t%d", i)}
 			p.lanes = append(p.lanes, l)
+			p.limit, p.inflight = p.limit+l.limit, p.inflight+l.inflight
 		}
 		return p
 	}
@@ -88,6 +89,7 @@ func TestPlanNeverOverfillsALane(t *testing.T) {
 			lanes = append(lanes, l)
 		}
 		p := newPool(32+rng.IntN(469), lanes...)
+		p.limit = p.inflight + rng.IntN(p.limit-p.inflight+1) // other lanes may hold a lane's slots
 		groups := p.plan()
 		open := 0
 		for _, l := range lanes {
@@ -107,6 +109,37 @@ func TestPlanNeverOverfillsALane(t *testing.T) {
 		if n != open {
 			t.Fatalf("%d lanes with room, %d in the plan's claims", open, n)
 		}
+	}
+}
+
+// A lane is sized by the publish slots it can get, not by its limit alone:
+// beside a topic whose publishes hang on seven of the pool's eight slots, a
+// lane whose publishes take 50ms can start 32 of them on its one slot
+// before a claim's 1.6s deadline, and may hold no more; sized by its limit
+// of four slots it held 68, and 36 went back unpublished at the deadline.
+// With the pool to itself it holds its limit's worth again.
+func TestLaneSizedBySlotsItCanGet(t *testing.T) {
+	d := &Dispatcher{cfg: DispatcherConfig{BatchSize: 100, LeaseDuration: 2 * time.Second, LeaseHeadroom: 400 * time.Millisecond}}
+	hung := &lane{limit: 8, inflight: 7, avg: time.Minute}
+	slow := &lane{limit: 4, inflight: 1, avg: 50 * time.Millisecond}
+	fresh := &lane{limit: 4} // no publish finished yet
+	p := &workerPool{d: d, batch: 32, limit: 8, inflight: 8, lanes: []*lane{hung, slow, fresh}}
+	for _, c := range []struct {
+		name       string
+		l          *lane
+		slots, cap int
+	}{
+		{"beside the hung lane", slow, 1, 32},
+		{"the hung lane", hung, 7, 7},
+		{"a fresh lane beside them", fresh, 1, 1 + 32},
+	} {
+		if s, n := p.laneSlots(c.l), p.laneCapacity(c.l); s != c.slots || n != c.cap {
+			t.Errorf("%s: %d slots, capacity %d; want %d and %d", c.name, s, n, c.slots, c.cap)
+		}
+	}
+	hung.inflight, p.inflight = 0, 1 // its publishes returned
+	if s, n := p.laneSlots(slow), p.laneCapacity(slow); s != 4 || n != 4+2*32 {
+		t.Errorf("with the pool to itself: %d slots, capacity %d; want 4 and %d", s, n, 4+2*32)
 	}
 }
 
