@@ -74,9 +74,8 @@ type DispatcherConfig struct {
 	PollInterval time.Duration
 	// Concurrency bounds the publish calls in flight across all topics.
 	// Default 32. Each topic has its own limit under it
-	// (Publisher.Concurrency), and up to an eighth of it (at least one
-	// slot) is kept for topics with no publish in flight: see
-	// Publisher.Concurrency.
+	// (Publisher.Concurrency), and its last free slot is kept for topics
+	// with no publish in flight: see Publisher.Concurrency.
 	Concurrency int
 	// PollOnly turns LISTEN/NOTIFY wake-ups off: the dispatcher only polls.
 	// Use it behind PgBouncer in transaction pooling mode, where LISTEN does

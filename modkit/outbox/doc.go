@@ -87,13 +87,14 @@
 //     topics are not affected by one topic's hang: it holds at most its own
 //     limit. The limits of all topics together may pass the dispatcher's
 //     Concurrency (half of it each, by default), so a topic that already
-//     has a publish in flight does not take the pool's last free slots: it
-//     leaves one for each topic with nothing in flight, up to an eighth of
-//     Concurrency (at least one). Topics that hang together therefore hold
-//     at most the rest, and a topic with nothing in flight still starts a
-//     publish at once; but while the slots left are all busy, further
-//     topics' events wait for one of them. Topics whose publishers may hang
-//     together are best given lower limits, or a dispatcher of their own.
+//     has a publish in flight does not take the dispatcher's last free slot
+//     while another topic has none in flight. Topics that hang together
+//     therefore leave one slot, which the other topics share one publish at
+//     a time. A topic's first slot may be the last one, so topics allowed
+//     one slot each (every topic's default when Concurrency is below 4)
+//     can still hold every slot when they hang together. Topics whose
+//     publishes may hang together are best given lower limits, or a
+//     dispatcher of their own.
 //   - Exhausted events end dead, never stuck: a worker that dies on the last
 //     allowed attempt leaves the row processing with attempts =
 //     max_attempts, which no claim picks up; the topic's maintenance moves

@@ -98,14 +98,14 @@ type Publisher struct {
 	// or hung topic cannot take every worker of its dispatcher. Default:
 	// the dispatcher's Concurrency when it serves one topic, half of it
 	// (at least 1) when it serves several. At most the dispatcher's
-	// Concurrency. A topic takes a second or later slot only while, after
-	// it, the dispatcher still has a slot free for each other topic with
-	// no publish in flight, up to an eighth of the dispatcher's
-	// Concurrency (at least one): topics whose publishes hang, alone or
-	// together, cannot hold every slot while another topic waits for its
-	// first, and when every other topic is idle a busy topic may be held
-	// that many slots below its limit. (With a dispatcher Concurrency of
-	// 1, the only slot is any topic's to hold.)
+	// Concurrency. A topic's second and later publishes do not take the
+	// dispatcher's last free slot while another topic has no publish in
+	// flight: topics whose publishes hang, alone or together, leave that
+	// slot to the others, and so while any topic is idle the busy ones
+	// together use one slot fewer than the dispatcher's Concurrency. A
+	// topic's first publish may take any free slot, so topics allowed one
+	// slot each (the default when the dispatcher's Concurrency is below 4)
+	// can together hold every slot.
 	Concurrency int
 	// Retention keeps this topic's delivered events this long before the
 	// dispatcher's maintenance purges them (and with them their dedupe

@@ -258,13 +258,20 @@ func (p *workerPool) laneCapacity(l *lane) int {
 	return max(slots, min(slots*rounds, most))
 }
 
-// laneSlots is how many publish slots the lane can hold now: its limit, or
-// fewer while other lanes hold the rest of the pool's (at least one, which
-// frees when one of theirs ends). Sized by its limit alone, a slow lane
-// beside topics whose publishes hang claimed what one slot could not start
-// before the deadline, and the rest went back unpublished.
+// laneSlots is how many publish slots the lane can reach now by
+// mayStartLocked: its limit, or fewer while other lanes hold the rest of
+// the pool's, one fewer again when reaching them would take the pool's
+// last slot from an idle lane; at least one (which frees when one of the
+// others' publishes ends), and at least what it holds. Sized by its limit
+// alone, a slow lane beside topics whose publishes hang claimed what it
+// could not start before the deadline, and the rest went back unpublished.
 func (p *workerPool) laneSlots(l *lane) int {
-	return max(1, min(l.limit, p.limit-(p.inflight-l.inflight)))
+	free := p.limit - (p.inflight - l.inflight) // what the others leave it
+	slots := min(l.limit, free)
+	if slots == free && slots > 1 && p.idleBesidesLocked(l) {
+		slots--
+	}
+	return max(1, l.inflight, slots)
 }
 
 // submit queues a claim's events on their lanes and starts what it can.
@@ -387,37 +394,29 @@ func (p *workerPool) pumpTakingLocked(take bool) (taken *call) {
 
 // mayStartLocked reports whether the lane may start a publish now: it is
 // not paused and has a slot free under its own limit and the pool's. A lane
-// that already has a publish in flight must also leave free, after its
-// start, a slot for each other lane with none in flight (not paused), up to
-// keptFree: so topics whose publishes hang together cannot hold every slot
+// that already has a publish in flight must also leave the pool's last free
+// slot to the other lanes while one of them has none in flight (and is not
+// paused): so topics whose publishes hang together cannot hold every slot
 // while a topic with nothing in flight gets work (it would wait for their
-// deadline). A lane with nothing in flight may take any free slot.
+// deadline). A lane's first slot may be any free one, so topics allowed one
+// slot each can still fill the pool together.
 func (p *workerPool) mayStartLocked(l *lane) bool {
 	if l.inflight >= l.limit || l.paused() || p.inflight >= p.limit {
 		return false
 	}
-	if l.inflight == 0 {
-		return true
-	}
-	free := p.limit - p.inflight - 1 // after this start
-	keep := p.keptFree()
-	if free >= keep {
-		return true
-	}
-	idle := 0
-	for _, o := range p.lanes {
-		if o.inflight == 0 && !o.paused() {
-			if idle++; idle > free {
-				return false
-			}
-		}
-	}
-	return true
+	return l.inflight == 0 || p.inflight+1 < p.limit || !p.idleBesidesLocked(l)
 }
 
-// keptFree is the most slots the pool keeps for lanes with nothing in
-// flight: an eighth of Concurrency, at least one.
-func (p *workerPool) keptFree() int { return max(1, p.limit/8) }
+// idleBesidesLocked reports whether a lane other than l has nothing in
+// flight and is not paused.
+func (p *workerPool) idleBesidesLocked(l *lane) bool {
+	for _, o := range p.lanes {
+		if o != l && o.inflight == 0 && !o.paused() {
+			return true
+		}
+	}
+	return false
+}
 
 // expire gives back queued events whose deadline has passed.
 func (p *workerPool) expire() {

@@ -113,25 +113,26 @@ func TestPlanNeverOverfillsALane(t *testing.T) {
 }
 
 // A lane is sized by the publish slots it can get, not by its limit alone:
-// beside a topic whose publishes hang on seven of the pool's eight slots, a
-// lane whose publishes take 50ms can start 32 of them on its one slot
-// before a claim's 1.6s deadline, and may hold no more; sized by its limit
-// of four slots it held 68, and 36 went back unpublished at the deadline.
-// With the pool to itself it holds its limit's worth again.
+// beside a topic whose publishes hang on six of the pool's eight slots, a
+// lane whose publishes take 50ms holds one slot and may take one more only
+// if no other topic is idle; with one idle, it can start 32 publishes on
+// its slot before a claim's 1.6s deadline, and may hold no more. Sized by
+// its limit of four slots it held 68, and 36 went back unpublished at the
+// deadline. With the pool to itself it holds its limit's worth again.
 func TestLaneSizedBySlotsItCanGet(t *testing.T) {
 	d := &Dispatcher{cfg: DispatcherConfig{BatchSize: 100, LeaseDuration: 2 * time.Second, LeaseHeadroom: 400 * time.Millisecond}}
-	hung := &lane{limit: 8, inflight: 7, avg: time.Minute}
+	hung := &lane{limit: 8, inflight: 6, avg: time.Minute}
 	slow := &lane{limit: 4, inflight: 1, avg: 50 * time.Millisecond}
-	fresh := &lane{limit: 4} // no publish finished yet
-	p := &workerPool{d: d, batch: 32, limit: 8, inflight: 8, lanes: []*lane{hung, slow, fresh}}
+	idle := &lane{limit: 4} // no publish finished yet
+	p := &workerPool{d: d, batch: 32, limit: 8, inflight: 7, lanes: []*lane{hung, slow, idle}}
 	for _, c := range []struct {
 		name       string
 		l          *lane
 		slots, cap int
 	}{
-		{"beside the hung lane", slow, 1, 32},
-		{"the hung lane", hung, 7, 7},
-		{"a fresh lane beside them", fresh, 1, 1 + 32},
+		{"beside the hung lane and an idle one", slow, 1, 32},
+		{"the hung lane, which leaves the last slot to the idle one", hung, 6, 6},
+		{"the idle lane, whose first slot may be the last", idle, 1, 1 + 32},
 	} {
 		if s, n := p.laneSlots(c.l), p.laneCapacity(c.l); s != c.slots || n != c.cap {
 			t.Errorf("%s: %d slots, capacity %d; want %d and %d", c.name, s, n, c.slots, c.cap)
@@ -140,6 +141,66 @@ func TestLaneSizedBySlotsItCanGet(t *testing.T) {
 	hung.inflight, p.inflight = 0, 1 // its publishes returned
 	if s, n := p.laneSlots(slow), p.laneCapacity(slow); s != 4 || n != 4+2*32 {
 		t.Errorf("with the pool to itself: %d slots, capacity %d; want 4 and %d", s, n, 4+2*32)
+	}
+}
+
+// laneSlots is what mayStartLocked lets a lane reach: starting publishes on
+// one lane alone until it may start no more leaves it holding laneSlots
+// (or nothing, where no slot is free: laneSlots then counts the one that
+// will free), whatever the other lanes hold, and paused lanes, idle lanes
+// and lanes whose publishes were all abandoned are counted as they should
+// be.
+func TestLaneSlotsIsWhatALaneCanStart(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 5000 {
+		p := &workerPool{}
+		for range 1 + rng.IntN(5) {
+			l := &lane{limit: 1 + rng.IntN(8)}
+			switch rng.IntN(4) {
+			case 0: // paused: every slot's publish abandoned
+				l.abandoned = l.limit
+			case 1: // some abandoned, not paused
+				l.abandoned = rng.IntN(l.limit)
+			}
+			if !l.paused() {
+				l.inflight = rng.IntN(l.limit + 1)
+			}
+			p.lanes = append(p.lanes, l)
+			p.inflight += l.inflight
+		}
+		p.limit = max(1, p.inflight+rng.IntN(10))
+		for _, l := range p.lanes {
+			if l.paused() {
+				continue
+			}
+			want := p.laneSlots(l)
+			held, pool := l.inflight, p.inflight
+			for p.mayStartLocked(l) {
+				l.inflight++
+				p.inflight++
+			}
+			if got := l.inflight; got != want && !(got == 0 && want == 1 && p.inflight == p.limit) {
+				t.Fatalf("case %d: a lane of limit %d holding %d reached %d slots of a pool of %d holding %d; laneSlots said %d",
+					i, l.limit, held, got, p.limit, pool, want)
+			}
+			l.inflight, p.inflight = held, pool
+		}
+	}
+	// Two lanes whose publishes hang cannot take the last slot from a third
+	// with nothing in flight, nor from one whose publishes were all
+	// abandoned without pausing it, but may from a paused one.
+	a, b, c := &lane{limit: 4, inflight: 4}, &lane{limit: 4, inflight: 3}, &lane{limit: 2}
+	p := &workerPool{limit: 8, inflight: 7, lanes: []*lane{a, b, c}}
+	if p.mayStartLocked(b) || !p.mayStartLocked(c) {
+		t.Fatalf("beside an idle lane: the busy lane may start %v (want false), the idle one %v (want true)", p.mayStartLocked(b), p.mayStartLocked(c))
+	}
+	c.abandoned = 1
+	if p.mayStartLocked(b) {
+		t.Fatal("beside a lane with an abandoned publish, not paused: the busy lane may take the last slot")
+	}
+	c.abandoned = 2
+	if !p.mayStartLocked(b) {
+		t.Fatal("beside a paused lane only: the busy lane may not take the last slot")
 	}
 }
 
