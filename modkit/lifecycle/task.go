@@ -258,6 +258,7 @@ func (t *Task) Start(ctx context.Context) error {
 			return t.endedAfterReady(r)
 		default:
 		}
+		t.reported(r)
 		if r.err != nil {
 			return fmt.Errorf("lifecycle: task %q failed before it was ready: %w", t.cfg.Name, r.err)
 		}
@@ -279,16 +280,25 @@ func (t *Task) Start(ctx context.Context) error {
 	}
 }
 
-// execute runs fn and records how it ended.
+// reported marks an ended run's end as told to Start's caller, so that the
+// Stop that follows (a deferred one, say) does not report it again.
+func (t *Task) reported(r *run) {
+	t.mu.Lock()
+	r.stopping = true
+	t.mu.Unlock()
+}
+
 // endedAfterReady is Start's result for a run that signalled ready and then
 // ended before Start saw it ready.
 func (t *Task) endedAfterReady(r *run) error {
+	t.reported(r)
 	if r.err != nil && !errors.Is(r.err, context.Canceled) {
 		return fmt.Errorf("lifecycle: task %q failed as it became ready: %w", t.cfg.Name, r.err)
 	}
 	return nil
 }
 
+// execute runs fn and records how it ended.
 func (t *Task) execute(ctx context.Context, r *run) {
 	var err error
 	defer func() {
@@ -332,9 +342,11 @@ func (t *Task) finish(r *run, err error) {
 // Stop cancels the task's context and waits for its run to return, up to
 // the stop timeout or until ctx ends, whichever comes first. It reports why
 // the run ended; the error is ErrStopTimeout (wrapped) on a timeout, the
-// run's error if it failed, nil otherwise. Stop on a task that was never
-// started or is already stopped returns NotRunning and nil; concurrent
-// Stops all wait for the same run.
+// run's error if it failed, nil otherwise. A run that ended on its own
+// after Start returned is reported by the first Stop after it (Failed or
+// Finished). Stop on a task that was never started, is already stopped, or
+// whose Start already returned how its run ended (an error before ready)
+// returns NotRunning and nil; concurrent Stops all wait for the same run.
 func (t *Task) Stop(ctx context.Context) (StopReason, error) {
 	t.mu.Lock()
 	r := t.cur

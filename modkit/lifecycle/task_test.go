@@ -168,10 +168,17 @@ func TestStartFailsWhenTaskFailsBeforeReady(t *testing.T) {
 	if failures.Load() != 0 {
 		t.Fatal("OnFailure called for a start failure, which Start already reported")
 	}
+	// Start said how the run ended: a deferred Stop does not say it again.
+	if reason, err := task.Stop(context.Background()); reason != lifecycle.NotRunning || err != nil {
+		t.Fatalf("stop after the failed start = %v, %v; want NotRunning and nil", reason, err)
+	}
 
 	task = newTask(t, lifecycle.Config{AwaitReady: true}, func(context.Context, func()) error { return nil })
 	if err := task.Start(context.Background()); !errors.Is(err, lifecycle.ErrExitedBeforeReady) {
 		t.Fatalf("start = %v, want ErrExitedBeforeReady", err)
+	}
+	if reason, err := task.Stop(context.Background()); reason != lifecycle.NotRunning || err != nil {
+		t.Fatalf("stop after the run ended before ready = %v, %v; want NotRunning and nil", reason, err)
 	}
 }
 
