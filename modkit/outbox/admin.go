@@ -206,13 +206,31 @@ func (a *Admin) Get(ctx context.Context, id uuid.UUID) (Event, error) {
 	return eventFrom(e), nil
 }
 
-// TopicStats counts one (namespace, topic)'s events.
+// TopicStats counts one (namespace, topic)'s events. Stats.Total's Topic
+// is empty.
 type TopicStats struct {
 	Topic
 	Pending, Processing, Delivered, Dead int64
 	// OldestDueAge is how long the oldest due pending event has waited past
 	// its next_attempt_at; zero when none is due.
 	OldestDueAge time.Duration
+}
+
+// String gives the topic and its counts, for logs and fmt ("shop/orders:
+// 3 pending, 0 processing, 10 delivered, 1 dead, oldest due 2s"; "all
+// topics: …" for a total). Without it the embedded Topic's String would
+// print the topic alone.
+func (s TopicStats) String() string {
+	return fmt.Sprintf("%s: %d pending, %d processing, %d delivered, %d dead, oldest due %v",
+		topicOrAll(s.Topic), s.Pending, s.Processing, s.Delivered, s.Dead, s.OldestDueAge)
+}
+
+// topicOrAll names a topic, or all topics for a total's empty one.
+func topicOrAll(t Topic) string {
+	if t == (Topic{}) {
+		return "all topics"
+	}
+	return t.String()
 }
 
 // Stats summarises the table per (namespace, topic).

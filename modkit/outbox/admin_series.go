@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -44,13 +45,20 @@ type SeriesPoint struct {
 	LatencyP50, LatencyP95, LatencyMax time.Duration
 }
 
-// TopicSeries is one topic's points.
+// TopicSeries is one topic's points. Series.Total's Topic is empty.
 type TopicSeries struct {
 	Topic
 	// Points cover the whole window, one per bucket, oldest first.
 	Points []SeriesPoint
 	// Delivered is the sum of the points' Delivered.
 	Delivered int64
+}
+
+// String gives the topic, its deliveries and its points' count, for logs
+// and fmt ("shop/orders: 120 delivered in 60 points"). Without it the
+// embedded Topic's String would print the topic alone.
+func (s TopicSeries) String() string {
+	return fmt.Sprintf("%s: %d delivered in %d points", topicOrAll(s.Topic), s.Delivered, len(s.Points))
 }
 
 // Series is the delivery history of a window, per topic and in total.

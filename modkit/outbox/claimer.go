@@ -109,8 +109,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 						return fmt.Errorf("outbox dispatcher cannot claim: %w", &notMigratedError{schema: d.c.cfg.Schema, err: err})
 					}
 					if !isReady && d.c.store.Fatal(err) {
-						return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (did the migrations run, and may this role "+
-							"read and write the outbox tables? see Client.Migrate)", d.c.cfg.Schema, err)
+						return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (%s)", d.c.cfg.Schema, err, fatalHint(err))
 					}
 					// The round goes on: one claim failing (one topic's
 					// slow walk, say) does not hold back the others.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -430,10 +431,27 @@ func (c *Client) enqueueError(what string, err error) error {
 	case pgConstraint(err) == payloadSizeConstraint:
 		return fmt.Errorf("outbox: %s: %w: its stored (binary jsonb) form exceeds the database's limit, 4 MiB unless raised "+
 			"with %s.modkit_outbox_set_payload_limit(bytes); see Config.MaxPayloadBytes: %w", what, ErrPayloadTooLarge, c.cfg.Schema, err)
+	case c.store.Fatal(err) && refusedConnection(err):
+		return fmt.Errorf("outbox: %s: %w (%s)", what, err, fatalHint(err))
 	case c.store.Fatal(err):
 		return fmt.Errorf("outbox: %s: %w (is the outbox migrated into schema %q, and may this role write it? see Client.Migrate)", what, err, c.cfg.Schema)
 	}
 	return fmt.Errorf("outbox: %s: %w", what, err)
+}
+
+// refusedConnection reports whether the server refused the connection
+// itself: no such database, or a login refused (class 28).
+func refusedConnection(err error) bool {
+	code := pgCode(err)
+	return code == "3D000" || strings.HasPrefix(code, "28")
+}
+
+// fatalHint says what to check about an error the driver calls fatal.
+func fatalHint(err error) string {
+	if refusedConnection(err) {
+		return "the server refused the connection: check the database name, role and password the pool connects with"
+	}
+	return "did the migrations run, and may this role read and write the outbox tables? see Client.Migrate"
 }
 
 // shouldNotify says whether an enqueue of the topic announces it, and if so

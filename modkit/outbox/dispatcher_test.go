@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -851,4 +853,34 @@ func TestRecheckBesideAHungryLane(t *testing.T) {
 	wait(delivered, "the first idle event")
 	enqueueTopic(t, producer, pool, idle, 1) // within NotifyInterval: not announced
 	wait(delivered, "the second idle event (found by a re-check)")
+}
+
+// A pool whose database does not exist (or whose login the server refuses)
+// fails Start with an error that says what to check; Start used to wait
+// for ever, logging the claim's failure and retrying it.
+func TestDispatcherFailsFastOnAMissingDatabase(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	cfg := tdb.Provider.Pool.Config().Copy()
+	cfg.ConnConfig.Database = "modkit_no_such_database"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	client := clientOn(t, pool, outbox.Config{})
+	d, err := client.NewDispatcher(outbox.DispatcherConfig{Logger: quietLog},
+		outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	startCtx, cancel := context.WithTimeout(ctx, guard)
+	defer cancel()
+	err = d.Start(startCtx)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" || !strings.Contains(err.Error(), "check the database name") {
+		t.Fatalf("start on a missing database: %v; want its 3D000 error and what to check", err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop after the failed start: %v", err)
+	}
 }

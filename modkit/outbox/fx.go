@@ -18,7 +18,9 @@ import (
 
 // Module wires the outbox into an fx app. It takes the *db.Provider (from
 // db.Module), every Publisher provided with AsPublisher, and optionally a
-// Config, a DispatcherConfig and a *slog.Logger from the graph. It provides
+// Config, a DispatcherConfig (each by value or as a pointer, as
+// fx.Supply(&cfg) provides it; not both) and a *slog.Logger from the
+// graph. It provides
 // the *Client (for enqueues and Admin) and a *Dispatcher for the
 // publishers, which starts with the app (the start waits until it is ready)
 // and stops with it; if it fails on its own, it asks the app to shut down.
@@ -113,11 +115,15 @@ type fxMigrationsParams struct {
 	Lifecycle fx.Lifecycle
 	DB        *db.Provider
 	Config    Config       `optional:"true"`
+	ConfigPtr *Config      `optional:"true"`
 	Logger    *slog.Logger `optional:"true"`
 }
 
 func newFxMigrations(p fxMigrationsParams, app []db.MigratorConfig) (*fxMigrations, error) {
-	cfg := p.Config
+	cfg, err := fromGraph(p.Config, p.ConfigPtr)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = p.Logger
 	}
@@ -205,12 +211,16 @@ type fxClientParams struct {
 	fx.In
 	DB         *db.Provider
 	Config     Config          `optional:"true"`
+	ConfigPtr  *Config         `optional:"true"`
 	Logger     *slog.Logger    `optional:"true"`
 	Migrations []*fxMigrations `group:"outbox_migrations"`
 }
 
 func newFxClient(p fxClientParams) (*Client, error) {
-	cfg := p.Config
+	cfg, err := fromGraph(p.Config, p.ConfigPtr)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = p.Logger
 	}
@@ -220,15 +230,34 @@ func newFxClient(p fxClientParams) (*Client, error) {
 type fxDispatcherParams struct {
 	fx.In
 	Client     *Client
-	Publishers []Publisher      `group:"outbox_publishers"`
-	Config     DispatcherConfig `optional:"true"`
+	Publishers []Publisher       `group:"outbox_publishers"`
+	Config     DispatcherConfig  `optional:"true"`
+	ConfigPtr  *DispatcherConfig `optional:"true"`
 }
 
 func newFxDispatcher(p fxDispatcherParams) (*Dispatcher, error) {
+	cfg, err := fromGraph(p.Config, p.ConfigPtr)
+	if err != nil {
+		return nil, err
+	}
 	if len(p.Publishers) == 0 {
 		p.Client.cfg.Logger.Info("outbox: no publisher registered (outbox.AsPublisher), so no dispatcher runs in this app; "+
 			"its events wait for a dispatcher in another service", "component", "outbox")
 		return nil, nil
 	}
-	return p.Client.NewDispatcher(p.Config, p.Publishers...)
+	return p.Client.NewDispatcher(cfg, p.Publishers...)
+}
+
+// fromGraph is the configuration the graph holds, by value or through a
+// pointer (fx.Supply(&cfg) provides a pointer, which Module used to
+// ignore without a word). Both at once is refused: which one was meant?
+func fromGraph[T any](val T, ptr *T) (T, error) {
+	if ptr == nil {
+		return val, nil
+	}
+	if !reflect.ValueOf(val).IsZero() {
+		var zero T
+		return zero, configError("outbox.Module: the graph holds both a %T and a %T; supply one of them", val, ptr)
+	}
+	return *ptr, nil
 }

@@ -125,6 +125,48 @@ func TestFxModuleWithoutPublishers(t *testing.T) {
 	}
 }
 
+// fx.Supply(&cfg) provides a pointer: Module reads a *Config and a
+// *DispatcherConfig as it reads the values (it used to ignore them without
+// a word, and the app ran in the default schema with default retries), and
+// refuses a graph that holds both forms of one.
+func TestFxModuleTakesConfigPointers(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	var (
+		client *outbox.Client
+		d      *outbox.Dispatcher
+	)
+	publisher := fx.Provide(outbox.AsPublisher(func() outbox.Publisher {
+		return outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	}))
+	app := fxtest.New(t,
+		fx.Supply(tdb.Provider),
+		fx.Supply(&outbox.Config{MaxPayloadBytes: 64, Logger: quietLog}),
+		fx.Supply(&outbox.DispatcherConfig{MaxAttempts: 2, Logger: quietLog}),
+		publisher,
+		outbox.Module,
+		fx.Populate(&client, &d),
+		fx.NopLogger,
+	)
+	app.RequireStart()
+	if got := client.Config().MaxPayloadBytes; got != 64 {
+		t.Errorf("the client's MaxPayloadBytes is %d; the supplied *Config says 64", got)
+	}
+	if got := d.Config().MaxAttempts; got != 2 {
+		t.Errorf("the dispatcher's MaxAttempts is %d; the supplied *DispatcherConfig says 2", got)
+	}
+	app.RequireStop()
+
+	for name, both := range map[string]fx.Option{
+		"Config":           fx.Supply(outbox.Config{MaxPayloadBytes: 64}, &outbox.Config{MaxPayloadBytes: 128}),
+		"DispatcherConfig": fx.Supply(outbox.DispatcherConfig{MaxAttempts: 2}, &outbox.DispatcherConfig{MaxAttempts: 3}),
+	} {
+		app := fx.New(fx.Supply(tdb.Provider), both, publisher, outbox.Module, fx.Populate(&client, &d), fx.NopLogger)
+		if err := app.Err(); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "supply one of them") {
+			t.Errorf("a graph with both a %s and a pointer to one: %v; want ErrInvalidConfig saying to supply one", name, err)
+		}
+	}
+}
+
 func TestFxModuleRejectsDuplicatePublishers(t *testing.T) {
 	tdb := pgtest.NewDB(t)
 	pub := func(name string) fx.Option {

@@ -131,7 +131,7 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.stopBound(ctx, d.cfg.LeaseHeadroom))
 		defer cancel()
 		if err := d.c.store.Resign(rctx, d.cfg.WorkerID, roles); err != nil {
-			d.log.Warn("could not resign maintenance leadership; another dispatcher takes over when the lease expires", "error", err)
+			d.log.Warn("could not resign maintenance leadership; another dispatcher takes over when the lease expires", d.errorAttrs(err)...)
 		}
 	}()
 	var leaseEnds time.Time // of the leadership last won; zero when none is held
@@ -143,6 +143,17 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// errorAttrs are a log line's attributes for a database error: the error,
+// and what to check when retrying cannot cure it (a dispatcher started on a
+// schema not migrated logs its election's failure before the claimer's
+// error says what is wrong).
+func (d *Dispatcher) errorAttrs(err error) []any {
+	if d.c.store.Fatal(err) {
+		return []any{"error", err, "hint", fatalHint(err)}
+	}
+	return []any{"error", err}
 }
 
 // maintainOnce elects and runs one pass for the topics led, and returns
@@ -159,7 +170,7 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 	held, err := d.c.store.Elect(ectx, driver.ElectParams{Roles: roles, Holder: d.cfg.WorkerID, TTL: d.maintenanceTTL()})
 	cancel()
 	if err != nil {
-		d.log.Warn("maintenance election failed; retrying at the next sweep interval", "error", err)
+		d.log.Warn("maintenance election failed; retrying at the next sweep interval", d.errorAttrs(err)...)
 		if ctx.Err() == nil {
 			d.maintErrAt.CompareAndSwap(0, time.Now().UnixNano())
 		}

@@ -33,7 +33,11 @@ type Message struct {
 	// another's; that prefix is stored in one spelling (lower-case,
 	// hyphenated), so every spelling of a key finds the same row. A key
 	// without a TenantID must not begin with a UUID and "/" (it would take
-	// that tenant's key). The database enforces both.
+	// that tenant's key). The database enforces both. While another open
+	// transaction has enqueued the same key, Enqueue waits for it to end
+	// (the unique index's lock): it then returns that event when the other
+	// committed, or inserts when it rolled back; keep transactions that
+	// enqueue a dedupe key short.
 	DedupeKey *string
 	// OrderingKey, when set, orders the event among the events of its
 	// (Namespace, Topic) with the same key (an account, a participant, an

@@ -180,7 +180,8 @@ type Store interface {
 	// Migrate applies the engine's migrations for this schema.
 	Migrate(ctx context.Context) error
 	// Fatal reports whether err cannot be cured by retrying (missing
-	// table, permissions, bad SQL), as opposed to a lost connection.
+	// table, permissions, bad SQL, no such database, a refused login), as
+	// opposed to a lost connection.
 	Fatal(err error) bool
 }
 

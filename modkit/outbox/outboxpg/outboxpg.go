@@ -922,8 +922,17 @@ func (s *store) Migrate(ctx context.Context) error {
 }
 
 // Fatal implements driver.Store: class 42 (undefined table or column,
-// insufficient privilege, syntax error) cannot be cured by retrying.
+// insufficient privilege, syntax error), a missing schema, a missing
+// database and a refused login (class 28: wrong password, no such role, no
+// pg_hba.conf entry) cannot be cured by retrying.
 func (s *store) Fatal(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code[:2] == "42" || pgErr.Code == "3F000") // 3F000: no such schema
+	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	switch pgErr.Code[:2] {
+	case "42", "28":
+		return true
+	}
+	return pgErr.Code == "3F000" || pgErr.Code == "3D000" // no such schema, no such database
 }

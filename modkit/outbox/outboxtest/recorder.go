@@ -21,7 +21,10 @@ var WaitTimeout = time.Minute
 type Recorder struct {
 	// Fail, if set, decides each publish's result: return nil to succeed,
 	// an error to have the dispatcher retry (or outbox.Permanent(err) to
-	// dead-letter). Set it before the dispatcher starts.
+	// dead-letter). Set it before the dispatcher starts. The dispatcher
+	// calls it from several publishes at once, outside the Recorder's
+	// lock: guard what it shares, such as a count of failures so far
+	// (sync/atomic, or a mutex of its own).
 	Fail func(d outbox.Delivery) error
 
 	mu      sync.Mutex
