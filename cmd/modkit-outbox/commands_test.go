@@ -16,7 +16,9 @@ import (
 )
 
 // TestStatsTable checks the table against its golden text. Pending events
-// are retried an hour ahead so that no age depends on the test's speed.
+// are retried an hour ahead so that no age depends on the test's speed. No
+// dispatcher runs, so the topic with pending events is listed as served by
+// none, and the one with dead events only is not.
 func TestStatsTable(t *testing.T) {
 	f := newFixture(t)
 	f.enqueue(t, orders, 5)
@@ -31,6 +33,10 @@ func TestStatsTable(t *testing.T) {
 crm        welcome_mail  0        0           0          1     -
 shop       order_paid    2        0           2          1     -
 TOTAL                    2        0           2          2     -
+
+TOPICS NO RUNNING DISPATCHER SERVES (their events wait: is a publisher registered for each, in a service that runs?)
+NAMESPACE  TOPIC       PENDING  PROCESSING  OLDEST DUE
+shop       order_paid  2        0           -
 `
 	if got != golden {
 		t.Fatalf("stats table:\n%s\nwant:\n%s", got, golden)
@@ -44,6 +50,9 @@ TOTAL                    2        0           2          2     -
 	if len(st.Topics) != 2 || st.Total.Dead != 2 || st.Topics[1].Delivered == nil || *st.Topics[1].Delivered != 2 || st.Topics[1].Pending != 2 {
 		t.Fatalf("stats --json: %+v", st)
 	}
+	if st.Unserved == nil || len(*st.Unserved) != 1 || (*st.Unserved)[0].Topic != "order_paid" || (*st.Unserved)[0].Pending != 2 {
+		t.Fatalf("stats --json: unserved %+v; want shop/order_paid with 2 pending", st.Unserved)
+	}
 
 	// --backlog: the same counts without the delivered ones; a topic with
 	// delivered events only would not be listed.
@@ -52,6 +61,10 @@ TOTAL                    2        0           2          2     -
 crm        welcome_mail  0        0           1     -
 shop       order_paid    2        0           1     -
 TOTAL                    2        0           2     -
+
+TOPICS NO RUNNING DISPATCHER SERVES (their events wait: is a publisher registered for each, in a service that runs?)
+NAMESPACE  TOPIC       PENDING  PROCESSING  OLDEST DUE
+shop       order_paid  2        0           -
 `
 	if got != goldenBacklog {
 		t.Fatalf("stats --backlog table:\n%s\nwant:\n%s", got, goldenBacklog)

@@ -94,7 +94,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"migrate", "apply, revert, list or print the outbox migrations", runMigrate},
-		{"stats", "count events per namespace, topic and status", runStats},
+		{"stats", "count events per namespace, topic and status; list blocked keys and topics no dispatcher serves", runStats},
 		{"events", "list events with filters, or show one", runEvents},
 		{"dead", "replay or purge dead events (by id or filter), or skip an ordering key's dead head", runDead},
 		{"purge", "delete delivered events of topics older than a retention", runPurge},

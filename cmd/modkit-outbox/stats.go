@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -20,6 +21,10 @@ type statsJSON struct {
 	BlockedKeys []blockedKeyJSON `json:"blocked_keys"`
 	// MoreBlockedKeys: more keys are blocked than --blocked-keys listed.
 	MoreBlockedKeys bool `json:"more_blocked_keys,omitempty"`
+	// Unserved: the topics with pending or processing events that no
+	// running dispatcher serves (Admin.Unserved); absent on a schema
+	// before migration 0034, which cannot tell.
+	Unserved *[]topicStatsJSON `json:"unserved,omitempty"`
 }
 
 type blockedKeyJSON struct {
@@ -90,9 +95,21 @@ func runStats(ctx context.Context, e env, args []string) error {
 	}
 	more := len(blocked) > *shown
 	blocked = blocked[:min(len(blocked), *shown)]
+	unserved, err := c.Admin().Unserved(ctx)
+	known := !errors.Is(err, outbox.ErrNotMigrated)
+	if err != nil && known {
+		return err
+	}
 	if *asJSON {
 		out := statsJSON{Topics: []topicStatsJSON{}, Total: topicStatsToJSON(st.Total, *backlog), BlockedKeys: []blockedKeyJSON{},
 			MoreBlockedKeys: more}
+		if known {
+			list := []topicStatsJSON{}
+			for _, t := range unserved {
+				list = append(list, topicStatsToJSON(t, true))
+			}
+			out.Unserved = &list
+		}
 		for _, t := range st.Topics {
 			out.Topics = append(out.Topics, topicStatsToJSON(t, *backlog))
 		}
@@ -122,6 +139,17 @@ func runStats(ctx context.Context, e env, args []string) error {
 	row("TOTAL", "", st.Total)
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(unserved) > 0 {
+		fmt.Fprintf(e.stdout, "\nTOPICS NO RUNNING DISPATCHER SERVES (their events wait: is a publisher registered for each, in a service that runs?)\n")
+		tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tPENDING\tPROCESSING\tOLDEST DUE")
+		for _, t := range unserved {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", t.Namespace, t.Topic.Topic, t.Pending, t.Processing, fmtAge(t.OldestDueAge))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if len(blocked) == 0 {
 		return nil

@@ -270,6 +270,37 @@ func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
 	return statsFrom(rows), nil
 }
 
+// Unserved returns the topics with pending or processing events that no
+// running dispatcher serves, with their backlog counts (as Backlog gives
+// them), sorted as Backlog sorts them. Enqueue cannot know whether a
+// dispatcher has a publisher for a topic, so an event of a topic nobody
+// publishes (a producer's typo, a service not deployed yet, a publisher
+// left out of the dispatcher) waits without an error anywhere; this is
+// where it shows, and the CLI's stats and the dashboard's overview warn of
+// it. A topic is served while a dispatcher holds its maintenance lease:
+// every running dispatcher takes part in the election of each of its
+// topics, renews the lease every DispatcherConfig.SweepInterval and gives
+// it up when it stops, so a topic is unserved as soon as its last
+// dispatcher stops, or up to three SweepIntervals after it died. It needs
+// migration 0034 (before it, an error matching ErrNotMigrated).
+func (a *Admin) Unserved(ctx context.Context) ([]TopicStats, error) {
+	served, err := a.c.store.Served(ctx)
+	if err != nil {
+		return nil, a.wrapErr(err, "topics served")
+	}
+	backlog, err := a.Backlog(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []TopicStats
+	for _, t := range backlog.Topics {
+		if t.Pending+t.Processing > 0 && !slices.Contains(served, t.key()) {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
 // statsFrom sums the driver's rows per topic and over all topics, and
 // sorts the topics by their names' bytes (as Series does), whatever the
 // database's collation.

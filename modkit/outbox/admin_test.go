@@ -1,10 +1,12 @@
 package outbox_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -830,4 +832,92 @@ func TestSkipHeadUsesTheClientClock(t *testing.T) {
 	if last := h[len(h)-1]; last.Outcome != "skipped" || !last.FinishedAt.Equal(clock.Now().Truncate(time.Microsecond)) {
 		t.Fatalf("the skip's entry: %s at %v, want skipped at the client's clock %v", last.Outcome, last.FinishedAt, clock.Now())
 	}
+}
+
+// Unserved lists the topics whose events wait with no running dispatcher
+// to publish them: a topic enqueued with no publisher anywhere (a typo),
+// and a served topic once its last dispatcher has stopped (it resigns its
+// maintenance lease). A topic a running dispatcher serves is not listed,
+// even with events pending or leased, nor is one with dead events only.
+func TestUnserved(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	served := outbox.Topic{Namespace: "shop", Topic: "orders"}
+	typo := outbox.Topic{Namespace: "shop", Topic: "oders"}
+	deadOnly := outbox.Topic{Namespace: "shop", Topic: "dead_only"}
+	enqueueTopic(t, c, pool, typo, 2)
+	enqueueTopic(t, c, pool, deadOnly, 1)
+	st := admStore(t, pool, "public", nil)
+	admSettle(t, st, driver.Dead, "x", admClaim(t, st, 1, deadOnly)...)
+
+	names := func(ts []outbox.TopicStats) []string {
+		var out []string
+		for _, s := range ts {
+			out = append(out, fmt.Sprintf("%s pending %d processing %d", s.Topic, s.Pending, s.Processing))
+		}
+		return out
+	}
+	check := func(what string, want ...string) {
+		t.Helper()
+		got, err := c.Admin().Unserved(ctx)
+		if err != nil || !slices.Equal(names(got), want) {
+			t.Fatalf("%s: unserved %q, %v; want %q", what, names(got), err, want)
+		}
+	}
+	check("before any dispatcher ran", "shop/oders pending 2 processing 0")
+
+	// A dispatcher of the served topic, whose publisher holds its events
+	// until the test lets them go.
+	hold := make(chan struct{})
+	var holdOnce sync.Once
+	release := func() { holdOnce.Do(func() { close(hold) }) }
+	defer release()
+	started := make(chan struct{}, 4)
+	d, err := c.NewDispatcher(outbox.DispatcherConfig{Logger: quietLog, LeaseDuration: time.Minute, StopTimeout: 30 * time.Second},
+		outbox.Publisher{Topic: served, Publish: func(ctx context.Context, _ outbox.Delivery) error {
+			started <- struct{}{}
+			select {
+			case <-hold:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elected := make(chan struct{}, 1)
+	outbox.OnMaintenance(d, func([]string) {
+		select {
+		case elected <- struct{}{}:
+		default:
+		}
+	})
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, "the dispatcher's first maintenance pass", elected)
+	enqueueTopic(t, c, pool, served, 1)
+	recv(t, "the served topic's event to be published", started)
+	enqueueTopic(t, c, pool, served, 1)
+	check("while a dispatcher serves shop/orders", "shop/oders pending 2 processing 0")
+
+	// Stopped, the dispatcher resigns: the served topic's next event waits
+	// for nobody.
+	release()
+	if err := d.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	enqueueTopic(t, c, pool, served, 1)
+	b, err := c.Admin().Backlog(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pending int64
+	for _, ts := range b.Topics {
+		if ts.Topic == served {
+			pending = ts.Pending
+		}
+	}
+	check("after the stop", "shop/oders pending 2 processing 0", fmt.Sprintf("shop/orders pending %d processing 0", pending))
 }

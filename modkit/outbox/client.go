@@ -198,6 +198,9 @@ func (c *Client) Admin() *Admin { return c.admin }
 // usable.
 func (c *Client) Enqueue(ctx context.Context, tx db.Runner, msg Message) (_ Enqueued, err error) {
 	if err := validate(0, &msg, c.cfg.MaxPayloadBytes); err != nil {
+		if v, ok := err.(*ValidationError); ok {
+			v.single = true // "message 0" would puzzle a caller who passed one
+		}
 		return Enqueued{}, err
 	}
 	ctx, span := startEnqueueSpan(ctx, msg.Namespace+":"+msg.Topic, 1)

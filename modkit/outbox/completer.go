@@ -155,8 +155,8 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	m := r.c.d
 	o := driver.Outcome{ID: m.ID, LeaseToken: m.leaseToken}
 	var out Outcome
-	fail := func(format string) string {
-		return sanitizeError(fmt.Sprintf(format, m.Attempt, m.MaxAttempts, r.err), d.c.cfg.ErrorMaxLen)
+	fail := func(format string, err error) string {
+		return sanitizeError(fmt.Sprintf(format, m.Attempt, m.MaxAttempts, err), d.c.cfg.ErrorMaxLen)
 	}
 	switch {
 	case r.kind != published:
@@ -165,11 +165,15 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	case r.err == nil:
 		o.Kind, out.Status = deliveredKind(r.pub), StatusDelivered
 	case IsPermanent(r.err):
-		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed permanently: %v")
+		err := r.err
+		if p, ok := err.(*permanentError); ok {
+			err = p.err // "failed permanently" says what its "permanent: " prefix would
+		}
+		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed permanently: %v", err)
 	case m.Attempt >= m.MaxAttempts:
-		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed, no attempts left: %v")
+		o.Kind, out.Status, o.Error = driver.Dead, StatusDead, fail("attempt %d of %d failed, no attempts left: %v", r.err)
 	default:
-		o.Kind, out.Status, o.Error = driver.Retry, StatusPending, fail("attempt %d of %d failed: %v")
+		o.Kind, out.Status, o.Error = driver.Retry, StatusPending, fail("attempt %d of %d failed: %v", r.err)
 		o.Delay = max(d.cfg.Retry.Backoff(m.Attempt), retryAfter(r.err))
 		out.RetryIn = o.Delay
 	}

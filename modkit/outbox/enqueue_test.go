@@ -251,11 +251,14 @@ func TestEnqueueValidation(t *testing.T) {
 			if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.Is(err, c.kind) || !errors.As(err, &ve) || ve.Field != c.field {
 				t.Fatalf("want %v on %s, got %v", c.kind, c.field, err)
 			}
+			if strings.Contains(err.Error(), "message 0") {
+				t.Errorf("Enqueue of one message names it by a batch index: %v", err)
+			}
 			// The batch path rejects it too, naming its index, and writes
 			// none of the batch.
 			_, err = client.EnqueueBatch(ctx, pool, []outbox.Message{msg(0), c.msg})
-			if !errors.As(err, &ve) || ve.Index != 1 || !errors.Is(err, c.kind) {
-				t.Fatalf("batch: want %v at index 1, got %v", c.kind, err)
+			if !errors.As(err, &ve) || ve.Index != 1 || !errors.Is(err, c.kind) || !strings.Contains(err.Error(), "message 1: "+c.field) {
+				t.Fatalf("batch: want %v at index 1, named in the text, got %v", c.kind, err)
 			}
 		})
 	}

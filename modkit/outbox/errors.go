@@ -54,9 +54,14 @@ type ValidationError struct {
 	Kind error
 	// Reason is a human sentence saying what is wrong and what is allowed.
 	Reason string
+
+	single bool // of one message (Enqueue, TypedTopic.Message): no index in the text
 }
 
 func (e *ValidationError) Error() string {
+	if e.single {
+		return fmt.Sprintf("%v: %s: %s", e.Kind, e.Field, e.Reason)
+	}
 	return fmt.Sprintf("%v: message %d: %s: %s", e.Kind, e.Index, e.Field, e.Reason)
 }
 

@@ -251,7 +251,7 @@ func ExampleAdmin_ReplayDead() {
 	e, _ := admin.Get(ctx, replayed[0])
 	fmt.Println(len(replayed), "replayed; now", e.Status, "with", e.Attempts, "attempts")
 	// Output:
-	// 1 dead: attempt 1 of 10 failed permanently: permanent: mailbox does not exist
+	// 1 dead: attempt 1 of 10 failed permanently: mailbox does not exist
 	// 1 replayed; now pending with 0 attempts
 }
 

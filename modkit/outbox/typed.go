@@ -43,7 +43,7 @@ func (tt TypedTopic[T]) Topic() Topic { return tt.topic }
 func (tt TypedTopic[T]) Message(v T) (Message, error) {
 	payload, err := json.Marshal(v)
 	if err != nil {
-		return Message{}, &ValidationError{Field: "Payload", Kind: ErrInvalidPayload,
+		return Message{}, &ValidationError{Field: "Payload", Kind: ErrInvalidPayload, single: true,
 			Reason: fmt.Sprintf("encoding %s as JSON for %s failed: %v", reflect.TypeFor[T](), tt.topic, err)}
 	}
 	return Message{Namespace: tt.topic.Namespace, Topic: tt.topic.Topic, Payload: payload}, nil

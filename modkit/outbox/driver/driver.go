@@ -139,6 +139,11 @@ type Store interface {
 	// the backlog and the dead events, not the delivered events kept
 	// (outboxpg: from their indexes, since migration 0027).
 	Backlog(ctx context.Context) ([]StatsRow, error)
+	// Served returns the topics ("namespace:topic") whose maintenance
+	// role (see Elect) a holder leads now: those a running dispatcher
+	// serves. ErrServedUnknown: the engine (or the schema's version)
+	// cannot tell.
+	Served(ctx context.Context) ([]string, error)
 	// Depth reads the gauges of the listed topics.
 	Depth(ctx context.Context, topics []string) ([]DepthRow, error)
 	// List returns events matching f, oldest first, at most f.Limit.
@@ -187,6 +192,9 @@ type Store interface {
 
 // Errors a Store returns.
 var (
+	// ErrServedUnknown: Served cannot tell which topics are served (for
+	// outboxpg, a schema before migration 0034).
+	ErrServedUnknown = errors.New("outbox driver: which topics are served is unknown")
 	// ErrNotFound: Get found no event with that id.
 	ErrNotFound = errors.New("outbox driver: event not found")
 	// ErrListenUnsupported: the engine has no notifications; poll.

@@ -611,6 +611,20 @@ func (s *store) Backlog(ctx context.Context) ([]driver.StatsRow, error) {
 	return slices.DeleteFunc(all, func(r driver.StatsRow) bool { return r.Status == "delivered" }), err
 }
 
+// Served implements driver.Store (migration 0034; before it,
+// driver.ErrServedUnknown).
+func (s *store) Served(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, s.sql.served, s.args()...)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42883" && strings.Contains(pgErr.Message, "modkit_outbox_served_topics") {
+			return nil, fmt.Errorf("%w: %w", driver.ErrServedUnknown, err)
+		}
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // statsRows runs q, modkit_outbox_stats or modkit_outbox_backlog.
 func (s *store) statsRows(ctx context.Context, q string) ([]driver.StatsRow, error) {
 	rows, err := s.pool.Query(ctx, q, s.args()...)

@@ -97,6 +97,7 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 	// read from their indexes (migration 0027); without the function,
 	// qStats serves (store.Backlog).
 	qBacklog = `SELECT namespace, topic, status, count, oldest_due_seconds FROM {{fn}}modkit_outbox_backlog({{now}})`
+	qServed  = `SELECT namespace || ':' || topic FROM {{fn}}modkit_outbox_served_topics({{now}})`
 
 	qDepth = `SELECT topic, pending, processing, dead, oldest_due_seconds, stuck FROM {{fn}}modkit_outbox_depth($1::text[], {{now}})`
 
@@ -158,6 +159,7 @@ type queries struct {
 	completeOne, sweep, purge, elect     string
 	purgeRecorded, purgeFrom             string
 	resign, stats, backlog, depth        string
+	served                               string
 	list, listPayload                    string
 	get, getPayload, history             string
 	replayIDs, replayFilter              string
@@ -203,6 +205,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		resign:              bind(qResign, "", ""),
 		stats:               bind(qStats, "1", ""),
 		backlog:             bind(qBacklog, "1", ""),
+		served:              bind(qServed, "1", ""),
 		depth:               bind(qDepth, "2", ""),
 		list:                bind(qList, "", ""),
 		listPayload:         bind(qListPayloads, "", ""),

@@ -179,6 +179,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if b, err := read.Backlog(ctx); err != nil || len(b) == 0 {
 		t.Fatalf("reader backlog: %+v, %v", b, err)
 	}
+	if _, err := read.Served(ctx); err != nil {
+		t.Fatalf("reader served topics: %v", err)
+	}
 	if _, err := read.Series(ctx, driver.SeriesParams{Window: time.Hour, Bucket: time.Minute}); err != nil {
 		t.Fatalf("reader series: %v", err)
 	}
@@ -212,6 +215,9 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	}
 	if b, err := op.Backlog(ctx); err != nil || len(b) == 0 {
 		t.Fatalf("operator backlog: %+v, %v", b, err)
+	}
+	if _, err := op.Served(ctx); err != nil {
+		t.Fatalf("operator served topics: %v", err)
 	}
 	ids, err := op.Replay(ctx, driver.ReplayParams{IDs: []uuid.UUID{got[2].ID}, By: "alice"})
 	if err != nil || len(ids) != 1 {

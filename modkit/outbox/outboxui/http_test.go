@@ -848,3 +848,39 @@ func TestDashboardPurgeOfADeadEventBehindItsKey(t *testing.T) {
 		t.Fatalf("the event: %+v %v, want it still dead", ev, err)
 	}
 }
+
+// A topic with events waiting and no running dispatcher (no maintenance
+// lease held for it) is marked on the overview: its events would wait
+// without an error anywhere. A topic a dispatcher serves is not.
+func TestOverviewMarksTopicsNobodyServes(t *testing.T) {
+	w := newWorld(t)
+	for _, topic := range []string{"oders", "orders"} {
+		if _, err := w.client.Enqueue(bg, w.pool, outbox.Message{Namespace: "shop", Topic: topic, Payload: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dispatcher of shop/orders holds its maintenance lease, as a running
+	// one does.
+	if held, err := st.Elect(bg, driver.ElectParams{Roles: []string{"maintenance:shop:orders"}, Holder: uuid.New(), TTL: time.Minute}); err != nil || len(held) != 1 {
+		t.Fatalf("elect: %v, %v", held, err)
+	}
+	base := serve(t, w, outboxui.Options{})
+	body, _ := get(t, newJar(), base)
+	rowOf := func(topic string) string {
+		row := regexp.MustCompile(`(?s)<tr data-topic="` + topic + `">(.*?)</tr>`).FindStringSubmatch(body)
+		if row == nil {
+			t.Fatalf("the overview has no row for %s:\n%s", topic, body)
+		}
+		return row[1]
+	}
+	if !strings.Contains(rowOf("shop/oders"), `class="problem unserved"`) {
+		t.Errorf("shop/oders, which no dispatcher serves, is not marked:\n%s", rowOf("shop/oders"))
+	}
+	if strings.Contains(rowOf("shop/orders"), "unserved") {
+		t.Errorf("shop/orders, whose maintenance lease is held, is marked as served by none:\n%s", rowOf("shop/orders"))
+	}
+}

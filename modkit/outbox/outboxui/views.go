@@ -27,6 +27,9 @@ type topicRow struct {
 	// Query is the events filter of this topic, URL-encoded; a
 	// template.URL, so that the template does not escape its = and & again.
 	Query template.URL
+	// Unserved: the topic has events pending or processing and no running
+	// dispatcher serves it (Admin.Unserved).
+	Unserved bool
 }
 
 type overviewData struct {
@@ -72,6 +75,17 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		d.SeriesErr = h.logInternal(r, slog.LevelWarn, "reading the delivery history for the overview's chart", err)
 		series = outbox.Series{}
 	}
+	// Topics nobody serves are marked: their events wait without an error
+	// anywhere else. A schema before migration 0034 cannot tell; a failed
+	// read leaves the marks out, as a failed series leaves the chart out.
+	unserved := map[outbox.Topic]bool{}
+	if list, err := h.admin.Unserved(ctx); err == nil {
+		for _, t := range list {
+			unserved[t.Topic] = true
+		}
+	} else if !errors.Is(err, outbox.ErrNotMigrated) {
+		h.logInternal(r, slog.LevelWarn, "reading which topics a dispatcher serves", err)
+	}
 	hourly := map[outbox.Topic]int64{}
 	for _, ts := range series.Topics {
 		hourly[ts.Topic] = ts.Delivered
@@ -89,7 +103,8 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	})
 	for _, t := range topics {
 		q := url.Values{"namespace": {t.Namespace}, "topic": {t.Topic.Topic}}
-		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: template.URL(q.Encode())}
+		row := topicRow{TopicStats: t, Name: t.Namespace + "/" + t.Topic.Topic, DeliveredLastHour: hourly[t.Topic], Query: template.URL(q.Encode()),
+			Unserved: unserved[t.Topic]}
 		row.PerMinute = float64(row.DeliveredLastHour) / minutes
 		d.Topics = append(d.Topics, row)
 	}
