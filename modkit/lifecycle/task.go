@@ -291,8 +291,8 @@ func (t *Task) reported(r *run) {
 // endedAfterReady is Start's result for a run that signalled ready and then
 // ended before Start saw it ready.
 func (t *Task) endedAfterReady(r *run) error {
-	t.reported(r)
 	if r.err != nil && !errors.Is(r.err, context.Canceled) {
+		t.reported(r)
 		return fmt.Errorf("lifecycle: task %q failed as it became ready: %w", t.cfg.Name, r.err)
 	}
 	return nil

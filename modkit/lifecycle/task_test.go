@@ -370,6 +370,22 @@ func TestFinishedOnItsOwn(t *testing.T) {
 	}
 }
 
+// A run that signals ready and then returns nil at once: Start returns nil
+// whichever it saw first, so the Stop after it says the run finished (it
+// said NotRunning when Start had seen the end, about two runs in three).
+func TestFinishedRightAfterReady(t *testing.T) {
+	for i := range 200 {
+		task := newTask(t, lifecycle.Config{AwaitReady: true}, func(_ context.Context, ready func()) error { ready(); return nil })
+		if err := task.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		<-task.Done()
+		if reason, err := task.Stop(context.Background()); reason != lifecycle.Finished || err != nil {
+			t.Fatalf("run %d: stop = %s, %v; want finished, nil", i, reason, err)
+		}
+	}
+}
+
 func TestPanicIsAFailure(t *testing.T) {
 	task := newTask(t, lifecycle.Config{AwaitReady: true}, func(context.Context, func()) error { panic("kaboom") })
 	if err := task.Start(context.Background()); err == nil {

@@ -277,14 +277,22 @@ func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
 // publishes (a producer's typo, a service not deployed yet, a publisher
 // left out of the dispatcher) waits without an error anywhere; this is
 // where it shows, and the CLI's stats and the dashboard's overview warn of
-// it. A topic is served while a dispatcher holds its maintenance lease:
-// every running dispatcher takes part in the election of each of its
-// topics, renews the lease every DispatcherConfig.SweepInterval and gives
-// it up when it stops, so a topic is unserved as soon as its last
-// dispatcher stops, or up to three SweepIntervals after it died. It needs
-// migration 0034 (before it, an error matching ErrNotMigrated).
+// it. A topic is listed when an event of it is due and none is leased, and
+// no dispatcher holds its maintenance lease. Every running dispatcher takes
+// part in the election of each of its topics, and the one elected renews
+// the lease every DispatcherConfig.SweepInterval and gives it up when it
+// stops; its topic's other dispatchers hold no lease, but they lease the
+// topic's due events within their PollInterval. So a topic is listed once
+// its last dispatcher has stopped, or up to three SweepIntervals after it
+// died; and, for a moment, when its elected dispatcher has just stopped and
+// the others have not yet claimed an event that just fell due. It needs
+// migration 0034 (before it, or with a driver that cannot tell, an error
+// matching ErrNotMigrated).
 func (a *Admin) Unserved(ctx context.Context) ([]TopicStats, error) {
 	served, err := a.c.store.Served(ctx)
+	if errors.Is(err, driver.ErrServedUnknown) && !notMigrated(err) {
+		return nil, fmt.Errorf("outbox: topics served: %w: %w", ErrNotMigrated, err)
+	}
 	if err != nil {
 		return nil, a.wrapErr(err, "topics served")
 	}
@@ -294,7 +302,7 @@ func (a *Admin) Unserved(ctx context.Context) ([]TopicStats, error) {
 	}
 	var out []TopicStats
 	for _, t := range backlog.Topics {
-		if t.Pending+t.Processing > 0 && !slices.Contains(served, t.key()) {
+		if t.OldestDueAge > 0 && t.Processing == 0 && !slices.Contains(served, t.key()) {
 			out = append(out, t)
 		}
 	}

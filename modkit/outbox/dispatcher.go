@@ -305,8 +305,13 @@ func (d *Dispatcher) Task() *lifecycle.Task { return d.task }
 
 // Start runs the dispatcher in the background and returns once it is ready
 // (its first claim succeeded), or with the error that stopped it first.
-// Starting a running dispatcher is an error; a stopped one can be started
-// again.
+// Before it is ready, an error that retrying cannot cure stops it: a
+// schema not migrated, missing privileges, a database that does not exist,
+// a login the server refuses (a password being rotated included: start
+// again once it works). A server that cannot be reached is retried until
+// ctx ends; give ctx a deadline. Once ready, every database error is
+// retried. Starting a running dispatcher is an error; a stopped one can be
+// started again.
 func (d *Dispatcher) Start(ctx context.Context) error { return d.task.Start(ctx) }
 
 // Stop stops claiming, gives queued events back, lets in-flight publishes

@@ -36,7 +36,8 @@ type Message struct {
 	// that tenant's key). The database enforces both. While another open
 	// transaction has enqueued the same key, Enqueue waits for it to end
 	// (the unique index's lock): it then returns that event when the other
-	// committed, or inserts when it rolled back; keep transactions that
+	// committed (under REPEATABLE READ or SERIALIZABLE, ErrConflict
+	// instead), or inserts when it rolled back; keep transactions that
 	// enqueue a dedupe key short.
 	DedupeKey *string
 	// OrderingKey, when set, orders the event among the events of its
