@@ -21,9 +21,9 @@ type statsJSON struct {
 	BlockedKeys []blockedKeyJSON `json:"blocked_keys"`
 	// MoreBlockedKeys: more keys are blocked than --blocked-keys listed.
 	MoreBlockedKeys bool `json:"more_blocked_keys,omitempty"`
-	// Unserved: the topics with pending or processing events that no
-	// running dispatcher serves (Admin.Unserved); absent on a schema
-	// before migration 0034, which cannot tell.
+	// Unserved: the topics whose due events no running dispatcher serves
+	// (Admin.Unserved); absent when that cannot be told (a schema before
+	// migration 0034, a role refused its function).
 	Unserved *[]topicStatsJSON `json:"unserved,omitempty"`
 }
 

@@ -270,9 +270,9 @@ func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
 	return statsFrom(rows), nil
 }
 
-// Unserved returns the topics with pending or processing events that no
-// running dispatcher serves, with their backlog counts (as Backlog gives
-// them), sorted as Backlog sorts them. Enqueue cannot know whether a
+// Unserved returns the topics whose due events no running dispatcher
+// serves, with their backlog counts (as Backlog gives them), sorted as
+// Backlog sorts them. Enqueue cannot know whether a
 // dispatcher has a publisher for a topic, so an event of a topic nobody
 // publishes (a producer's typo, a service not deployed yet, a publisher
 // left out of the dispatcher) waits without an error anywhere; this is
