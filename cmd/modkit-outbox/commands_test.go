@@ -382,6 +382,17 @@ func TestDeadFilterFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d saying the filter is empty or given twice:\n%s", args, r.code, exitUsage, r.stderr)
 		}
 	}
+	// A name the outbox would refuse is refused naming the flag, not the
+	// library's EventFilter field.
+	for _, args := range [][]string{
+		{"events", "list", "--topic", "Shop/order_paid"},
+		{"events", "list", "--topic", "shop/Order"},
+		{"dead", "replay", "--namespace", "Shop", "--yes"},
+	} {
+		if r := cli(t, f.dsn, args...); r.code != exitUsage || !strings.Contains(r.stderr, args[2]+":") || strings.Contains(r.stderr, "EventFilter") {
+			t.Errorf("%q: exit %d, want %d naming %s:\n%s", args, r.code, exitUsage, args[2], r.stderr)
+		}
+	}
 	// No id and no filter (an unset shell variable: dead purge $ID) would
 	// select every dead event: refused unless --all says so, and --all
 	// goes with nothing else.

@@ -190,6 +190,16 @@ func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
 	} else {
 		out.Topic = ff.topic
 	}
+	// Checked here, so that the error names the flag rather than the
+	// EventFilter field the library's own check would name.
+	for _, n := range []struct{ flag, what, v string }{
+		{"--namespace", "namespace", ff.namespace}, {"--topic", "namespace", out.Namespace}, {"--topic", "topic", out.Topic},
+	} {
+		if n.v != "" && !validName(n.v) {
+			return out, usageErr("%s: %q is not a valid %s: 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
+				n.flag, n.v, n.what)
+		}
+	}
 	if ff.tenant != "" {
 		id, err := uuid.Parse(ff.tenant)
 		if err != nil {
@@ -205,6 +215,22 @@ func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
 		return out, err
 	}
 	return out, nil
+}
+
+// validName is the rule of namespace and topic names (outbox.Message's).
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case (c == '.' || c == '_' || c == '-') && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // parseWhen reads an RFC 3339 time or a duration before now; "" is zero.
