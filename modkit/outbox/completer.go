@@ -44,8 +44,9 @@ type Outcome struct {
 	// (the dispatcher stopped, its deadline passed while queued, or its
 	// publish was abandoned).
 	Released bool
-	// Abandoned: the publish outlived its deadline and was given up on;
-	// Released is set too.
+	// Abandoned: the publish outlived its deadline, or had not returned
+	// when a stop ran out of time, and was given up on; Released is set
+	// too.
 	Abandoned bool
 	// LeaseLost: the lease had expired before the outcome could be
 	// recorded; nothing was changed and the event will be delivered again.

@@ -546,11 +546,17 @@ func (d *Dispatcher) Health() Health {
 	return h
 }
 
-// abandonedPublish reports a publish given up on at its deadline.
-func (d *Dispatcher) abandonedPublish(c claimed, p *Publisher, paused bool) {
+// abandonedPublish reports a publish given up on at its deadline, or at
+// the end of a stop's time (atStop).
+func (d *Dispatcher) abandonedPublish(c claimed, p *Publisher, paused, atStop bool) {
 	d.metrics.abandoned.Add(context.Background(), 1, d.metrics.topicAttrs(c.d.Namespace, c.d.Topic))
 	attrs := []any{"publisher", p.name(), "namespace", c.d.Namespace, "topic", c.d.Topic, "event_id", c.d.ID, "attempt", c.d.Attempt}
-	if paused {
+	switch {
+	case atStop:
+		d.log.Warn("publish still running when the stop ran out of time (the publisher ignores its context); "+
+			"abandoned, the event goes back without using an attempt", attrs...)
+		return
+	case paused:
 		d.log.Error("topic paused: its publisher ignores its context and every slot of the topic is held by an abandoned publish; "+
 			"other topics go on, this one resumes when they return", attrs...)
 		return

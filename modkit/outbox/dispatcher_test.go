@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"slices"
@@ -413,6 +414,57 @@ func TestStopFitsItsContextDeadline(t *testing.T) {
 	if e.Status != outbox.StatusPending || e.Attempts != 0 || len(outs) != 1 || !outs[0].Released {
 		t.Fatalf("after Stop the event is %s with %d attempts and outcomes %+v; want pending, its attempt not counted, one released outcome",
 			e.Status, e.Attempts, outs)
+	}
+}
+
+// A publish that ignores its context and is still running when the stop
+// runs out of time is abandoned as the stop's last resort: its event goes
+// back with its attempt not counted, and its history and the log say that
+// the stop ran out of time, not that the publish outlived its deadline
+// (its deadline, a 30s lease away, is far off).
+func TestStopAbandonsAPublishThatIgnoresItsContext(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	id := enqueueN(t, client, tdb.Provider.Pool, 1)[0]
+	log, logs := newOutcomeLog(), newLogCapture(slog.LevelWarn)
+	entered, release := make(chan struct{}), make(chan struct{})
+	returned := make(chan struct{})
+	t.Cleanup(func() { close(release); <-returned })
+	cfg := testConfig(log)
+	cfg.StopTimeout = 2 * time.Second
+	cfg.Logger = logs.logger()
+	d := startDispatcher(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
+		defer close(returned)
+		close(entered)
+		<-release // deaf to its context
+		return nil
+	}})
+	recv(t, "the publish", entered)
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	log.mu.Lock()
+	outs := log.byID[id]
+	log.mu.Unlock()
+	e := get(t, client, id)
+	if e.Status != outbox.StatusPending || e.Attempts != 0 || len(outs) != 1 || !outs[0].Abandoned || !outs[0].Released {
+		t.Fatalf("after Stop the event is %s with %d attempts and outcomes %+v; want pending, its attempt not counted, one abandoned outcome",
+			e.Status, e.Attempts, outs)
+	}
+	h, err := client.Admin().History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 1 || h[0].Outcome != "released" || !strings.Contains(h[0].Detail, "stop ran out of time") {
+		t.Fatalf("the event's history is %+v; want one release saying the stop ran out of time", h)
+	}
+	for _, r := range logs.records() {
+		if strings.Contains(r.Msg, "outlived its deadline") || strings.Contains(r.Msg, "topic paused") {
+			t.Errorf("logged %q for a publish abandoned by a stop", r.Msg)
+		}
+	}
+	if logs.count(slog.LevelWarn, "publish still running when the stop ran out of time (the publisher ignores its context); "+
+		"abandoned, the event goes back without using an attempt") != 1 {
+		t.Errorf("no warning for the abandoned publish: %v", logs.records())
 	}
 }
 

@@ -229,8 +229,9 @@
 //     (stop, deadline passed while queued, publish abandoned), without using
 //     an attempt. lease_lost: outcomes refused because the lease had
 //     expired (another dispatcher may publish the event again).
-//   - publish.abandoned: publish calls that outlived their deadline and were
-//     abandoned (see Topic isolation).
+//   - publish.abandoned: publish calls abandoned because they outlived their
+//     deadline (see Topic isolation) or had not returned when a stop ran
+//     out of time.
 //   - claim.errors: failed claim queries; listener.reconnects: LISTEN
 //     connections lost (or found silent: no notification, not even the
 //     listener's own check, for 40s) after they listened; failed attempts

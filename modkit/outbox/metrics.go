@@ -111,7 +111,7 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.dead = counter("outbox.events.dead", "Events dead-lettered.")
 	m.released = counter("outbox.events.released", "Claimed events given back unpublished (stop, deadline passed while queued, publish abandoned).")
 	m.leaseLost = counter("outbox.events.lease_lost", "Outcomes refused because the lease was lost.")
-	m.abandoned = counter("outbox.publish.abandoned", "Publish calls abandoned because they outlived their deadline.")
+	m.abandoned = counter("outbox.publish.abandoned", "Publish calls abandoned because they outlived their deadline or had not returned when a stop ran out of time.")
 	m.claimErrors = counter("outbox.claim.errors", "Failed claim queries.")
 	m.listenerReconnects = counter("outbox.listener.reconnects", "LISTEN connections lost and re-opened.")
 	m.claimBatches = counter("outbox.claim.batches", "Claim queries that leased at least one event of the topic.")

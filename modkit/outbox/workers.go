@@ -442,6 +442,7 @@ const (
 	whyChain      = "not published: an earlier event of its ordering key was not delivered"
 	whyPaused     = "not published: its topic was paused, its publishes having outlived their deadline"
 	whyAbandoned  = "abandoned: the publish outlived its deadline"
+	whyStopLate   = "abandoned: the publish had not returned when the dispatcher's stop ran out of time"
 	whyCutByStop  = "given back: the publish was cut short by a hard stop"
 	whyClaimAfter = "not published: the claim finished after the dispatcher stopped"
 )
@@ -584,13 +585,14 @@ func (p *workerPool) abandonOverdue() {
 	}
 	p.mu.Unlock()
 	for _, k := range overdue {
-		p.abandon(k)
+		p.abandon(k, false)
 	}
 }
 
 // abandon gives up on a running call: its slot is freed and its event
-// given back.
-func (p *workerPool) abandon(k *call) {
+// given back. atStop tells a stop's last resort (abandonAll) from a
+// publish that outlived its deadline.
+func (p *workerPool) abandon(k *call, atStop bool) {
 	p.mu.Lock()
 	if k.state != callRunning {
 		p.mu.Unlock()
@@ -601,8 +603,12 @@ func (p *workerPool) abandon(k *call) {
 	p.finishLocked(k)
 	k.lane.abandoned++
 	p.abandoned++
-	paused := k.lane.paused()
-	back := []result{{c: k.c, kind: abandoned, started: time.Now(), why: whyAbandoned}}
+	paused := k.lane.paused() && !atStop
+	why := whyAbandoned
+	if atStop {
+		why = whyStopLate
+	}
+	back := []result{{c: k.c, kind: abandoned, started: time.Now(), why: why}}
 	back = appendReleased(back, k.lane, k.rest, whyChain)
 	k.rest = nil
 	if paused { // nothing of this lane starts until an abandoned publish returns
@@ -613,7 +619,7 @@ func (p *workerPool) abandon(k *call) {
 	}
 	p.pumpLocked()
 	p.mu.Unlock()
-	p.d.abandonedPublish(k.c, k.lane.pub, paused)
+	p.d.abandonedPublish(k.c, k.lane.pub, paused, atStop)
 	p.send(booked, back...)
 	p.signalRoom()
 }
@@ -694,7 +700,7 @@ func (p *workerPool) abandonAll() {
 	}
 	p.mu.Unlock()
 	for _, k := range calls {
-		p.abandon(k)
+		p.abandon(k, true)
 	}
 }
 
