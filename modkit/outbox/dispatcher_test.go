@@ -912,27 +912,39 @@ func TestRecheckBesideAHungryLane(t *testing.T) {
 // for ever, logging the claim's failure and retrying it.
 func TestDispatcherFailsFastOnAMissingDatabase(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{})
-	cfg := tdb.Provider.Pool.Config().Copy()
-	cfg.ConnConfig.Database = "modkit_no_such_database"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	client := clientOn(t, pool, outbox.Config{})
-	d, err := client.NewDispatcher(outbox.DispatcherConfig{Logger: quietLog},
-		outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	startCtx, cancel := context.WithTimeout(ctx, guard)
-	defer cancel()
-	err = d.Start(startCtx)
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" || !strings.Contains(err.Error(), "check the database name") {
-		t.Fatalf("start on a missing database: %v; want its 3D000 error and what to check", err)
-	}
-	if err := d.Stop(ctx); err != nil {
-		t.Fatalf("stop after the failed start: %v", err)
+	for _, tc := range []struct {
+		name string
+		set  func(*pgxpool.Config)
+		code string
+	}{
+		{"no such database", func(c *pgxpool.Config) { c.ConnConfig.Database = "modkit_no_such_database" }, "3D000"},
+		// Class 28: refused even where the server trusts every login.
+		{"no such role", func(c *pgxpool.Config) { c.ConnConfig.User = "modkit_no_such_role" }, "28000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tdb.Provider.Pool.Config().Copy()
+			tc.set(cfg)
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			client := clientOn(t, pool, outbox.Config{})
+			d, err := client.NewDispatcher(outbox.DispatcherConfig{Logger: quietLog},
+				outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			startCtx, cancel := context.WithTimeout(ctx, guard)
+			defer cancel()
+			err = d.Start(startCtx)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != tc.code || !strings.Contains(err.Error(), "check the database name, role and password") {
+				t.Fatalf("start: %v; want its %s error and what to check", err, tc.code)
+			}
+			if err := d.Stop(ctx); err != nil {
+				t.Fatalf("stop after the failed start: %v", err)
+			}
+		})
 	}
 }
