@@ -97,6 +97,33 @@ func TestStatsUnserved(t *testing.T) {
 	}
 }
 
+// TestStatsWhenUnservedIsRefused: a role refused the function that tells
+// which topics are served (grants changed by hand) still gets the counts,
+// with a warning on stderr, and the JSON has no "unserved" field.
+func TestStatsWhenUnservedIsRefused(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 1)
+	reader, _ := f.login(t, "modkit_outbox_reader")
+	if _, err := f.pool.Exec(bg, "REVOKE EXECUTE ON FUNCTION public.modkit_outbox_served_topics(timestamptz) FROM modkit_outbox_reader"); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, reader, "stats").must(t, exitOK)
+	if !strings.Contains(r.stderr, "warning: could not tell which topics a dispatcher serves") || !strings.Contains(r.stderr, "42501") {
+		t.Fatalf("stats as a role refused the function: stderr\n%s", r.stderr)
+	}
+	if !regexp.MustCompile(`(?m)^shop +order_paid +1 +0 `).MatchString(r.stdout) || strings.Contains(r.stdout, "NO RUNNING DISPATCHER") {
+		t.Fatalf("stats as a role refused the function: want the counts without the unserved section:\n%s", r.stdout)
+	}
+	r = cli(t, reader, "stats", "--json").must(t, exitOK)
+	var st statsJSON
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Unserved != nil || len(st.Topics) != 1 || st.Topics[0].Pending != 1 || strings.Contains(r.stdout, `"unserved"`) {
+		t.Fatalf("stats --json as a role refused the function: %s", r.stdout)
+	}
+}
+
 // TestStatsBlockedKeys: an ordering key whose head is dead is listed after
 // the table, and in the JSON.
 func TestStatsBlockedKeys(t *testing.T) {
