@@ -111,7 +111,11 @@
 // # Failure modes
 //
 //   - Not migrated: enqueues and dispatcher starts fail with an error
-//     matching ErrNotMigrated that says how to migrate.
+//     matching ErrNotMigrated that says how to migrate. Migrated by an
+//     earlier version (the library upgraded, its new migrations not run):
+//     a dispatcher's start logs a warning naming the missing migrations,
+//     when the schema records them (the modkit migrator's table; not
+//     golang-migrate's or goose's).
 //   - Database unavailable: claims and outcome writes are retried with
 //     capped backoff, and Health reports failing claims; events whose
 //     outcomes could not be recorded before their lease ended are delivered

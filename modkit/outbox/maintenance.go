@@ -134,6 +134,7 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 			d.log.Warn("could not resign maintenance leadership; another dispatcher takes over when the lease expires", d.errorAttrs(err)...)
 		}
 	}()
+	d.warnMissingMigrations(ctx)
 	var leaseEnds time.Time // of the leadership last won; zero when none is held
 	for {
 		leaseEnds = d.maintainOnce(ctx, roles, leaseEnds)
@@ -142,6 +143,29 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// warnMissingMigrations logs a warning when the schema lacks some of the
+// migrations of this build (a library upgraded, its migrations not run):
+// the database then runs the functions of the migrations it has, so fixes
+// and features of the missing ones are absent. Once a start, before the
+// first election; a check that fails is logged at debug level only.
+func (d *Dispatcher) warnMissingMigrations(ctx context.Context) {
+	mc, ok := d.c.store.(driver.MigrationChecker)
+	if !ok {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
+	defer cancel()
+	missing, err := mc.MissingMigrations(cctx)
+	switch {
+	case err != nil:
+		d.log.Debug("could not tell whether the schema lacks migrations", "schema", d.c.cfg.Schema, "error", err)
+	case len(missing) > 0:
+		d.log.Warn("the outbox schema lacks migrations of this build: run them (Client.Migrate, outbox.Module's "+
+			"migrations, or modkit-outbox migrate up); until then the database runs the functions of the migrations it has",
+			"schema", d.c.cfg.Schema, "missing", missing)
 	}
 }
 

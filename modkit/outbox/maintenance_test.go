@@ -347,3 +347,53 @@ func TestMaintenancePassOutOfTimeIsLogged(t *testing.T) {
 		t.Fatalf("%d of %d passes counted as finished; their sweep never returned before the deadline", finished, passes)
 	}
 }
+
+// A dispatcher started on a schema that lacks migrations of this build (a
+// library upgraded, its migrations not run) says so once, naming them;
+// on a schema with every migration, or one whose migrations another tool
+// applied (no record of them), it says nothing.
+func TestDispatcherWarnsOfMissingMigrations(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var newest string
+	if err := pool.QueryRow(ctx, "SELECT to_char(version, 'FM0000') || '_' || name FROM public.modkit_schema_migrations "+
+		"ORDER BY version DESC LIMIT 1").Scan(&newest); err != nil {
+		t.Fatal(err)
+	}
+	const warning = "the outbox schema lacks migrations of this build: run them (Client.Migrate, outbox.Module's " +
+		"migrations, or modkit-outbox migrate up); until then the database runs the functions of the migrations it has"
+	for _, tc := range []struct {
+		name, forget string // forget: the rows of the migrations table deleted first
+		want         string // the missing migrations logged; "" for no warning
+	}{
+		{"every migration applied", "", ""},
+		{"the newest not applied", "version = (SELECT max(version) FROM public.modkit_schema_migrations)", "[" + newest + "]"},
+		{"no record", "true", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.forget != "" {
+				if _, err := pool.Exec(ctx, "DELETE FROM public.modkit_schema_migrations WHERE "+tc.forget); err != nil {
+					t.Fatal(err)
+				}
+			}
+			logs := newLogCapture(slog.LevelWarn)
+			cfg := testConfig(newOutcomeLog())
+			cfg.Logger = logs.logger()
+			d, passes := startMaintained(t, client, cfg,
+				outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }})
+			passes.waitPasses(t, 1) // the check runs before the first pass
+			if err := d.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range logs.records() {
+				if r.Msg == warning {
+					got = append(got, r.Attrs["missing"])
+				}
+			}
+			if tc.want == "" && len(got) > 0 || tc.want != "" && (len(got) != 1 || got[0] != tc.want) {
+				t.Fatalf("warnings of missing migrations: %q; want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -190,6 +190,19 @@ type Store interface {
 	Fatal(err error) bool
 }
 
+// MigrationChecker is implemented by a Store that can tell which of its
+// engine's migrations the schema lacks. It is optional: a dispatcher asks
+// once a start and logs a warning when some are missing (a library
+// upgraded, its migrations not run).
+type MigrationChecker interface {
+	// MissingMigrations returns the names of the engine's migrations
+	// ("0034_outbox_served_topics") that the schema's record of applied
+	// migrations lacks, oldest first. It returns nil when the schema
+	// records none: its migrations were applied by another tool, and
+	// nothing can be told.
+	MissingMigrations(ctx context.Context) ([]string, error)
+}
+
 // Errors a Store returns.
 var (
 	// ErrServedUnknown: Served cannot tell which topics are served (for

@@ -935,6 +935,31 @@ func (s *store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// MissingMigrations implements driver.MigrationChecker from the migrations
+// table the modkit migrator keeps in the schema (db.MigrationsTable). A
+// schema migrated by another tool (golang-migrate, goose, psql) has no such
+// record: nil.
+func (s *store) MissingMigrations(ctx context.Context) ([]string, error) {
+	m, err := db.NewMigrator(s.pool, db.MigratorConfig{Schema: s.opts.Schema})
+	if err != nil {
+		return nil, err
+	}
+	status, err := m.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var missing []string
+	for _, st := range status {
+		if !st.Applied {
+			missing = append(missing, fmt.Sprintf("%04d_%s", st.Version, st.Name))
+		}
+	}
+	if len(missing) == len(status) {
+		return nil, nil // nothing recorded
+	}
+	return missing, nil
+}
+
 // Fatal implements driver.Store: class 42 (undefined table or column,
 // insufficient privilege, syntax error), a missing schema, a missing
 // database and a refused login (class 28: wrong password, no such role, no
