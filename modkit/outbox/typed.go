@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -69,15 +70,31 @@ type TypedDelivery[T any] struct {
 // Publisher returns the Publisher of this topic that decodes each payload
 // into a T and calls publish. A payload that does not decode into T can
 // never succeed: it is dead-lettered at once (a Permanent error naming the
-// type) without calling publish.
+// type) without calling publish. So is a JSON null when T is not a
+// pointer, interface, map or slice: encoding/json would leave a zero T
+// that no TypedTopic[T] producer can have sent.
+//
+// Decoding is encoding/json's otherwise: a field missing from the payload
+// keeps its zero value and a field T does not have is ignored, so that
+// producers and publishers can add fields at different times. Where a
+// value must be present, check it in publish and return a Permanent error.
 func (tt TypedTopic[T]) Publisher(publish func(ctx context.Context, d TypedDelivery[T]) error) Publisher {
-	typeName := reflect.TypeFor[T]().String()
+	typ := reflect.TypeFor[T]()
+	typeName := typ.String()
+	nullable := false
+	switch typ.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice:
+		nullable = true
+	}
 	p := Publisher{Topic: tt.topic, Name: fmt.Sprintf("TypedTopic[%s] %s", typeName, tt.topic)}
 	if publish == nil {
 		return p // refused by NewDispatcher: neither Publish nor HandleTx
 	}
 	p.Publish = func(ctx context.Context, d Delivery) error {
 		td := TypedDelivery[T]{Delivery: d}
+		if !nullable && string(bytes.TrimSpace(d.Payload)) == "null" {
+			return Permanent(fmt.Errorf("the payload of event %s is null, which is no %s", d.ID, typeName))
+		}
 		if err := json.Unmarshal(d.Payload, &td.Value); err != nil {
 			return Permanent(fmt.Errorf("decoding the payload of event %s into %s: %w", d.ID, typeName, err))
 		}

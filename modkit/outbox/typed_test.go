@@ -19,8 +19,10 @@ type orderPlaced struct {
 var orderPlacedTopic = outbox.NewTypedTopic[orderPlaced]("shop", "order_placed")
 
 // A typed topic encodes T at enqueue and hands the publisher T decoded,
-// with the raw payload still there; a payload that does not decode into T
-// is dead-lettered at once without reaching the publisher.
+// with the raw payload still there; a payload that does not decode into T,
+// or a JSON null for a T that cannot be nil, is dead-lettered at once
+// without reaching the publisher. A null for a pointer T is delivered as
+// nil.
 func TestTypedTopic(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -45,14 +47,27 @@ func TestTypedTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	null, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(`null`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pointerTopic := outbox.NewTypedTopic[*orderPlaced]("shop", "order_maybe")
+	nilPointer, err := pointerTopic.Enqueue(ctx, c, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 
-	got := make(chan outbox.TypedDelivery[orderPlaced], 3)
+	got := make(chan outbox.TypedDelivery[orderPlaced], 5)
+	gotPointer := make(chan outbox.TypedDelivery[*orderPlaced], 1)
 	log := newOutcomeLog()
 	startDispatcher(t, c, testConfig(log), orderPlacedTopic.Publisher(func(_ context.Context, d outbox.TypedDelivery[orderPlaced]) error {
 		got <- d
 		return nil
+	}), pointerTopic.Publisher(func(_ context.Context, d outbox.TypedDelivery[*orderPlaced]) error {
+		gotPointer <- d
+		return nil
 	}))
-	log.waitFor(t, "three outcomes", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m) == 3 })
+	log.waitFor(t, "five outcomes", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m) == 5 })
 	close(got)
 	want := map[uuid.UUID]orderPlaced{first.ID: {"o-1", 1250}, second.ID: {"o-2", 99}}
 	for d := range got {
@@ -67,6 +82,13 @@ func TestTypedTopic(t *testing.T) {
 	e := get(t, c, bad.ID)
 	if e.Status != outbox.StatusDead || e.Attempts != 1 || e.LastError == nil || !strings.Contains(*e.LastError, "outbox_test.orderPlaced") {
 		t.Fatalf("undecodable payload: %+v", e)
+	}
+	e = get(t, c, null.ID)
+	if e.Status != outbox.StatusDead || e.Attempts != 1 || e.LastError == nil || !strings.Contains(*e.LastError, "is null, which is no outbox_test.orderPlaced") {
+		t.Fatalf("null payload: %+v", e)
+	}
+	if d := <-gotPointer; d.ID != nilPointer.ID || d.Value != nil {
+		t.Fatalf("a null payload of a pointer topic: %s with %v; want %s with nil", d.ID, d.Value, nilPointer.ID)
 	}
 }
 
