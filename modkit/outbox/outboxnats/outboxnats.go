@@ -176,12 +176,19 @@ type Publisher struct {
 	subject func(outbox.Delivery) string
 }
 
-// New returns a Publisher that publishes through js.
+// New returns a Publisher that publishes through js. It refuses
+// (ErrInvalidConfig) a connection that is closed or that gives up
+// reconnecting within an hour: either would dead-letter every event.
 func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: outboxnats: the JetStream context is nil", outbox.ErrInvalidConfig)
 	}
 	if nc := js.Conn(); nc != nil {
+		if nc.IsClosed() {
+			return nil, fmt.Errorf("%w: outboxnats: the NATS connection is closed, and a closed connection never publishes again "+
+				"(every event would be dead-lettered after its attempts): pass the JetStream context of an open connection, "+
+				"and close it after the dispatcher has stopped", outbox.ErrInvalidConfig)
+		}
 		if o := nc.Opts; !o.AllowReconnect || o.MaxReconnect >= 0 && time.Duration(o.MaxReconnect)*o.ReconnectWait < minReconnecting {
 			return nil, fmt.Errorf("%w: outboxnats: the NATS connection gives up reconnecting within an hour (reconnecting allowed: "+
 				"%v, %d attempts %v apart), and a closed connection never publishes again (every event would be dead-lettered "+

@@ -427,6 +427,20 @@ func TestNewRefusesAConnectionThatGivesUp(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalidConfig saying to reconnect for ever", tc.name, err)
 		}
 	}
+
+	// A connection already closed, whatever its options, never publishes.
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	if _, err := outboxnats.New(js, outboxnats.Config{}); !errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "is closed") {
+		t.Errorf("a closed connection: %v, want ErrInvalidConfig saying it is closed", err)
+	}
 }
 
 // A publish whose context has ended sends nothing: a stopping dispatcher's
