@@ -110,11 +110,20 @@ func TestDashboardLinksKeepTheirFilters(t *testing.T) {
 		t.Fatal("the dead link of the mails topic does not list that topic's dead events alone")
 	}
 	first := follow(overview, "the mails topic's events", row+`<td><a href="([^"]+)"`)
+	ids := regexp.MustCompile(`events/([0-9a-f-]{36})`)
 	if strings.Contains(first, orders.Topic) {
 		t.Fatal("the mails topic's link lists other topics' events")
 	}
+	// The topic as the overview writes it, pasted into the filter.
+	if pasted, _ := get(t, jar, base+"events?topic="+url.QueryEscape(mails.String())); ids.FindString(pasted) != ids.FindString(first) ||
+		strings.Contains(pasted, orders.Topic) || !strings.Contains(pasted, `name="namespace" value="`+mails.Namespace+`"`) {
+		t.Fatalf("events?topic=%s does not list the mails topic's events, with its namespace in the filter:\n%s", mails, pasted)
+	}
+	if code, body := fetch(t, jar, base+"events?namespace=shop&topic="+url.QueryEscape(mails.String())); code != http.StatusBadRequest ||
+		!strings.Contains(body, "but Namespace is") {
+		t.Fatalf("a topic of another namespace than the filter's: %d\n%s", code, body)
+	}
 	second := follow(first, "the next page", `<a id="next" href="([^"]+)"`)
-	ids := regexp.MustCompile(`events/([0-9a-f-]{36})`)
 	a, b := ids.FindString(first), ids.FindString(second)
 	if a == "" || b == "" || a == b || strings.Contains(second, orders.Topic) {
 		t.Fatalf("the next page starts with %q after a page that starts with %q; want the mails topic's next events", b, a)

@@ -139,6 +139,15 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := outbox.EventFilter{Status: outbox.Status(q.Get("status")), Namespace: strings.TrimSpace(q.Get("namespace")),
 		Topic: strings.TrimSpace(q.Get("topic")), After: q.Get("after"), Limit: 50}
+	// A topic as the dashboard writes it, namespace/topic, names both.
+	if ns, topic, ok := strings.Cut(f.Topic, "/"); ok {
+		if f.Namespace != "" && f.Namespace != ns {
+			h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("Topic %q is of namespace %q, but Namespace is %q: clear one of them.",
+				f.Topic, ns, f.Namespace))
+			return
+		}
+		f.Namespace, f.Topic = ns, topic
+	}
 	d := eventsData{Statuses: []outbox.Status{outbox.StatusPending, outbox.StatusProcessing, outbox.StatusDelivered, outbox.StatusDead},
 		Tenant: strings.TrimSpace(q.Get("tenant"))}
 	if d.Tenant != "" {
