@@ -858,6 +858,88 @@ func TestDashboardPurgeOfADeadEventBehindItsKey(t *testing.T) {
 	}
 }
 
+// An ordering key held back by a dead event is listed on the overview with
+// a link to the dead event, whose page lets an operator skip it; the skip
+// is refused for an event that is not the key's dead head, and once done
+// the key is no longer listed and the event's history records who skipped.
+func TestDashboardBlockedKeysAndSkipHead(t *testing.T) {
+	w := newWorld(t)
+	keyed := outbox.Topic{Namespace: "shop", Topic: "ledger"}
+	var ids []uuid.UUID
+	for i := range 3 {
+		r, err := w.client.Enqueue(bg, w.pool, outbox.Message{Namespace: keyed.Namespace, Topic: keyed.Topic, OrderingKey: "acct-9",
+			Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.ID)
+	}
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := uuid.New()
+	got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{keyed.Namespace + ":" + keyed.Topic}, Limit: 1,
+		MaxAttempts: 5, Worker: worker, Lease: time.Minute})
+	if err != nil || len(got) != 1 || got[0].ID != ids[0] {
+		t.Fatalf("claim of the key's head: %v %v", got, err)
+	}
+	if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Dead,
+		Error: "the ledger refused it"}}); err != nil {
+		t.Fatal(err)
+	}
+	head := ids[0]
+
+	base := serve(t, w, outboxui.Options{OperatorToken: token, By: "ops dashboard"})
+	jar := newJar()
+	overview, csrf := get(t, jar, base)
+	row := regexp.MustCompile(`(?s)<tr data-key="acct-9">.*?</tr>`).FindString(overview)
+	if !strings.Contains(row, `events/`+head.String()+`"`) || !strings.Contains(row, `<td class="waiting">2</td>`) ||
+		!strings.Contains(row, "the ledger refused it") {
+		t.Fatalf("the overview's blocked key acct-9 (head %s, 2 waiting):\n%s", head, overview)
+	}
+	if page, _ := get(t, jar, base+"events/"+head.String()); strings.Contains(page, `id="skip-head"`) {
+		t.Fatal("the skip form is shown to a visitor who has not signed in")
+	}
+	if code, _ := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	if page, _ := get(t, jar, base+"events/"+head.String()); !strings.Contains(page, `id="skip-head"`) {
+		t.Fatalf("no skip form on the dead head's page:\n%s", page)
+	}
+	skip := func(id uuid.UUID) string {
+		t.Helper()
+		resp, err := jar.PostForm(base+"skip-head", url.Values{"csrf": {csrf}, "id": {id.String()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		to, err := resp.Location()
+		if err != nil {
+			t.Fatalf("skip of %s: %d, no redirect", id, resp.StatusCode)
+		}
+		page, _ := get(t, jar, to.String())
+		return flashOf(page)
+	}
+	if msg := skip(ids[1]); !strings.HasPrefix(msg, "Nothing skipped") {
+		t.Fatalf("skip of a pending event behind the head: %q", msg)
+	}
+	if msg := skip(head); !strings.HasPrefix(msg, "Skipped:") {
+		t.Fatalf("skip of the dead head: %q", msg)
+	}
+	adm := w.client.Admin()
+	if ev, err := adm.Get(bg, head); err != nil || ev.Status != outbox.StatusDead {
+		t.Fatalf("the skipped head: %+v %v, want it still dead", ev, err)
+	}
+	h, err := adm.History(bg, head)
+	if err != nil || len(h) == 0 || h[len(h)-1].Outcome != "skipped" || !strings.Contains(h[len(h)-1].Detail, "ops dashboard") {
+		t.Fatalf("the skipped head's history: %+v %v", h, err)
+	}
+	if overview, _ := get(t, jar, base); strings.Contains(overview, `data-key="acct-9"`) {
+		t.Fatalf("the skipped key is still listed as blocked:\n%s", overview)
+	}
+}
+
 // A topic with events waiting and no running dispatcher (no maintenance
 // lease held for it) is marked on the overview: its events would wait
 // without an error anywhere. A topic a dispatcher serves is not.

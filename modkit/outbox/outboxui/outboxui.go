@@ -7,8 +7,8 @@
 //
 // It shows per-topic depth, the age of the oldest due event, throughput and
 // dead counts; the health of the dispatchers given in Options.Dispatchers; a
-// chart of throughput and delivery latency over the last hour; the events
-// with filters; and each event's detail with its history of attempts,
+// chart of throughput and delivery latency over the last hour; the ordering
+// keys a dead event blocks; the events with filters; and each event's detail with its history of attempts,
 // which the page still shows, marked purged, once the event's row is
 // purged. Everything it serves is embedded: no CDN, no script from elsewhere.
 //
@@ -29,8 +29,8 @@
 // # Security
 //
 //   - Read-only by default. With Options.OperatorToken set, an operator who
-//     signs in with that token may replay or purge dead events and purge
-//     delivered ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
+//     signs in with that token may replay, purge or skip (the dead head
+//     of an ordering key) dead events and purge delivered ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
 //     valid for at most OperatorSessionMax and until the handler is rebuilt
 //     (a restart signs everyone out) unless Options.SigningKey is set, as
 //     below. Signing out replaces the browser's id, to which the sign-in
@@ -128,14 +128,14 @@ var ErrWeakSigningKey = fmt.Errorf("%w: outboxui: the signing key is too short: 
 // Options configures the dashboard. The zero value is a read-only
 // dashboard that hides payloads.
 type Options struct {
-	// OperatorToken, when set, lets an operator who signs in with it replay
-	// or purge dead events and purge delivered ones. At least TokenMinLen
+	// OperatorToken, when set, lets an operator who signs in with it replay,
+	// purge or skip (Admin.SkipHead) dead events and purge delivered ones. At least TokenMinLen
 	// characters. Empty: read-only.
 	OperatorToken string
 	// ShowPayloads shows event payloads on the event page.
 	ShowPayloads bool
-	// By names the dashboard in the audit trail of replays and purges of
-	// dead events ("replayed by …"). Default "outboxui".
+	// By names the dashboard in the audit trail of replays, purges and
+	// skips of dead events ("replayed by …"). Default "outboxui".
 	By string
 	// Logger receives a record of every action, and of every failure that
 	// is not the visitor's doing, under the error_id the page shows.
@@ -247,6 +247,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	h.mux.HandleFunc("POST /replay", h.action(true, h.replay))
 	h.mux.HandleFunc("POST /purge", h.action(true, h.purge))
 	h.mux.HandleFunc("POST /purge-dead", h.action(true, h.purgeDead))
+	h.mux.HandleFunc("POST /skip-head", h.action(true, h.skipHead))
 	return h, nil
 }
 
@@ -549,6 +550,28 @@ func (h *handler) purgeDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.redirect(w, r, "events/"+id.String(), "Event purged: it is deleted, and its history stays.")
+}
+
+// skipHead lets the later events of a dead event's ordering key go on
+// without it (Admin.SkipHead). The event stays dead.
+func (h *handler) skipHead(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PostForm.Get("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "Skipping a dead head needs its event id.")
+		return
+	}
+	err = h.admin.SkipHead(r.Context(), h.opts.By, id)
+	h.log.Info("outboxui: skip head", "event", id, "skipped", err == nil, "remote", r.RemoteAddr)
+	switch {
+	case errors.Is(err, outbox.ErrNotFound):
+		h.redirect(w, r, "events/"+id.String(), "Nothing skipped: this event does not hold its ordering key back (it is not dead, "+
+			"was skipped already, or waits behind an earlier dead event of its key, which must be skipped first).")
+	case err != nil:
+		h.failInternal(w, r, "skip head", err)
+	default:
+		h.redirect(w, r, "events/"+id.String(), "Skipped: the later events of its ordering key go on without it; it stays dead "+
+			"(a replay would deliver it out of order).")
+	}
 }
 
 func (h *handler) purge(w http.ResponseWriter, r *http.Request) {

@@ -46,7 +46,14 @@ type overviewData struct {
 	// series could not be read; the chart and the hourly figures are then
 	// left out.
 	SeriesErr string
+	// Blocked lists ordering keys held back by a dead event, longest dead
+	// first, at most blockedShown; MoreBlocked says there are more.
+	Blocked     []outbox.BlockedKey
+	MoreBlocked bool
 }
+
+// blockedShown is how many blocked ordering keys the overview lists.
+const blockedShown = 20
 
 // dispatcherRow is one dispatcher's health on the overview.
 type dispatcherRow struct {
@@ -85,6 +92,14 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	} else if !errors.Is(err, outbox.ErrNotMigrated) {
 		h.logInternal(r, slog.LevelWarn, "reading which topics a dispatcher serves", err)
+	}
+	// Keys held back by a dead event: their later events wait without an
+	// error of their own. A failed read leaves the section out.
+	if blocked, err := h.admin.BlockedKeys(ctx, blockedShown+1); err == nil {
+		d.MoreBlocked = len(blocked) > blockedShown
+		d.Blocked = blocked[:min(len(blocked), blockedShown)]
+	} else if !errors.Is(err, outbox.ErrNotMigrated) {
+		h.logInternal(r, slog.LevelWarn, "reading the blocked ordering keys", err)
 	}
 	hourly := map[outbox.Topic]int64{}
 	for _, ts := range series.Topics {
