@@ -69,7 +69,10 @@
 //     skips event IDs it has handled sees each key in order). A
 //     dead event holds its key back (Admin.BlockedKeys) until it is
 //     replayed, skipped (Admin.SkipHead) or purged (Admin.PurgeDead),
-//     unless Publisher.SkipDeadHeads.
+//     unless Publisher.SkipDeadHeads. One at a time holds for publishes
+//     that return: one that ignores its context past its deadline is
+//     abandoned (below), and its event is published again while the
+//     abandoned call may still run.
 //     Events without a key, and events of different keys, are not ordered.
 //   - Fencing: every claim issues a fresh lease token, and an outcome is
 //     recorded only with the current token of an unexpired lease held by
