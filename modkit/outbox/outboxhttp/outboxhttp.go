@@ -113,6 +113,10 @@ type StatusError struct {
 	Body string
 	// URL the request went to.
 	URL string
+	// Location is where a 3xx response pointed (its Location header, with
+	// any password redacted): redirects are not followed (see
+	// Config.Client), so point the publisher's URL there if it moved.
+	Location string
 
 	retryAfter time.Duration
 }
@@ -121,6 +125,9 @@ type StatusError struct {
 // the body.
 func (e *StatusError) Error() string {
 	s := fmt.Sprintf("outboxhttp: %s answered %d %s", e.URL, e.StatusCode, http.StatusText(e.StatusCode))
+	if e.Location != "" {
+		s += fmt.Sprintf(" (a redirect to %s, not followed: if the receiver moved, point the publisher's URL there)", e.Location)
+	}
 	if e.retryAfter > 0 {
 		s += fmt.Sprintf(" (retry after %v)", e.retryAfter)
 	}
@@ -306,6 +313,11 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	}
 	serr := &StatusError{StatusCode: resp.StatusCode, Body: strings.TrimSpace(string(head)), URL: req.URL.Redacted(),
 		retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), p.now())}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		if loc, err := resp.Location(); err == nil {
+			serr.Location = loc.Redacted()
+		}
+	}
 	if serr.Permanent() {
 		return outbox.Permanent(serr)
 	}

@@ -352,6 +352,9 @@ func TestOwnClientDoesNotFollowRedirects(t *testing.T) {
 		if !errors.As(err, &se) || strconv.Itoa(se.StatusCode) != code || outbox.IsPermanent(err) {
 			t.Fatalf("%s: %v, want a StatusError %s to retry", code, err, code)
 		}
+		if se.Location != srv.URL+"/elsewhere" || !strings.Contains(err.Error(), "a redirect to "+srv.URL+"/elsewhere, not followed") {
+			t.Fatalf("%s: %v (Location %q), want it to say where the redirect pointed", code, err, se.Location)
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
