@@ -273,6 +273,11 @@ func publishableSubject(s string) bool {
 }
 
 func classify(subject string, err error) error {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) {
+		// The server answers "no responders" when no stream's subjects
+		// take the subject; retried, as the stream may be created.
+		err = fmt.Errorf("%w (does a stream capture this subject? check the streams' subjects, or Config.Subject)", err)
+	}
 	err = fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, subject, err)
 	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
 		errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrBadHeaderMsg) {

@@ -282,8 +282,9 @@ func TestFailures(t *testing.T) {
 	p := newPublisher(t, js, outboxnats.Config{})
 
 	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "nostream", Topic: "events", Payload: json.RawMessage(`{}`)})
-	if err == nil || outbox.IsPermanent(err) {
-		t.Errorf("no stream: got %v, want an error to retry", err)
+	if err == nil || outbox.IsPermanent(err) || !errors.Is(err, outboxnats.ErrNotAcknowledged) ||
+		!strings.Contains(err.Error(), "does a stream capture this subject?") {
+		t.Errorf("no stream: got %v, want an error to retry that asks whether a stream captures the subject", err)
 	}
 	big := json.RawMessage(`"` + strings.Repeat("x", 2000) + `"`)
 	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: big})
