@@ -351,9 +351,11 @@ type EventFilter struct {
 	Status    Status
 	Namespace string
 	Topic     string
-	TenantID  *uuid.UUID
+	// TenantID matches the events of one tenant (the nil UUID, which no
+	// event has, is refused).
+	TenantID *uuid.UUID
 	// CreatedAfter (inclusive) and CreatedBefore (exclusive) bound the
-	// enqueue time.
+	// enqueue time; CreatedAfter after CreatedBefore is refused.
 	CreatedAfter, CreatedBefore time.Time
 	// Limit is List's page size: default 100, at most 1000. For
 	// ReplayDead and PurgeDead by filter it caps how many events one call
@@ -388,6 +390,15 @@ func (f EventFilter) toDriver(limitDefault, limitMax int) (driver.ListFilter, er
 	if f.Topic != "" && !validName(f.Topic) {
 		return out, configError("EventFilter.Topic is %q; a topic is 1 to 128 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit",
 			truncateForMessage(f.Topic))
+	}
+	// No event has the nil tenant (Enqueue refuses it), and bounds the
+	// wrong way round are swapped by mistake.
+	if f.TenantID != nil && *f.TenantID == uuid.Nil {
+		return out, configError("EventFilter.TenantID is the nil UUID, which no event has; leave TenantID nil to match every tenant")
+	}
+	if !f.CreatedBefore.IsZero() && f.CreatedAfter.After(f.CreatedBefore) {
+		return out, configError("EventFilter.CreatedAfter (%s) is after CreatedBefore (%s): no event can match; swap them",
+			f.CreatedAfter.UTC().Format(time.RFC3339Nano), f.CreatedBefore.UTC().Format(time.RFC3339Nano))
 	}
 	if out.Limit == 0 {
 		out.Limit = limitDefault

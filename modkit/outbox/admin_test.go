@@ -426,9 +426,14 @@ func TestListFilters(t *testing.T) {
 		slices.Contains(got, events[7].ID) {
 		t.Fatalf("the window [%v, %v) holds %v", after, before, got)
 	}
-	for _, f := range []outbox.EventFilter{{Status: "bogus"}, {Status: "DEAD"}, {Limit: -1}, {Limit: 1001}} {
+	nilTenant := uuid.Nil
+	for _, f := range []outbox.EventFilter{{Status: "bogus"}, {Status: "DEAD"}, {Limit: -1}, {Limit: 1001},
+		{TenantID: &nilTenant}, {CreatedAfter: before, CreatedBefore: after}} {
 		if _, err := c.Admin().List(ctx, f); !errors.Is(err, outbox.ErrInvalidConfig) {
 			t.Fatalf("filter %+v: %v, want ErrInvalidConfig", f, err)
+		}
+		if _, err := c.Admin().ReplayDead(ctx, "bob@ops", f); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Fatalf("replay by filter %+v: %v, want ErrInvalidConfig", f, err)
 		}
 	}
 	for _, cursor := range []string{"garbage!", "Zm9v", "bm90LWEtdGltZXxub3QtYW4taWQ"} {
