@@ -197,9 +197,9 @@ type Store interface {
 type MigrationChecker interface {
 	// MissingMigrations returns the names of the engine's migrations
 	// ("0034_outbox_served_topics") that the schema's record of applied
-	// migrations lacks, oldest first. It returns nil when the schema
-	// records none: its migrations were applied by another tool, and
-	// nothing can be told.
+	// migrations lacks, oldest first. It returns nil when nothing can be
+	// told: the schema records none (its migrations were applied by
+	// another tool), or the role may not read the record.
 	MissingMigrations(ctx context.Context) ([]string, error)
 }
 

@@ -938,8 +938,18 @@ func (s *store) Migrate(ctx context.Context) error {
 // MissingMigrations implements driver.MigrationChecker from the migrations
 // table the modkit migrator keeps in the schema (db.MigrationsTable). A
 // schema migrated by another tool (golang-migrate, goose, psql) has no such
-// record: nil.
+// record, and a role that may not read it (the dispatcher and producer
+// roles) cannot tell: nil for both.
 func (s *store) MissingMigrations(ctx context.Context) ([]string, error) {
+	var readable bool
+	table := pgx.Identifier{s.opts.Schema, db.MigrationsTable}.Sanitize()
+	if err := s.pool.QueryRow(ctx, `SELECT CASE WHEN to_regclass($1) IS NULL THEN false
+		ELSE has_table_privilege(to_regclass($1), 'SELECT') END`, table).Scan(&readable); err != nil {
+		return nil, fmt.Errorf("outboxpg: look up %s: %w", table, err)
+	}
+	if !readable {
+		return nil, nil
+	}
 	m, err := db.NewMigrator(s.pool, db.MigratorConfig{Schema: s.opts.Schema})
 	if err != nil {
 		return nil, err
