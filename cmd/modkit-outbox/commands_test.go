@@ -258,6 +258,73 @@ func TestEventsShow(t *testing.T) {
 	cli(t, f.dsn, "events", "show", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
 }
 
+// TestEventsOrderingKey: events list and events show print an event's
+// ordering key and its place in the key, as text and as JSON, so that an
+// operator can tell which events wait behind a key's dead head; events
+// without a key print neither (no KEY column when no listed event has a
+// key; no fields in the JSON).
+func TestEventsOrderingKey(t *testing.T) {
+	f := newFixture(t)
+	keyed := f.enqueueKey(t, orders, "A", 3)
+	if head := f.settle(t, orders, 3, driver.Dead, 0); len(head) != 1 || head[0] != keyed[0] {
+		t.Fatalf("claimed %v of one key, want its head %s alone", head, keyed[0])
+	}
+	plain := f.enqueue(t, mails, 1)[0]
+
+	table := cli(t, f.dsn, "events", "list").must(t, exitOK).stdout
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	fields := func(i int) string { return strings.Join(strings.Fields(lines[i]), " ") }
+	if len(lines) != 5 || fields(0) != "ID NAMESPACE TOPIC KEY SEQ STATUS ATTEMPTS CREATED LAST ERROR" {
+		t.Fatalf("events list of keyed events, want KEY and SEQ columns:\n%s", table)
+	}
+	for i, want := range []string{
+		keyed[0].String() + " shop order_paid A 1 dead 1 ",
+		keyed[1].String() + " shop order_paid A 2 pending 0 ",
+		keyed[2].String() + " shop order_paid A 3 pending 0 ",
+		plain.String() + " crm welcome_mail - - pending 0 ",
+	} {
+		if !strings.HasPrefix(fields(i+1), want) {
+			t.Errorf("events list line %d: %q, want it to start with %q", i+1, fields(i+1), want)
+		}
+	}
+	table = cli(t, f.dsn, "events", "list", "--topic", "crm/welcome_mail").must(t, exitOK).stdout
+	if h, _, _ := strings.Cut(table, "\n"); strings.Join(strings.Fields(h), " ") != "ID NAMESPACE TOPIC STATUS ATTEMPTS CREATED LAST ERROR" {
+		t.Fatalf("events list without a keyed event, want no KEY column:\n%s", table)
+	}
+
+	out := cli(t, f.dsn, "events", "list", "--json").must(t, exitOK).stdout
+	var p pageJSON
+	if err := json.Unmarshal([]byte(out), &p); err != nil || len(p.Events) != 4 {
+		t.Fatalf("events list --json: %v\n%s", err, out)
+	}
+	for i, ev := range p.Events[:3] {
+		if ev.OrderingKey != "A" || ev.Sequence != int64(i+1) {
+			t.Errorf("events list --json: event %s has key %q sequence %d, want A and %d", ev.ID, ev.OrderingKey, ev.Sequence, i+1)
+		}
+	}
+	out = cli(t, f.dsn, "events", "list", "--json", "--topic", "crm/welcome_mail").must(t, exitOK).stdout
+	if strings.Contains(out, `"ordering_key"`) || strings.Contains(out, `"sequence"`) {
+		t.Fatalf("events list --json of an event without a key has key fields:\n%s", out)
+	}
+
+	out = cli(t, f.dsn, "events", "show", keyed[2].String()).must(t, exitOK).stdout
+	if !regexp.MustCompile(`(?m)^ordering key +A \(event 3 of the key\)$`).MatchString(out) {
+		t.Fatalf("events show of a keyed event, want its key and place:\n%s", out)
+	}
+	if out := cli(t, f.dsn, "events", "show", plain.String()).must(t, exitOK).stdout; strings.Contains(out, "ordering key") {
+		t.Fatalf("events show of an event without a key prints one:\n%s", out)
+	}
+	out = cli(t, f.dsn, "events", "show", "--json", keyed[2].String()).must(t, exitOK).stdout
+	var v eventView
+	if err := json.Unmarshal([]byte(out), &v); err != nil || v.OrderingKey != "A" || v.Sequence != 3 {
+		t.Fatalf("events show --json of a keyed event: %v\n%s", err, out)
+	}
+	out = cli(t, f.dsn, "events", "show", "--json", plain.String()).must(t, exitOK).stdout
+	if strings.Contains(out, `"ordering_key"`) || strings.Contains(out, `"sequence"`) {
+		t.Fatalf("events show --json of an event without a key has key fields:\n%s", out)
+	}
+}
+
 // TestEventsShowHistory: events show prints the attempts ledger, as a
 // table and as JSON.
 func TestEventsShowHistory(t *testing.T) {

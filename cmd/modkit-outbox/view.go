@@ -20,6 +20,8 @@ type EventJSON struct {
 	Topic         string          `json:"topic"`
 	TenantID      *string         `json:"tenant_id"`
 	DedupeKey     *string         `json:"dedupe_key"`
+	OrderingKey   string          `json:"ordering_key,omitempty"` // absent without a key
+	Sequence      int64           `json:"sequence,omitempty"`     // the event's place in its key, from 1; absent without a key
 	Status        outbox.Status   `json:"status"`
 	Attempts      int             `json:"attempts"`
 	NextAttemptAt time.Time       `json:"next_attempt_at"`
@@ -34,7 +36,7 @@ type EventJSON struct {
 func toJSON(ev outbox.Event, withPayload bool) EventJSON {
 	j := EventJSON{ID: ev.ID.String(), Namespace: ev.Namespace, Topic: ev.Topic, DedupeKey: ev.DedupeKey, Status: ev.Status,
 		Attempts: ev.Attempts, NextAttemptAt: ev.NextAttemptAt.UTC(), LastError: ev.LastError,
-		CreatedAt: ev.CreatedAt.UTC(), UpdatedAt: ev.UpdatedAt.UTC()}
+		CreatedAt: ev.CreatedAt.UTC(), UpdatedAt: ev.UpdatedAt.UTC(), OrderingKey: ev.OrderingKey, Sequence: ev.Sequence}
 	if ev.TenantID != nil {
 		s := ev.TenantID.String()
 		j.TenantID = &s
