@@ -781,6 +781,82 @@ func TestDeadSkipHead(t *testing.T) {
 	}
 }
 
+// settleSkippingDead is settle for a topic whose publisher skips dead
+// heads (Publisher.SkipDeadHeads): the events behind a dead head of their
+// key are let into the claim, as that dispatcher lets them.
+func (f *fixture) settleSkippingDead(t *testing.T, topic outbox.Topic, n int, kind driver.OutcomeKind) []uuid.UUID {
+	t.Helper()
+	key := []string{topic.Namespace + ":" + topic.Topic}
+	if _, err := f.store.ReleaseHeld(bg, key, key, 1000); err != nil {
+		t.Fatal(err)
+	}
+	worker := uuid.New()
+	claimed, err := f.store.Claim(bg, driver.ClaimParams{Topics: key, Limit: n, MaxAttempts: 5, Worker: worker,
+		Lease: time.Minute, SkipDeadTopics: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for _, c := range claimed {
+		if _, err := f.store.Complete(bg, nil, worker, []driver.Outcome{{ID: c.ID, LeaseToken: c.LeaseToken, Kind: kind,
+			Error: "boom: consumer said no"}}); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.ID)
+	}
+	return ids
+}
+
+// TestDeadSkipHeadBehindDeadHead: skip-head of a dead event behind its
+// key's dead head that is not skipped (under Publisher.SkipDeadHeads both
+// die) is refused naming that head, which must be skipped first, not as
+// skipped already; behind the head replayed (pending) it is refused too;
+// skip-head of the head, then of the event, succeeds.
+func TestDeadSkipHeadBehindDeadHead(t *testing.T) {
+	f := newFixture(t)
+	ids := f.enqueueKey(t, orders, "S", 3)
+	if got := f.settle(t, orders, 3, driver.Delivered, 0); len(got) != 1 || got[0] != ids[0] {
+		t.Fatalf("delivered %v, want the key's first event %s alone", got, ids[0])
+	}
+	for i := 1; i < 3; i++ {
+		if got := f.settleSkippingDead(t, orders, 1, driver.Dead); len(got) != 1 || got[0] != ids[i] {
+			t.Fatalf("dead %v, want the key's event %d %s", got, i+1, ids[i])
+		}
+	}
+	if heads := f.blockedHeads(t); len(heads) != 1 || heads[0] != ids[1] {
+		t.Fatalf("blocked heads %v, want the key's event 2 %s", heads, ids[1])
+	}
+
+	r := cli(t, f.dsn, "dead", "skip-head", ids[2].String(), "--yes").must(t, exitNotFound)
+	for _, want := range []string{"is not the dead head of key \"S\"", ids[1].String() + " before it (event 2 of the key)", "skipped first"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("skip-head of the event behind the dead head: want %q in stderr:\n%s", want, r.stderr)
+		}
+	}
+	if strings.Contains(r.stderr, "skipped already") {
+		t.Errorf("skip-head of the event behind the dead head says it was skipped already:\n%s", r.stderr)
+	}
+	if h, err := f.client.Admin().History(bg, ids[2]); err != nil || h[len(h)-1].Outcome != "dead" {
+		t.Fatalf("history of the event after a refused skip: %+v %v", h, err)
+	}
+
+	// The head replayed, the event behind it waits for it: not a head
+	// either, and not skipped already.
+	cli(t, f.dsn, "dead", "replay", ids[1].String()).must(t, exitOK)
+	r = cli(t, f.dsn, "dead", "skip-head", ids[2].String(), "--yes").must(t, exitNotFound)
+	if !strings.Contains(r.stderr, "is not the dead head of key \"S\": an earlier event of the key is still pending") {
+		t.Errorf("skip-head of the event behind a replayed head:\n%s", r.stderr)
+	}
+	if got := f.settleSkippingDead(t, orders, 1, driver.Dead); len(got) != 1 || got[0] != ids[1] {
+		t.Fatalf("dead %v, want the replayed event 2 %s", got, ids[1])
+	}
+	cli(t, f.dsn, "dead", "skip-head", ids[1].String(), "--yes").must(t, exitOK)
+	cli(t, f.dsn, "dead", "skip-head", ids[2].String(), "--yes").must(t, exitOK)
+	if r := cli(t, f.dsn, "dead", "skip-head", ids[2].String(), "--yes").must(t, exitNotFound); !strings.Contains(r.stderr, "skipped already") {
+		t.Fatalf("skipping a skipped event again: %s", r.stderr)
+	}
+}
+
 // A confirmation whose stdin ends without an answer (/dev/null passes for
 // a terminal: systemd, docker run without -i) aborts saying to pass --yes,
 // as when stdin is not a terminal.

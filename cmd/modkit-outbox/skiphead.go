@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -135,10 +136,37 @@ func headByID(ctx context.Context, adm *outbox.Admin, blocked []outbox.BlockedKe
 	case ev.OrderingKey == "":
 		return outbox.BlockedKey{}, withCode(exitNotFound, fmt.Errorf("%s has no ordering key, so it holds nothing back (modkit-outbox dead replay delivers it); nothing was skipped", id))
 	case len(blocked) < blockedKeysSearched:
-		return outbox.BlockedKey{}, withCode(exitNotFound, fmt.Errorf("%s no longer holds its key %q back: its head was skipped already; nothing was skipped", id, ev.OrderingKey))
+		return outbox.BlockedKey{}, whyNotHead(ctx, adm, blocked, ev)
 	}
 	return outbox.BlockedKey{Topic: outbox.Topic{Namespace: ev.Namespace, Topic: ev.Topic}, OrderingKey: ev.OrderingKey,
 		Head: ev.ID, HeadSequence: ev.Sequence, Waiting: -1, LastError: deref(ev.LastError), DeadSince: ev.UpdatedAt}, nil
+}
+
+// whyNotHead returns the error that says why ev, a dead event with an
+// ordering key that heads none of blocked (every blocked key), is not a
+// head skip-head can skip: it was skipped already (its history says so),
+// or an event of its key before it holds the key back, as Admin.SkipHead
+// decides: the key's dead head, named when blocked lists it, or else an
+// earlier event still pending or processing.
+func whyNotHead(ctx context.Context, adm *outbox.Admin, blocked []outbox.BlockedKey, ev outbox.Event) error {
+	history, err := adm.History(ctx, ev.ID)
+	if err != nil {
+		return err
+	}
+	if slices.ContainsFunc(history, func(h outbox.Attempt) bool { return h.Outcome == "skipped" }) {
+		return withCode(exitNotFound, fmt.Errorf("%s no longer holds its key %q back: it was skipped already; nothing was skipped", ev.ID, ev.OrderingKey))
+	}
+	topic := outbox.Topic{Namespace: ev.Namespace, Topic: ev.Topic}
+	for _, b := range blocked {
+		if b.Topic == topic && b.OrderingKey == ev.OrderingKey && b.HeadSequence < ev.Sequence {
+			return withCode(exitNotFound, fmt.Errorf("%s is not the dead head of key %q: the dead event %s before it (event %d of the key) "+
+				"holds the key back and must be skipped first (modkit-outbox dead skip-head %s), or replayed; nothing was skipped",
+				ev.ID, ev.OrderingKey, b.Head, b.HeadSequence, b.Head))
+		}
+	}
+	return withCode(exitNotFound, fmt.Errorf("%s is not the dead head of key %q: an earlier event of the key is still pending or processing; "+
+		"it becomes the head once those are delivered (modkit-outbox events list --topic %s/%s lists the key's events); nothing was skipped",
+		ev.ID, ev.OrderingKey, ev.Namespace, ev.Topic))
 }
 
 // headByKey returns the dead head of topic's ordering key: the earliest of
