@@ -857,6 +857,25 @@ func TestDeadSkipHeadBehindDeadHead(t *testing.T) {
 	}
 }
 
+// TestNilEventID: the nil UUID given as an event id is an id no event has,
+// refused as any unknown id (exit 4, "no event … in this schema"), by
+// skip-head too (which took it for no id and looked up an empty key).
+func TestNilEventID(t *testing.T) {
+	f := newFixture(t)
+	nilID := uuid.Nil.String()
+	for _, args := range [][]string{
+		{"dead", "skip-head", nilID, "--yes"},
+		{"dead", "replay", nilID},
+		{"dead", "purge", nilID, "--yes"},
+		{"events", "show", nilID},
+	} {
+		r := cli(t, f.dsn, args...)
+		if r.code != exitNotFound || !strings.Contains(r.stderr, "no event "+nilID+" in this schema") {
+			t.Errorf("%q: exit %d, want %d saying there is no event %s:\n%s", args, r.code, exitNotFound, nilID, r.stderr)
+		}
+	}
+}
+
 // A confirmation whose stdin ends without an answer (/dev/null passes for
 // a terminal: systemd, docker run without -i) aborts saying to pass --yes,
 // as when stdin is not a terminal.

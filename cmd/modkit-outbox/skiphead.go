@@ -71,7 +71,7 @@ func runSkipHead(ctx context.Context, e env, f *cmdFlags, a skipHeadArgs) error 
 		return err
 	}
 	var head outbox.BlockedKey
-	if id != uuid.Nil {
+	if len(a.ids) == 1 { // by the id given, even the nil UUID (not "no id": it looks up no key)
 		head, err = headByID(ctx, adm, blocked, id)
 	} else {
 		head, err = headByKey(e, blocked, topic, a.key)
