@@ -487,6 +487,19 @@ func TestDeadFilterFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d naming %s:\n%s", args, r.code, exitUsage, args[2], r.stderr)
 		}
 	}
+	// A status or cursor the outbox would refuse is refused naming the
+	// flag and what it takes, not the library's EventFilter or EventPage.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"events", "list", "--status", "bogus"}, `--status "bogus" is not a status; use one of pending, processing, delivered, dead`},
+		{[]string{"events", "list", "--after", "junk"}, `--after "junk" is not a cursor of events list: pass the one a previous events list printed`},
+	} {
+		if r := cli(t, f.dsn, c.args...); r.code != exitUsage || !strings.Contains(r.stderr, c.want) || strings.Contains(r.stderr, "Event") {
+			t.Errorf("%q: exit %d, want %d with %q:\n%s", c.args, r.code, exitUsage, c.want, r.stderr)
+		}
+	}
 	// No id and no filter (an unset shell variable: dead purge $ID) would
 	// select every dead event: refused unless --all says so, and --all
 	// goes with nothing else.

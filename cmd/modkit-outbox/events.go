@@ -52,6 +52,13 @@ func runEvents(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		filter.Status, filter.Limit, filter.After = outbox.Status(*status), *limit, *after
+		// Checked here, so that the error names the flag rather than the
+		// EventFilter field the library's own check would name.
+		switch filter.Status {
+		case "", outbox.StatusPending, outbox.StatusProcessing, outbox.StatusDelivered, outbox.StatusDead:
+		default:
+			return usageErr("--status %q is not a status; use one of pending, processing, delivered, dead", *status)
+		}
 		if *limit < 1 || *limit > 1000 {
 			return usageErr("--limit is %d; use 1 to 1000", *limit)
 		}
@@ -101,7 +108,11 @@ func listEvents(ctx context.Context, e env, a *outbox.Admin, f outbox.EventFilte
 	var events []outbox.Event
 	for {
 		page, err := a.List(ctx, f)
-		if errors.Is(err, outbox.ErrInvalidConfig) || errors.Is(err, outbox.ErrInvalidCursor) {
+		if errors.Is(err, outbox.ErrInvalidCursor) { // the pages followed have the library's own cursors: --after's
+			return usageErr("--after %q is not a cursor of events list: pass the one a previous events list printed "+
+				"(after \"more events: add --after\", or its --json's next_page), unchanged", f.After)
+		}
+		if errors.Is(err, outbox.ErrInvalidConfig) {
 			return withCode(exitUsage, err)
 		}
 		if err != nil {
