@@ -635,6 +635,9 @@ func TestExitCodes(t *testing.T) {
 		{f.dsn, []string{"dead", "replay", uuid.NewString(), "--limit", "5"}, exitUsage, "--limit bounds a replay by filter"},
 		{f.dsn, []string{"purge", "--topic", "shop/order_paid", "--older-than", "-1h", "--yes"}, exitUsage, "--older-than is -1h0m0s"},
 		{f.dsn, []string{"stats", "--blocked-keys", "0"}, exitUsage, "--blocked-keys is 0"},
+		{f.dsn, []string{"stats", "--schema", "Bad-Schema"}, exitUsage, `--schema "Bad-Schema" is not a schema name the outbox takes: use 1 to 63`},
+		{f.dsn, []string{"migrate", "status", "--schema", "pg_shop"}, exitUsage, `--schema "pg_shop" is not a schema name`},
+		{f.dsn, []string{"events", "show", uuid.NewString(), "--schema", "9shop"}, exitUsage, `--schema "9shop" is not a schema name`},
 	} {
 		r := cli(t, c.dsn, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.hint) {

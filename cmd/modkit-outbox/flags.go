@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
@@ -94,6 +95,12 @@ func (f *cmdFlags) refuse(names []string, why string) error {
 
 // connect opens a pool on the database and checks that it answers.
 func (f *cmdFlags) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	// Checked here, so that the error names the flag rather than the
+	// Config.Schema field the library's own check would name.
+	if db.ValidateSchema(f.schema) != nil {
+		return nil, usageErr("--schema %q is not a schema name the outbox takes: use 1 to 63 letters, digits or underscores, "+
+			"not starting with a digit or pg_", f.schema)
+	}
 	if f.databaseURL == "" {
 		f.databaseURL = f.getenv("DATABASE_URL")
 	}
