@@ -477,13 +477,18 @@ func TestDeadFilterFlags(t *testing.T) {
 		}
 	}
 	// A name the outbox would refuse is refused naming the flag, not the
-	// library's EventFilter field.
+	// library's EventFilter field or its topic pattern (purge), and not
+	// looked up (skip-head).
 	for _, args := range [][]string{
 		{"events", "list", "--topic", "Shop/order_paid"},
 		{"events", "list", "--topic", "shop/Order"},
 		{"dead", "replay", "--namespace", "Shop", "--yes"},
+		{"purge", "--yes", "--topic", "Shop/order_paid", "--older-than", "1h"},
+		{"purge", "--yes", "--topic", "shop/order_paid", "--topic", "shop/Order", "--older-than", "1h"},
+		{"dead", "skip-head", "--topic", "Shop/order_paid", "--key", "acct-7", "--yes"},
 	} {
-		if r := cli(t, f.dsn, args...); r.code != exitUsage || !strings.Contains(r.stderr, args[2]+":") || strings.Contains(r.stderr, "EventFilter") {
+		if r := cli(t, f.dsn, args...); r.code != exitUsage || !strings.Contains(r.stderr, args[2]+":") ||
+			strings.Contains(r.stderr, "EventFilter") || strings.Contains(r.stderr, "must match") {
 			t.Errorf("%q: exit %d, want %d naming %s:\n%s", args, r.code, exitUsage, args[2], r.stderr)
 		}
 	}
