@@ -55,8 +55,15 @@ func runServe(ctx context.Context, e env, args []string) error {
 	if len(pos) > 0 {
 		return usageErr("serve takes no arguments (got %q)", pos)
 	}
+	tokenFrom := "--token"
 	if *token == "" {
-		*token = e.getenv("MODKIT_OUTBOX_TOKEN")
+		*token, tokenFrom = e.getenv("MODKIT_OUTBOX_TOKEN"), "$MODKIT_OUTBOX_TOKEN"
+	}
+	// Checked here, before connecting, so that the error names where the
+	// token came from (outboxui's own check names neither).
+	if *token != "" && len(*token) < outboxui.TokenMinLen {
+		return usageErr("%s holds an operator token of %d characters, too short: use at least %d random ones (openssl rand -hex 16)",
+			tokenFrom, len(*token), outboxui.TokenMinLen)
 	}
 	key, err := signingKey(e, *keyFile)
 	if err != nil {

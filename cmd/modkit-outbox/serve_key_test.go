@@ -75,6 +75,32 @@ func TestServeRefusesABadSigningKey(t *testing.T) {
 	}
 }
 
+// A short operator token is a usage error that names where it came from,
+// --token or $MODKIT_OUTBOX_TOKEN, without printing it, before serve
+// connects.
+func TestServeRefusesAWeakToken(t *testing.T) {
+	for _, c := range []struct {
+		args       []string
+		env, where string
+	}{
+		{[]string{"serve", "--token", "short"}, "", "--token holds an operator token of 5 characters, too short: use at least 16"},
+		{[]string{"serve"}, "shorter", "$MODKIT_OUTBOX_TOKEN holds an operator token of 7 characters, too short"},
+		{[]string{"serve", "--token", "short"}, "0123456789abcdef-operator", "--token holds an operator token of 5 characters"},
+	} {
+		var out, errOut strings.Builder
+		e := env{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, getenv: func(k string) string {
+			if k == "MODKIT_OUTBOX_TOKEN" {
+				return c.env
+			}
+			return "" // no DATABASE_URL: the token is refused before connecting
+		}}
+		if code := run(bg, e, c.args); code != exitUsage || !strings.Contains(errOut.String(), c.where) ||
+			strings.Contains(errOut.String(), "short\"") || strings.Contains(errOut.String(), "shorter") {
+			t.Errorf("%q with $MODKIT_OUTBOX_TOKEN %q: exit %d, want %d with %q:\n%s", c.args, c.env, code, exitUsage, c.where, errOut.String())
+		}
+	}
+}
+
 // The key comes from --signing-key-file, else $MODKIT_OUTBOX_SIGNING_KEY,
 // less a final newline; neither gives none (a random key per serve).
 func TestServeSigningKeySources(t *testing.T) {
