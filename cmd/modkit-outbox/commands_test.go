@@ -201,8 +201,8 @@ func TestEventsList(t *testing.T) {
 	if p := list("--topic", "order_paid", "--status", "pending"); len(p.Events) != 2 {
 		t.Fatalf("pending order_paid: %+v", p)
 	}
-	if p := list("--since", "1h", "--until", "2000-01-01T00:00:00Z"); len(p.Events) != 0 {
-		t.Fatalf("an empty time range: %+v", p)
+	if p := list("--since", "1h", "--until", "0s"); len(p.Events) != 5 {
+		t.Fatalf("the last hour: %+v", p)
 	}
 	// Pages of two, by cursor, cover everything once.
 	var seen []string
@@ -236,6 +236,33 @@ func TestEventsList(t *testing.T) {
 	r := cli(t, f.dsn, "events", "list", "--limit", "1").must(t, exitOK)
 	if !strings.Contains(r.stderr, "--after ") {
 		t.Fatalf("no hint at the next page on stderr: %q", r.stderr)
+	}
+}
+
+// TestInvertedTimeRange: a --since that is not before --until (which
+// would match nothing, silently) is refused naming both flags, by events
+// list and by dead replay and purge, which change nothing then.
+func TestInvertedTimeRange(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 1)
+	dead := f.settle(t, orders, 1, driver.Dead, 0)[0]
+	for _, args := range [][]string{
+		{"events", "list", "--since", "2h", "--until", "3h"},
+		{"events", "list", "--since", "1h", "--until", "2000-01-01T00:00:00Z"},
+		{"events", "list", "--since", "2026-01-02T15:04:05Z", "--until", "2026-01-02T15:04:05Z"},
+		{"dead", "replay", "--since", "10m", "--until", "1h", "--topic", "shop/order_paid", "--yes"},
+		{"dead", "purge", "--since", "10m", "--until", "1h", "--yes"},
+	} {
+		r := cli(t, f.dsn, args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--since "+args[3]+" (") || !strings.Contains(r.stderr, "is not before --until "+args[5]+" (") {
+			t.Errorf("%q: exit %d, want %d naming --since and --until:\n%s", args, r.code, exitUsage, r.stderr)
+		}
+	}
+	if s := f.status(t, dead); s != outbox.StatusDead {
+		t.Fatalf("after refused time ranges the dead event is %s", s)
+	}
+	if r := cli(t, f.dsn, "events", "list", "--since", "3h", "--until", "0s").must(t, exitOK); !strings.Contains(r.stdout, dead.String()) {
+		t.Fatalf("events list --since 3h --until 0s:\n%s", r.stdout)
 	}
 }
 

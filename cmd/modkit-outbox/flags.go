@@ -222,6 +222,13 @@ func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
 	if out.CreatedBefore, err = parseWhen("--until", ff.until, now); err != nil {
 		return out, err
 	}
+	// An empty range would match nothing without a word: a --since later
+	// than --until is a mistake (durations count back from now, so the
+	// larger one is the earlier time).
+	if ff.since != "" && ff.until != "" && !out.CreatedAfter.Before(out.CreatedBefore) {
+		return out, usageErr("--since %s (%s) is not before --until %s (%s), so no event can match: give --since the earlier time "+
+			"(a duration counts back from now: --since 3h --until 2h)", ff.since, fmtTime(out.CreatedAfter), ff.until, fmtTime(out.CreatedBefore))
+	}
 	return out, nil
 }
 
