@@ -74,6 +74,39 @@ TOTAL                    2        0           2     -
 	}
 }
 
+// TestStatsJSONAges: stats --json prints the oldest due age in seconds
+// rounded to milliseconds, without float noise, in every list it has
+// (topics, total, unserved).
+func TestStatsJSONAges(t *testing.T) {
+	for _, c := range []struct {
+		age  time.Duration
+		want string
+	}{
+		{5700485000 * time.Nanosecond, `"oldest_due_age_seconds":5.7}`},
+		{1500*time.Millisecond + 499*time.Microsecond, `"oldest_due_age_seconds":1.5}`},
+		{90061001234567 * time.Nanosecond, `"oldest_due_age_seconds":90061.001}`},
+		{0, `"oldest_due_age_seconds":0}`},
+	} {
+		b, err := json.Marshal(topicStatsToJSON(outbox.TopicStats{OldestDueAge: c.age}, true))
+		if err != nil || !strings.HasSuffix(string(b), c.want) {
+			t.Errorf("the JSON of an oldest due age of %v: %s %v, want it to end with %s", c.age, b, err, c.want)
+		}
+	}
+
+	f := newFixture(t)
+	f.enqueue(t, orders, 1) // due now: an age of a fraction of a second, in microseconds
+	out := cli(t, f.dsn, "stats", "--json").must(t, exitOK).stdout
+	ages := regexp.MustCompile(`"oldest_due_age_seconds": ([^,\n]*)`).FindAllStringSubmatch(out, -1)
+	if len(ages) != 3 { // the topic, the total, and the topic as unserved
+		t.Fatalf("stats --json: %d oldest due ages, want 3:\n%s", len(ages), out)
+	}
+	for _, a := range ages {
+		if !regexp.MustCompile(`^\d+(\.\d{1,3})?$`).MatchString(a[1]) {
+			t.Errorf("stats --json: oldest_due_age_seconds %s, want seconds with at most three decimals", a[1])
+		}
+	}
+}
+
 // TestStatsUnserved: a topic with a due event and no dispatcher is listed
 // after the table, and in the JSON; a topic a dispatcher leads is not.
 func TestStatsUnserved(t *testing.T) {

@@ -53,11 +53,18 @@ type topicStatsJSON struct {
 
 func topicStatsToJSON(s outbox.TopicStats, backlog bool) topicStatsJSON {
 	out := topicStatsJSON{Namespace: s.Namespace, Topic: s.Topic.Topic, Pending: s.Pending, Processing: s.Processing,
-		Dead: s.Dead, OldestDueAgeSeconds: s.OldestDueAge.Seconds()}
+		Dead: s.Dead, OldestDueAgeSeconds: secondsJSON(s.OldestDueAge)}
 	if !backlog {
 		out.Delivered = &s.Delivered
 	}
 	return out
+}
+
+// secondsJSON is d in seconds rounded to milliseconds, for the JSON:
+// d.Seconds() prints float noise (5.7004850000000005), and a whole number
+// of milliseconds divided by 1000 prints at most three decimals.
+func secondsJSON(d time.Duration) float64 {
+	return float64(d.Round(time.Millisecond).Milliseconds()) / 1000
 }
 
 func runStats(ctx context.Context, e env, args []string) error {
