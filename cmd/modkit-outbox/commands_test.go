@@ -552,6 +552,16 @@ func TestDeadFilterFlags(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d naming %s:\n%s", args, r.code, exitUsage, args[2], r.stderr)
 		}
 	}
+	// The nil tenant, which no event has, likewise.
+	for _, args := range [][]string{
+		{"events", "list", "--tenant", uuid.Nil.String()},
+		{"dead", "purge", "--tenant", uuid.Nil.String(), "--yes"},
+	} {
+		if r := cli(t, f.dsn, args...); r.code != exitUsage || !strings.Contains(r.stderr, "--tenant is the nil UUID") ||
+			strings.Contains(r.stderr, "EventFilter") {
+			t.Errorf("%q: exit %d, want %d naming --tenant:\n%s", args, r.code, exitUsage, r.stderr)
+		}
+	}
 	// A status or cursor the outbox would refuse is refused naming the
 	// flag and what it takes, not the library's EventFilter or EventPage.
 	for _, c := range []struct {

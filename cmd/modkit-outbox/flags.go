@@ -213,6 +213,9 @@ func (ff *filterFlags) filter(now time.Time) (outbox.EventFilter, error) {
 		if err != nil {
 			return out, usageErr("--tenant %q is not a UUID", ff.tenant)
 		}
+		if id == uuid.Nil { // the library refuses it too, naming EventFilter.TenantID
+			return out, usageErr("--tenant is the nil UUID, which no event has (enqueue refuses it); leave --tenant out to match every tenant")
+		}
 		out.TenantID = &id
 	}
 	var err error
