@@ -940,6 +940,37 @@ func TestDashboardBlockedKeysAndSkipHead(t *testing.T) {
 	}
 }
 
+// A replay or purge of an id no event has (a crafted or stale form) says
+// so, rather than that the event is no longer dead.
+func TestDashboardActionsOnAnUnknownID(t *testing.T) {
+	w := newWorld(t)
+	base := serve(t, w, outboxui.Options{OperatorToken: token})
+	jar := newJar()
+	_, csrf := get(t, jar, base)
+	if code, _ := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	unknown := uuid.New()
+	for action, want := range map[string]string{
+		"replay":     "Nothing replayed: no event with this id is kept",
+		"purge-dead": "Nothing purged: no event with this id is kept",
+	} {
+		resp, err := jar.PostForm(base+action, url.Values{"csrf": {csrf}, "id": {unknown.String()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		to, err := resp.Location()
+		if err != nil {
+			t.Fatalf("%s of an unknown id: %d, no redirect", action, resp.StatusCode)
+		}
+		_, body := fetch(t, jar, to.String()) // the event's page: 404, with the message
+		if msg := flashOf(body); !strings.HasPrefix(msg, want) {
+			t.Errorf("%s of an unknown id: message %q, want %q", action, msg, want)
+		}
+	}
+}
+
 // A topic with events waiting and no running dispatcher (no maintenance
 // lease held for it) is marked on the overview: its events would wait
 // without an error anywhere. A topic a dispatcher serves is not.

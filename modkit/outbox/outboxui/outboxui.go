@@ -519,6 +519,9 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 	flash := "Event replayed: it is pending again."
 	if len(done) == 0 {
 		flash = "Nothing replayed: the event is no longer dead."
+		if _, err := h.admin.Get(r.Context(), ids[0]); errors.Is(err, outbox.ErrNotFound) {
+			flash = "Nothing replayed: no event with this id is kept (it never existed, or its row was purged)."
+		}
 	}
 	h.redirect(w, r, "events/"+ids[0].String(), flash)
 }
@@ -539,7 +542,11 @@ func (h *handler) purgeDead(w http.ResponseWriter, r *http.Request) {
 	h.log.Info("outboxui: purge dead", "event", id, "purged", len(done), "remote", r.RemoteAddr)
 	if len(done) == 0 {
 		flash := "Nothing purged: the event is no longer dead."
-		if ev, err := h.admin.Get(r.Context(), id); err == nil && ev.Status == outbox.StatusDead {
+		ev, err := h.admin.Get(r.Context(), id)
+		switch {
+		case errors.Is(err, outbox.ErrNotFound):
+			flash = "Nothing purged: no event with this id is kept (it never existed, or its row was purged already)."
+		case err == nil && ev.Status == outbox.StatusDead:
 			// PurgeDead keeps the order of an ordering key: it leaves a
 			// dead event behind an earlier one of its key that is not
 			// delivered.
