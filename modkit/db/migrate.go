@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/migrations"
@@ -37,10 +38,12 @@ const SchemaDefault = "public"
 var ErrMigrationConflict = errors.New("modkit/db: the migrations table does not match this migration set")
 
 // ErrTransactionInMigration: a migration file ended the transaction the
-// Migrator runs it in (a COMMIT or ROLLBACK in the file). What ran before
-// that statement is committed, the rest ran outside Schema's search_path,
-// and the migration is not recorded: remove the transaction control from
-// the file, repair the schema by hand, and migrate again.
+// Migrator runs it in (a COMMIT or ROLLBACK in the file, with or without
+// AND CHAIN). What ran before that statement is committed (or, for a
+// ROLLBACK, undone), what ran after it outside a transaction of the
+// Migrator's ran outside Schema's search_path, and the migration is not
+// recorded: remove the transaction control from the file, repair the
+// schema by hand, and migrate again.
 var ErrTransactionInMigration = errors.New("modkit/db: the migration file ended the migrator's transaction (a COMMIT or ROLLBACK in it)")
 
 // ErrInvalidSchema is returned for a schema (or table) name that is not a
@@ -70,7 +73,10 @@ type MigratorConfig struct {
 	// transactions itself (BEGIN … COMMIT, as some tools want: see
 	// ErrTransactionInMigration). It runs with search_path set to Schema
 	// alone: qualify objects of other schemas (an extension's types in
-	// public, say) with their schema's name.
+	// public, say) with their schema's name. Session settings a file
+	// changes (SET, set_config, as pg_dump's output does) end with the
+	// Migrator's connection, which is closed afterwards rather than given
+	// back to the pool.
 	FS fs.FS
 	// Logger receives one line per migration applied or reverted. Default
 	// slog.Default().
@@ -166,7 +172,8 @@ func readMigrations(fsys fs.FS) ([]Migration, error) {
 		}
 		version, err := strconv.ParseInt(m[1], 10, 64)
 		if err != nil || version <= 0 {
-			return nil, fmt.Errorf("modkit/db: migration file %q: version must be a positive number", e.Name())
+			return nil, fmt.Errorf("modkit/db: migration file %q: the version must be a positive number below 2^63 "+
+				"(at most 19 digits; a timestamp such as 20260102150405 fits)", e.Name())
 		}
 		body, err := fs.ReadFile(fsys, e.Name())
 		if err != nil {
@@ -327,13 +334,28 @@ func (m *Migrator) withConn(ctx context.Context, fn func(conn *pgx.Conn) error) 
 	return fn(c.Conn())
 }
 
+// withOwnConn runs fn on a connection taken out of the pool and closed
+// afterwards: a migration file may change its session (SET search_path,
+// SET lock_timeout, set_config(…, false), as pg_dump's output does), and
+// the application's queries must not inherit that on a pooled connection.
+func (m *Migrator) withOwnConn(ctx context.Context, fn func(conn *pgx.Conn) error) error {
+	c, err := m.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("modkit/db: migrate: acquire connection: %w", err)
+	}
+	conn := c.Hijack()
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	return fn(conn)
+}
+
 // locked runs fn on one connection holding the schema's advisory lock,
 // creating the schema and the migrations table first when create is set
 // (Up; a Down has nothing to revert in a schema that has neither). The
 // lock is session-level, so it is released at the latest when the
-// connection dies.
+// connection dies. The connection is closed afterwards, not given back
+// to the pool (withOwnConn).
 func (m *Migrator) locked(ctx context.Context, create bool, fn func(conn *pgx.Conn) error) error {
-	return m.withConn(ctx, func(conn *pgx.Conn) error {
+	return m.withOwnConn(ctx, func(conn *pgx.Conn) error {
 		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", m.lockKey()); err != nil {
 			return fmt.Errorf("modkit/db: migrate: take advisory lock: %w", err)
 		}
@@ -366,6 +388,29 @@ func (m *Migrator) locked(ctx context.Context, create bool, fn func(conn *pgx.Co
 		}
 		return fn(conn)
 	})
+}
+
+// atLine adds to err, a file's failure, the line and column of the file
+// where the server found the error, when it says (PgError.Position counts
+// characters from 1).
+func atLine(body string, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Position <= 0 {
+		return err
+	}
+	line, col, n := 1, 1, int32(1)
+	for _, r := range body {
+		if n == pgErr.Position {
+			return fmt.Errorf("at line %d, column %d of the file: %w", line, col, err)
+		}
+		n++
+		if r == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+	}
+	return err
 }
 
 // recorded is a row of the migrations table.
@@ -429,6 +474,13 @@ func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bo
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
 			return err
 		}
+		// The transaction's id, to tell whether the file ended the
+		// transaction and began another (COMMIT AND CHAIN, ROLLBACK AND
+		// CHAIN), which leaves the connection in a transaction all the same.
+		var before int64
+		if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&before); err != nil {
+			return err
+		}
 		// No arguments: pgx uses the simple protocol, which allows several
 		// statements in one file.
 		_, err := tx.Exec(ctx, body)
@@ -441,7 +493,15 @@ func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bo
 			return ErrTransactionInMigration
 		}
 		if err != nil {
+			return atLine(body, err)
+		}
+		var after int64
+		if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&after); err != nil {
 			return err
+		}
+		if after != before {
+			return fmt.Errorf("%w (it ended the migrator's transaction and began another: COMMIT AND CHAIN or ROLLBACK AND CHAIN)",
+				ErrTransactionInMigration)
 		}
 		if up {
 			_, err = tx.Exec(ctx, "INSERT INTO "+m.table()+" (version, name) VALUES ($1, $2)", mig.Version, mig.Name)

@@ -136,6 +136,9 @@ func TestMigratorFailedMigrationRollsBack(t *testing.T) {
 	if err == nil {
 		t.Fatal("Up with a broken migration must fail")
 	}
+	if !strings.Contains(err.Error(), "at line 2, column 8 of the file") { // where no_such_function is
+		t.Errorf("the error does not say where in the file it is: %v", err)
+	}
 	if len(applied) != 1 || applied[0].Version != 1 {
 		t.Fatalf("applied %+v, want only 0001", applied)
 	}
@@ -189,6 +192,73 @@ func TestMigratorFileThatCommits(t *testing.T) {
 	}
 	if st, err := m.Status(ctx); err != nil || st[0].Applied {
 		t.Fatalf("status: %+v, %v; want 0001 not recorded", st, err)
+	}
+	// COMMIT AND CHAIN and ROLLBACK AND CHAIN leave the connection in a
+	// (new) transaction: such a migration was recorded as applied though
+	// its work was undone, or done partly outside the schema.
+	for i, body := range []string{
+		"CREATE TABLE c_t (id int); ROLLBACK AND CHAIN;",
+		"CREATE TABLE d_t (id int); COMMIT AND CHAIN; CREATE TABLE d2_t (id int);",
+	} {
+		schema := fmt.Sprintf("mk_chain_%d", i)
+		m, err = db.NewMigrator(pool, db.MigratorConfig{Schema: schema, Logger: quiet, FS: fstest.MapFS{
+			"0001_chains.up.sql":   {Data: []byte(body)},
+			"0001_chains.down.sql": {Data: nil},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Up(ctx); !errors.Is(err, db.ErrTransactionInMigration) || !strings.Contains(err.Error(), "AND CHAIN") {
+			t.Fatalf("Up of %q: %v; want ErrTransactionInMigration naming AND CHAIN", body, err)
+		}
+		if st, err := m.Status(ctx); err != nil || st[0].Applied {
+			t.Fatalf("%q: status %+v, %v; want 0001 not recorded", body, st, err)
+		}
+	}
+}
+
+// A migration file that changes its session (SET search_path, as pg_dump's
+// output does with set_config, or a lock_timeout) leaves the pool's
+// connections as they were: the migrator's connection was given back to
+// the pool, and the application's next queries on it ran with the file's
+// settings ("relation does not exist").
+func TestMigratorLeavesNoSessionSettings(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	if _, err := pool.Exec(ctx, "CREATE TABLE public.app_notes (id int)"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_session", Logger: quiet, FS: fstest.MapFS{
+		"0001_dump.up.sql": {Data: []byte("SELECT pg_catalog.set_config('search_path', '', false);\n" +
+			"SET lock_timeout = '1ms';\nCREATE TABLE mk_session.widgets (id int);")},
+		"0001_dump.down.sql": {Data: []byte("DROP TABLE mk_session.widgets;")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every connection the pool holds: each must see the defaults.
+	conns := make([]*pgxpool.Conn, 0, pool.Stat().MaxConns())
+	defer func() {
+		for _, c := range conns {
+			c.Release()
+		}
+	}()
+	for range pool.Stat().MaxConns() {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var lockTimeout string
+		if err := c.QueryRow(ctx, "SHOW lock_timeout").Scan(&lockTimeout); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exec(ctx, "INSERT INTO app_notes VALUES (1)"); err != nil || lockTimeout != "0" {
+			t.Fatalf("a pooled connection after the migration: insert into app_notes: %v; lock_timeout %s; want the session's defaults", err, lockTimeout)
+		}
 	}
 }
 
@@ -267,6 +337,12 @@ func TestMigratorRejectsBadInput(t *testing.T) {
 		if _, err := db.NewMigrator(pool, db.MigratorConfig{FS: fsys}); err == nil {
 			t.Errorf("bad FS %d accepted", i)
 		}
+	}
+	// A version past int64 (20 digits) is told so, not "must be positive".
+	if _, err := db.NewMigrator(pool, db.MigratorConfig{FS: fstest.MapFS{
+		"20260102150405000000_a.up.sql": {Data: []byte("SELECT 1")}, "20260102150405000000_a.down.sql": {Data: []byte("SELECT 1")},
+	}}); err == nil || !strings.Contains(err.Error(), "at most 19 digits") {
+		t.Errorf("a 20-digit version: %v, want an error saying at most 19 digits", err)
 	}
 	if _, err := db.NewMigrator(nil, db.MigratorConfig{}); err == nil {
 		t.Error("nil pool accepted")
