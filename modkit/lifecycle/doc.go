@@ -13,7 +13,9 @@
 //   - Stop cancels the task's context and waits up to Config.StopTimeout
 //     (default 30s) for it to return, then reports why it ended: Finished,
 //     Cancelled, TimedOut or Failed. Stop on a never-started task, or a
-//     second Stop, is safe and returns NotRunning.
+//     second Stop after one that saw the run end, is safe and returns
+//     NotRunning. A Stop after one that timed out waits again for the
+//     run, which is still going (TimedOut again if it does not end).
 //   - A task that fails on its own after it started is logged, and
 //     Config.OnFailure (or HookWithShutdown's app shutdown) is called.
 //

@@ -16,7 +16,11 @@ import (
 // waiting for OnStart's error, so a task not ready in time also logs, at
 // error level on its Config.Logger, that it was not ready and how its stop
 // went (a stop that timed out leaves the run going: fx runs no OnStop for
-// a failed start).
+// a failed start). Under fx's App.Run that record is usually lost: Run
+// exits the process as soon as fx reports the timeout, and what is left is
+// fx's own log ("Failed to start: context deadline exceeded", after the
+// "HOOK OnStart … (*Task).Start-fm() executing" line of the hook that did
+// not return). App.Start returns the error and leaves time for it.
 func Hook(lc fx.Lifecycle, t *Task) {
 	lc.Append(fx.Hook{
 		OnStart: t.Start,

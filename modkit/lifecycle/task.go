@@ -347,6 +347,8 @@ func (t *Task) finish(r *run, err error) {
 // Finished). Stop on a task that was never started, is already stopped, or
 // whose Start already returned how its run ended (an error before ready)
 // returns NotRunning and nil; concurrent Stops all wait for the same run.
+// A Stop after one that timed out waits again, as long, for the run that
+// is still going.
 func (t *Task) Stop(ctx context.Context) (StopReason, error) {
 	t.mu.Lock()
 	r := t.cur

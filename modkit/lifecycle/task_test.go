@@ -241,10 +241,17 @@ func TestStopTimesOut(t *testing.T) {
 	if err := task.Start(context.Background()); !errors.Is(err, lifecycle.ErrStillStopping) {
 		t.Fatalf("start while still stopping = %v, want ErrStillStopping", err)
 	}
+	// A second Stop waits again for the run, which still goes on.
+	if reason, err := task.Stop(context.Background()); reason != lifecycle.TimedOut || !errors.Is(err, lifecycle.ErrStopTimeout) {
+		t.Fatalf("second stop = %s, %v; want timed out again, ErrStopTimeout", reason, err)
+	}
 	close(release)
 	<-task.Done()
 	if s := task.Status(); s != lifecycle.Stopped {
 		t.Fatalf("status = %s after the run returned", s)
+	}
+	if reason, err := task.Stop(context.Background()); reason != lifecycle.NotRunning || err != nil {
+		t.Fatalf("stop after the run returned = %s, %v; want NotRunning", reason, err)
 	}
 	// Once the old run has returned, the task starts again.
 	if err := task.Start(context.Background()); err != nil {
