@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/modkit-go/modkit/modkit/lifecycle"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
 const (
@@ -261,6 +262,7 @@ func (c *Client) NewDispatcher(cfg DispatcherConfig, pubs ...Publisher) (*Dispat
 	}
 	d := &Dispatcher{c: c, cfg: cfg, reg: reg}
 	d.log = cfg.Logger.With("component", "outbox-dispatcher", "worker_id", cfg.WorkerID.String())
+	d.warnSmallPool()
 	if d.metrics, err = newMetrics(d); err != nil {
 		return nil, err
 	}
@@ -271,6 +273,39 @@ func (c *Client) NewDispatcher(cfg DispatcherConfig, pubs ...Publisher) (*Dispat
 		return nil, err
 	}
 	return d, nil
+}
+
+// poolHeadroom is the pool connections a dispatcher's claims, outcome
+// writes and listener want beside its HandleTx transactions.
+const poolHeadroom = 3
+
+// warnSmallPool logs a warning when the publishers with HandleTx can run
+// more transactions at once than the pool has connections for: each holds
+// one for its whole call, and the calls that wait for one may run out of
+// their deadline, failing attempts for no fault of the handler's.
+func (d *Dispatcher) warnSmallPool() {
+	sizer, ok := d.c.store.(driver.PoolSizer)
+	if !ok {
+		return
+	}
+	inTx := 0
+	var names []string
+	for _, k := range d.reg.keys {
+		if p := d.reg.byKey[k]; p.HandleTx != nil {
+			inTx += d.laneLimit(p)
+			names = append(names, p.name())
+		}
+	}
+	if inTx == 0 {
+		return
+	}
+	need := min(inTx, d.cfg.Concurrency) + poolHeadroom
+	if size := sizer.PoolSize(); size < need {
+		d.log.Warn(fmt.Sprintf("publishers with HandleTx may run %d transactions at once, each holding a pool connection, and the "+
+			"pool opens at most %d: raise the pool's MaxConns to %d (pool_max_conns in the DSN, or db.Config), or lower the "+
+			"dispatcher's or the publishers' Concurrency; otherwise calls wait for a connection and may run out of their deadline",
+			need-poolHeadroom, size, need), "publishers", names)
+	}
 }
 
 // laneLimit is a topic's concurrency limit.

@@ -468,6 +468,46 @@ func TestStopAbandonsAPublishThatIgnoresItsContext(t *testing.T) {
 	}
 }
 
+// NewDispatcher warns when its publishers with HandleTx can hold more
+// pool connections at once than the pool opens (plus the three its
+// claims, outcome writes and listener want): their calls would wait for a
+// connection and could run out of their deadline, failing attempts.
+func TestNewDispatcherWarnsOfASmallPoolForHandleTx(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pcfg := tdb.Provider.Pool.Config().Copy()
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	client := clientOn(t, pool, outbox.Config{})
+	inTx := outbox.Publisher{Topic: testTopic, HandleTx: func(context.Context, pgx.Tx, outbox.Delivery) error { return nil }}
+	plain := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	for _, tc := range []struct {
+		name        string
+		concurrency int
+		pub         outbox.Publisher
+		warns       bool
+	}{
+		{"HandleTx, Concurrency 32", 32, inTx, true},
+		{"HandleTx, Concurrency 1", 1, inTx, false},
+		{"Publish, Concurrency 32", 32, plain, false},
+	} {
+		logs := newLogCapture(slog.LevelWarn)
+		if _, err := client.NewDispatcher(outbox.DispatcherConfig{Concurrency: tc.concurrency, Logger: logs.logger()}, tc.pub); err != nil {
+			t.Fatal(err)
+		}
+		warned := slices.ContainsFunc(logs.records(), func(r logRecord) bool {
+			return strings.Contains(r.Msg, "may run 32 transactions at once") && strings.Contains(r.Msg, "the pool opens at most 4") &&
+				strings.Contains(r.Msg, "raise the pool's MaxConns to 35")
+		})
+		if warned != tc.warns {
+			t.Errorf("%s: warned %v, want %v (log: %v)", tc.name, warned, tc.warns, logs.records())
+		}
+	}
+}
+
 // A StopTimeout as long as a time.Duration holds ("wait as long as it
 // takes") gives in-flight publishes all that time; the stages' arithmetic
 // does not overflow into a stop that cancels them at once.

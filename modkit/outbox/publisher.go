@@ -89,7 +89,8 @@ type Publisher struct {
 	// least once. Return errors as for Publish; the transaction is then
 	// rolled back. Do not commit or roll back tx yourself. Each call holds
 	// one pool connection for its whole transaction: size the pool to the
-	// dispatcher's Concurrency plus three.
+	// dispatcher's Concurrency plus three (NewDispatcher logs a warning
+	// when the pool is smaller than these publishers' limits plus three).
 	HandleTx func(ctx context.Context, tx pgx.Tx, d Delivery) error
 	// Name says who registered it, for errors and logs. Default: the
 	// function's name.

@@ -203,6 +203,14 @@ type MigrationChecker interface {
 	MissingMigrations(ctx context.Context) ([]string, error)
 }
 
+// PoolSizer is implemented by a Store that can tell how many connections
+// its pool opens at most. It is optional: a dispatcher with publishers
+// that consume in a transaction (each holding a connection) warns when the
+// pool is too small for them.
+type PoolSizer interface {
+	PoolSize() int
+}
+
 // Errors a Store returns.
 var (
 	// ErrServedUnknown: Served cannot tell which topics are served (for

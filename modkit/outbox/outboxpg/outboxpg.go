@@ -935,6 +935,9 @@ func (s *store) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// PoolSize implements driver.PoolSizer: the pool's MaxConns.
+func (s *store) PoolSize() int { return int(s.pool.Config().MaxConns) }
+
 // MissingMigrations implements driver.MigrationChecker from the migrations
 // table the modkit migrator keeps in the schema (db.MigrationsTable). A
 // schema migrated by another tool (golang-migrate, goose, psql) has no such
