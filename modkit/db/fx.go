@@ -7,8 +7,12 @@ import (
 )
 
 // Module provides the process's *Provider, built from the Config in the
-// graph. The connection is checked in the app's start hook (bounded by fx's
-// start timeout) and closed in its stop hook, which returns when fx's stop
+// graph. The connection is checked in the app's start hook: a server that
+// cannot be reached yet, or is starting up, is tried again until the start
+// context ends (fx's start timeout, 15s by default, under App.Run), so
+// that an app started beside its database waits for it; a server that
+// answers with a refusal (no such database, login refused) fails the start
+// at once. The pool is closed in the stop hook, which returns when fx's stop
 // timeout is up even while a component still holds a connection (the pool
 // then closes once it is returned). It is the only module that
 // provides the pool: other modules take a *Provider.
@@ -35,7 +39,7 @@ func newFx(p FxParams) (*Provider, error) {
 			// fx runs the stop hooks of the start hooks that succeeded
 			// only: a failed ping closes the pool itself, or its
 			// background goroutines would outlive the app.
-			if err := prov.Ping(ctx); err != nil {
+			if err := prov.pingUntilUp(ctx); err != nil {
 				prov.Close()
 				return err
 			}

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/uptrace/bun"
@@ -82,6 +84,39 @@ func (p *Provider) Ping(ctx context.Context) error {
 			redactDSN(p.Pool.Config()), err)
 	}
 	return nil
+}
+
+// pingUntilUp pings until the server answers, ctx ends, or the server
+// refuses the connection for good (see Module).
+func (p *Provider) pingUntilUp(ctx context.Context) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := p.Ping(ctx)
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w; still failing when the start's time was up", err)
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// transient reports whether a failed connection may succeed later: the
+// server was not reached (refused, reset, timed out), is starting up or
+// shutting down (57P03), or has no connection slot free (53300). A server
+// that answered with another error (no such database, login refused) will
+// answer the same.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "57P03" || pgErr.Code == "53300"
+	}
+	return true
 }
 
 // FromPool builds a Provider around an existing pool. Closing the Provider
