@@ -258,6 +258,12 @@ func (t *Task) Start(ctx context.Context) error {
 			return t.endedAfterReady(r)
 		default:
 		}
+		t.mu.Lock()
+		stopped := r.stopping // a Stop ended it, and reports how
+		t.mu.Unlock()
+		if stopped && (r.err == nil || errors.Is(r.err, context.Canceled)) {
+			return fmt.Errorf("lifecycle: task %q was stopped while starting", t.cfg.Name)
+		}
 		t.reported(r)
 		if r.err != nil {
 			return fmt.Errorf("lifecycle: task %q failed before it was ready: %w", t.cfg.Name, r.err)

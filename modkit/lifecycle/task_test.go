@@ -200,6 +200,27 @@ func TestStartContextEndsBeforeReady(t *testing.T) {
 	}
 }
 
+// A Stop while the task is starting ends its Start with an error that
+// says it was stopped; it said the task failed ("failed before it was
+// ready: context canceled"). The Stop reports the run cancelled.
+func TestStopWhileStarting(t *testing.T) {
+	entered := make(chan struct{})
+	task := newTask(t, lifecycle.Config{AwaitReady: true}, func(ctx context.Context, ready func()) error {
+		close(entered)
+		<-ctx.Done() // never ready
+		return ctx.Err()
+	})
+	started := make(chan error, 1)
+	go func() { started <- task.Start(context.Background()) }()
+	<-entered
+	if reason, err := task.Stop(context.Background()); reason != lifecycle.Cancelled || err != nil {
+		t.Fatalf("stop while starting = %s, %v; want cancelled", reason, err)
+	}
+	if err := <-started; err == nil || !strings.Contains(err.Error(), "was stopped while starting") || strings.Contains(err.Error(), "failed") {
+		t.Fatalf("start = %v, want it to say the task was stopped while starting", err)
+	}
+}
+
 // A task that is not ready when the start context ends, and does not stop
 // when cancelled: Start says both, so that a caller (fx runs no stop hook
 // for a failed start) knows the run goes on.
