@@ -41,8 +41,8 @@ func TestFxModule(t *testing.T) {
 		t.Fatal("bun query did not go through the pgx pool")
 	}
 	app.RequireStop()
-	if err := prov.Pool.Ping(context.Background()); err == nil {
-		t.Fatal("pool still open after the app stopped")
+	if err := prov.Ping(context.Background()); err == nil || !strings.Contains(err.Error(), "the Provider was closed") {
+		t.Fatalf("ping after the app stopped: %v, want it to say the Provider was closed", err)
 	}
 }
 

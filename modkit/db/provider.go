@@ -5,12 +5,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/jackc/puddle/v2"
 	"github.com/uptrace/bun"
 	"github.com/uptrace/bun/dialect/pgdialect"
 )
@@ -80,6 +84,9 @@ func open(ctx context.Context, cfg Config) (*Provider, error) {
 // Ping checks that the database answers.
 func (p *Provider) Ping(ctx context.Context) error {
 	if err := p.Pool.Ping(ctx); err != nil {
+		if errors.Is(err, puddle.ErrClosedPool) {
+			return fmt.Errorf("modkit/db: ping: the Provider was closed (Close, or the fx app stopped): %w", err)
+		}
 		return fmt.Errorf("modkit/db: connect to %s: %w (check Config.DSN, for example DATABASE_URL, and that the server accepts connections)",
 			redactDSN(p.Pool.Config()), err)
 	}
@@ -158,5 +165,8 @@ func (p *Provider) closeWithin(ctx context.Context) error {
 
 func redactDSN(cfg *pgxpool.Config) string {
 	c := cfg.ConnConfig
-	return fmt.Sprintf("postgres://%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
+	if strings.HasPrefix(c.Host, "/") { // a Unix socket's directory
+		return fmt.Sprintf("postgres://%s@/%s?host=%s&port=%d", c.User, c.Database, c.Host, c.Port)
+	}
+	return fmt.Sprintf("postgres://%s@%s/%s", c.User, net.JoinHostPort(c.Host, strconv.Itoa(int(c.Port))), c.Database)
 }
