@@ -8,7 +8,10 @@
 //   - RequireEnqueued / RequireEnqueuedTx and RequireNotEnqueued /
 //     RequireNotEnqueuedTx: assert that a topic has (or has not) an event,
 //     optionally matching its payload, dedupe key or tenant; the Tx forms
-//     look inside the caller's uncommitted transaction.
+//     look inside the caller's uncommitted transaction. A topic with an
+//     empty namespace or topic (such as the zero Topic an uninitialised
+//     TypedTopic returns) fails the test at once, in these and in Drain:
+//     it would match every topic.
 //   - Recorder: a capturing publisher.
 //   - Drain: runs a dispatcher until the outbox has nothing left to deliver
 //     for the given publishers, and returns what they published.

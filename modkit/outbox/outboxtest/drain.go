@@ -1,6 +1,7 @@
 package outboxtest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,9 @@ import (
 // (RetryAfter) than the test allows.
 func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	t.Helper()
+	for i, p := range pubs {
+		checkTopic(t, fmt.Sprintf("drain: publisher %d (%s): topic", i, cmp.Or(p.Name, "unnamed")), p.Topic)
+	}
 	ctx := context.Background()
 	var (
 		mu        sync.Mutex

@@ -212,6 +212,25 @@ func RequireNotEnqueuedTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Top
 	requireNotEnqueued(t, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
 }
 
+// checkTopic fails t for a topic without a namespace or a topic, what
+// names it in the message. Events are listed by namespace and topic, an
+// empty one standing for any: the zero Topic (what an uninitialised
+// TypedTopic's Topic() returns) would match every event, so RequireEnqueued
+// would pass on another topic's events and RequireNotEnqueuedTx on none.
+func checkTopic(t TB, what string, topic outbox.Topic) {
+	t.Helper()
+	const pass = "pass the topic the events are enqueued to, with both set, " +
+		`such as outbox.Topic{Namespace: "shop", Topic: "order_placed"} or the Topic() of a TypedTopic made with outbox.NewTypedTopic`
+	switch {
+	case topic == (outbox.Topic{}):
+		fatal(t, "%s is the zero outbox.Topic, with no namespace and no topic (an uninitialised TypedTopic, perhaps): %s", what, pass)
+	case topic.Namespace == "":
+		fatal(t, "%s %q has an empty namespace: %s", what, topic.String(), pass)
+	case topic.Topic == "":
+		fatal(t, "%s %q has an empty topic (it would match every topic of namespace %q): %s", what, topic.String(), topic.Namespace, pass)
+	}
+}
+
 // checkMatchers fails t at once for a matcher that cannot match anything:
 // RequireNotEnqueued would pass whatever was enqueued, and RequireEnqueued
 // would blame the code under test for the test's typo.
@@ -226,6 +245,7 @@ func checkMatchers(t TB, match []Matcher) {
 
 func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) []outbox.Event {
 	t.Helper()
+	checkTopic(t, "topic", topic)
 	checkMatchers(t, match)
 	all, err := load()
 	if err != nil {
@@ -244,6 +264,7 @@ func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]o
 
 func requireNotEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) {
 	t.Helper()
+	checkTopic(t, "topic", topic)
 	checkMatchers(t, match)
 	all, err := load()
 	if err != nil {

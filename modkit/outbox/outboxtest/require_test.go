@@ -245,3 +245,37 @@ func TestRequireEnqueuedTxReturnsWholeEvents(t *testing.T) {
 		t.Fatalf("database/sql: %+v, want as RequireEnqueued: %+v", got, want)
 	}
 }
+
+// A topic without a namespace or a topic (the zero Topic of an
+// uninitialised TypedTopic, or one half filled in) fails every helper that
+// takes one, saying so: events are listed by namespace and topic, an empty
+// one standing for any, so RequireEnqueued passed on another topic's events
+// and RequireNotEnqueuedTx passed whatever was enqueued.
+func TestHelpersRefuseAnEmptyTopic(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueue(t, c, pool, placed, `{"id":"o-1"}`)
+	var uninitialised outbox.TypedTopic[order]
+	for _, tc := range []struct {
+		name  string
+		topic outbox.Topic
+		want  string
+	}{
+		{"zero", uninitialised.Topic(), "topic is the zero outbox.Topic"},
+		{"no topic", outbox.Topic{Namespace: placed.Namespace}, `topic "shop/" has an empty topic`},
+		{"no namespace", outbox.Topic{Topic: placed.Topic}, `topic "/order_placed" has an empty namespace`},
+	} {
+		for name, helper := range map[string]func(outboxtest.TB){
+			"RequireEnqueued":      func(t outboxtest.TB) { outboxtest.RequireEnqueued(t, c, tc.topic) },
+			"RequireEnqueuedTx":    func(t outboxtest.TB) { outboxtest.RequireEnqueuedTx(t, c, pool, tc.topic) },
+			"RequireNotEnqueued":   func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, tc.topic) },
+			"RequireNotEnqueuedTx": func(t outboxtest.TB) { outboxtest.RequireNotEnqueuedTx(t, c, pool, tc.topic) },
+			"Drain":                func(t outboxtest.TB) { outboxtest.Drain(t, c, outboxtest.NewRecorder().Publisher(tc.topic)) },
+		} {
+			msg := failure(t, helper)
+			if !strings.Contains(msg, tc.want) || !strings.Contains(msg, `outbox.Topic{Namespace: "shop", Topic: "order_placed"}`) {
+				t.Errorf("%s with a topic of %s: failed with %q; want it to say %s and what to pass", name, tc.name, msg, tc.want)
+			}
+		}
+	}
+}
