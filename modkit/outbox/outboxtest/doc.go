@@ -16,6 +16,9 @@
 //   - Drain: runs a dispatcher until the outbox has nothing left to deliver
 //     for the given publishers, and returns what they published.
 //
+// A nil *outbox.Client fails the test, saying so, in every helper that
+// takes one.
+//
 // A module's test:
 //
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }

@@ -33,6 +33,7 @@ import (
 // (RetryAfter) than the test allows.
 func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	t.Helper()
+	checkClient(t, c)
 	for i, p := range pubs {
 		checkTopic(t, fmt.Sprintf("drain: publisher %d (%s): topic", i, cmp.Or(p.Name, "unnamed")), p.Topic)
 	}

@@ -187,7 +187,7 @@ func Tenant(id uuid.UUID) Matcher {
 // a delivered event is gone from the table).
 func RequireEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) []outbox.Event {
 	t.Helper()
-	return requireEnqueued(t, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
+	return requireEnqueued(t, c, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
 }
 
 // RequireEnqueuedTx is RequireEnqueued seen from inside tx, the caller's
@@ -195,21 +195,30 @@ func RequireEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matche
 // not committed yet.
 func RequireEnqueuedTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Topic, match ...Matcher) []outbox.Event {
 	t.Helper()
-	return requireEnqueued(t, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
+	return requireEnqueued(t, c, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
 }
 
 // RequireNotEnqueued fails t if a committed event of topic matches every
 // matcher (with no matcher: if the topic has any event).
 func RequireNotEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) {
 	t.Helper()
-	requireNotEnqueued(t, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
+	requireNotEnqueued(t, c, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
 }
 
 // RequireNotEnqueuedTx is RequireNotEnqueued seen from inside tx, the
 // caller's transaction (or connection).
 func RequireNotEnqueuedTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Topic, match ...Matcher) {
 	t.Helper()
-	requireNotEnqueued(t, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
+	requireNotEnqueued(t, c, topic, match, func() ([]outbox.Event, error) { return eventsTx(c, tx, topic) })
+}
+
+// checkClient fails t for a nil client, which every helper would
+// dereference (a panic that ends the whole test binary).
+func checkClient(t TB, c *outbox.Client) {
+	t.Helper()
+	if c == nil {
+		fatal(t, "the *outbox.Client is nil: pass the client the code under test enqueues through (outboxtest.NewClient returns one)")
+	}
 }
 
 // checkTopic fails t for a topic without a namespace or a topic, what
@@ -243,8 +252,9 @@ func checkMatchers(t TB, match []Matcher) {
 	}
 }
 
-func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) []outbox.Event {
+func requireEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) []outbox.Event {
 	t.Helper()
+	checkClient(t, c)
 	checkTopic(t, "topic", topic)
 	checkMatchers(t, match)
 	all, err := load()
@@ -262,8 +272,9 @@ func requireEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]o
 	return found
 }
 
-func requireNotEnqueued(t TB, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) {
+func requireNotEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match []Matcher, load func() ([]outbox.Event, error)) {
 	t.Helper()
+	checkClient(t, c)
 	checkTopic(t, "topic", topic)
 	checkMatchers(t, match)
 	all, err := load()

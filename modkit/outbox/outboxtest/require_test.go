@@ -279,3 +279,21 @@ func TestHelpersRefuseAnEmptyTopic(t *testing.T) {
 		}
 	}
 }
+
+// A nil client fails every helper that takes one, saying so: it crashed
+// the whole test binary with a nil pointer dereference.
+func TestHelpersRefuseANilClient(t *testing.T) {
+	tdb := outboxtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	for name, helper := range map[string]func(outboxtest.TB){
+		"RequireEnqueued":      func(t outboxtest.TB) { outboxtest.RequireEnqueued(t, nil, placed) },
+		"RequireEnqueuedTx":    func(t outboxtest.TB) { outboxtest.RequireEnqueuedTx(t, nil, pool, placed) },
+		"RequireNotEnqueued":   func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, nil, placed) },
+		"RequireNotEnqueuedTx": func(t outboxtest.TB) { outboxtest.RequireNotEnqueuedTx(t, nil, pool, placed) },
+		"Drain":                func(t outboxtest.TB) { outboxtest.Drain(t, nil, outboxtest.NewRecorder().Publisher(placed)) },
+	} {
+		if msg := failure(t, helper); !strings.Contains(msg, "*outbox.Client is nil") {
+			t.Errorf("%s with a nil client: failed with %q; want it to say the client is nil", name, msg)
+		}
+	}
+}
