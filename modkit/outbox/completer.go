@@ -365,7 +365,11 @@ func (d *Dispatcher) record(r result, o Outcome) {
 }
 
 // handleTx runs a transactional handler and the fenced delivered mark in
-// one transaction. A lost lease rolls the handler's writes back.
+// one transaction. A lost lease rolls the handler's writes back. An outcome
+// recorded this way (or refused for its lease) is an outcome write that
+// worked: it ends a failing spell reported by Health as the completer's do,
+// or a dispatcher whose deliveries all go through HandleTx stayed degraded
+// after its outcome writes had recovered.
 func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery) (resultKind, error) {
 	kind := published
 	err := d.callSafely(p, m, func() error {
@@ -382,8 +386,10 @@ func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery) (re
 	switch {
 	case err == nil:
 		kind = ackedInTx
+		d.setOutcomeFailing(false)
 	case errors.Is(err, driver.ErrLeaseLost):
 		kind, err = lostInTx, nil
+		d.setOutcomeFailing(false)
 	}
 	return kind, err
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
@@ -114,6 +115,38 @@ func TestHealthDegradedWhileOutcomeWritesFail(t *testing.T) {
 	})
 	if h := d.Health(); h.Degraded || len(h.Problems) > 0 {
 		t.Fatalf("health after an outcome write succeeded: %+v", h)
+	}
+}
+
+// A dispatcher whose deliveries all go through HandleTx records each
+// outcome in the handler's transaction, not through the completer's writes:
+// once one of those is recorded, the failing spell of outcome writes that
+// Health reports is over. It stayed degraded for ever (only the completer's
+// writes ended it). The failing write here is the completer's, given up at
+// once as its context is done, as when the leases end while writes fail.
+func TestHealthRecoversWhenTransactionalDeliveriesRecordOutcomes(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	store := &failingCompleteStore{}
+	fc := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { store.Store = st; return store })
+	outcomes := newOutcomeLog()
+	d := startDispatcher(t, fc, testConfig(outcomes), outbox.Publisher{Topic: testTopic,
+		HandleTx: func(context.Context, pgx.Tx, outbox.Delivery) error { return nil }})
+
+	store.failing.Store(true)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	outbox.SettleInOneBatch(done, d, outbox.SettleItem{Claim: driver.Claimed{ID: uuid.New(), Namespace: testTopic.Namespace,
+		Topic: testTopic.Topic, Attempts: 1}, Deliver: true})
+	store.failing.Store(false)
+	if h := d.Health(); !h.Degraded || !strings.Contains(strings.Join(h.Problems, "\n"), "recording outcomes failing since") {
+		t.Fatalf("health after an outcome write failed: %+v", h)
+	}
+
+	enqueueN(t, c, pool, 6)
+	outcomes.waitFor(t, "the six deliveries through HandleTx", finalCount(outbox.StatusDelivered, 6))
+	if h := d.Health(); h.Degraded || len(h.Problems) > 0 {
+		t.Fatalf("health after HandleTx recorded outcomes: %+v", h)
 	}
 }
 
