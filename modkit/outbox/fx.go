@@ -180,12 +180,18 @@ var publisherType = reflect.TypeFor[Publisher]()
 // AsPublisher annotates a constructor so that Module collects the Publisher
 // it returns. The constructor must be a function returning a Publisher, or
 // a Publisher and an error; its parameters come from the graph. Anything
-// else makes the app fail at construction with an error naming it.
+// else makes the app fail at construction with an error naming it, and so
+// does an error the constructor returns (fx names the function, its file
+// and line).
 func AsPublisher(constructor any) any {
 	if err := checkPublisherConstructor(constructor); err != nil {
-		return fx.Annotate(func() (Publisher, error) { return Publisher{}, err }, fx.ResultTags(`group:"`+publisherGroup+`"`))
+		return fx.Annotated{Group: publisherGroup, Target: func() (Publisher, error) { return Publisher{}, err }}
 	}
-	return fx.Annotate(constructor, fx.ResultTags(`group:"`+publisherGroup+`"`))
+	// fx.Annotated hands fx the constructor itself, which fx names in the
+	// errors it returns; fx.Annotate wraps it in a function made by
+	// reflect, and fx named that, "reflect".makeFuncStub, so that with
+	// several modules one could not tell whose constructor failed.
+	return fx.Annotated{Group: publisherGroup, Target: constructor}
 }
 
 func checkPublisherConstructor(constructor any) error {

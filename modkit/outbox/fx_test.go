@@ -357,6 +357,34 @@ func TestFxAsPublisherRejectsWrongShape(t *testing.T) {
 
 func topicConstructor() outbox.Topic { return testTopic }
 
+// A publisher constructor that returns an error fails the app with an error
+// naming that constructor, among several modules' (fx named the function
+// reflect made to annotate it, "reflect".makeFuncStub, whichever failed).
+func TestFxAsPublisherNamesTheConstructorThatFailed(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	app := fx.New(fx.Supply(tdb.Provider), outbox.Module,
+		fx.Module("chat", fx.Provide(outbox.AsPublisher(newChatPublisher))),
+		fx.Module("billing", fx.Provide(outbox.AsPublisher(newBillingPublisher))),
+		fx.NopLogger)
+	err := app.Err()
+	if !errors.Is(err, errNoBrokerAddress) {
+		t.Fatalf("app error %v, want the constructor's error", err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "outbox_test\".newBillingPublisher") || strings.Contains(msg, "makeFuncStub") {
+		t.Fatalf("the error must name the constructor that failed, newBillingPublisher: %v", err)
+	}
+}
+
+var errNoBrokerAddress = errors.New("billing: no broker address configured")
+
+func newChatPublisher(*db.Provider) outbox.Publisher {
+	return outbox.Publisher{Topic: outbox.Topic{Namespace: "chat", Topic: "message_sent"}, Publish: noopPublish}
+}
+
+func newBillingPublisher(*db.Provider) (outbox.Publisher, error) {
+	return outbox.Publisher{}, errNoBrokerAddress
+}
+
 // recordingHandler is a slog.Handler that keeps every record's message.
 type recordingHandler struct {
 	mu   sync.Mutex
