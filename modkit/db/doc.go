@@ -12,7 +12,8 @@
 //     database/sql or bun handle; anything else does not compile.
 //     AsQuerier adapts one to a small common interface.
 //   - InTx runs a function in a pgx transaction: commit on nil, rollback on
-//     error or panic.
+//     error or panic. The function leaves the transaction open: one that
+//     commits or rolls it back itself gets an error saying so.
 //   - Migrator applies versioned NNNN_name.up.sql / .down.sql files
 //     (golang-migrate's naming) from an fs.FS into a schema, each in its own
 //     transaction with its tracking row, serialised across processes by an

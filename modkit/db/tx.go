@@ -18,7 +18,9 @@ type TxBeginner interface {
 // nil. It rolls back when fn returns an error (returned unchanged, joined
 // with any rollback error), panics (the panic continues after the rollback)
 // or ends its goroutine with runtime.Goexit (as t.Fatal does in a test), so
-// the transaction never stays open on its connection.
+// the transaction never stays open on its connection. fn must not commit
+// or roll back tx itself: when it does and returns nil, InTx returns an
+// error saying so, matching pgx.ErrTxClosed.
 func InTx(ctx context.Context, b TxBeginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	tx, err := b.Begin(ctx)
 	if err != nil {
@@ -40,6 +42,12 @@ func InTx(ctx context.Context, b TxBeginner, fn func(ctx context.Context, tx pgx
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxClosed) {
+			// pgx's "tx is closed" does not say who closed it: fn did.
+			return fmt.Errorf("modkit/db: InTx: the function committed or rolled back the transaction itself; "+
+				"InTx commits it when the function returns nil and rolls it back when it returns an error, "+
+				"so leave tx open and return: %w", err)
+		}
 		return fmt.Errorf("modkit/db: commit: %w", err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -92,5 +93,30 @@ func TestInTx(t *testing.T) {
 	}
 	if st := p.Pool.Stat(); st.AcquiredConns() != 0 {
 		t.Fatalf("%d connections still acquired after InTx whose fn called runtime.Goexit", st.AcquiredConns())
+	}
+}
+
+// A function that commits or rolls back the transaction itself gets an
+// error saying that it did, and that InTx does it for it (pgx's "tx is
+// closed" said neither), still matching pgx.ErrTxClosed.
+func TestInTxFunctionEndsTheTransactionItself(t *testing.T) {
+	ctx := context.Background()
+	p := pgtest.NewDB(t).Provider
+	for name, end := range map[string]func(context.Context, pgx.Tx) error{
+		"commits":    func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
+		"rolls back": func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
+	} {
+		err := p.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := end(ctx, tx); err != nil {
+				t.Fatalf("the function %s: %v", name, err)
+			}
+			return nil
+		})
+		if !errors.Is(err, pgx.ErrTxClosed) || !strings.Contains(err.Error(), "the function committed or rolled back the transaction itself") {
+			t.Errorf("InTx whose function %s the transaction: %v; want pgx.ErrTxClosed saying the function ended it", name, err)
+		}
+	}
+	if st := p.Pool.Stat(); st.AcquiredConns() != 0 {
+		t.Fatalf("%d connections still acquired after InTx", st.AcquiredConns())
 	}
 }
