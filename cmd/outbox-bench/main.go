@@ -64,8 +64,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lmittmann/tint"
-
+	"github.com/modkit-go/modkit/internal/termlog"
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
@@ -292,14 +291,14 @@ func run(args []string) int {
 	defer stop()
 	context.AfterFunc(ctx, stop)
 
-	log := slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
+	log := slog.New(termlog.NewHandler(os.Stderr, slog.LevelInfo))
 	dlevel := slog.LevelWarn
 	if opts.verbose {
 		dlevel = slog.LevelInfo
 	}
 	b := &bench{
 		opts: opts, log: log, src: newEventSource(opts.payload),
-		dispatcherLog: slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: dlevel, TimeFormat: time.TimeOnly})),
+		dispatcherLog: slog.New(termlog.NewHandler(os.Stderr, dlevel)),
 		report: &report{
 			Started: time.Now(),
 			Command: strings.TrimSpace("go run ./cmd/outbox-bench " + strings.Join(args, " ")),

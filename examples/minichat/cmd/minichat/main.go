@@ -15,10 +15,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lmittmann/tint"
-
 	"github.com/modkit-go/modkit/examples/minichat/app"
 	"github.com/modkit-go/modkit/internal/pgserver"
+	"github.com/modkit-go/modkit/internal/termlog"
 )
 
 func main() {
@@ -29,7 +28,7 @@ func main() {
 // called once run has returned.
 func run() int {
 	opts, verbose := parseFlags()
-	out := slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
+	out := slog.New(termlog.NewHandler(os.Stderr, slog.LevelInfo))
 	// The library and the modules log at Error only, unless -v: a demo
 	// with injected failures would otherwise print a Warn line per retry
 	// between the progress lines. Dead letters are worth a line.
@@ -37,7 +36,7 @@ func run() int {
 	if verbose {
 		libLevel = slog.LevelDebug
 	}
-	opts.Logger = slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: libLevel, TimeFormat: time.TimeOnly}))
+	opts.Logger = slog.New(termlog.NewHandler(os.Stderr, libLevel))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

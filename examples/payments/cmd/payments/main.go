@@ -16,12 +16,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"syscall"
-	"time"
-
-	"github.com/lmittmann/tint"
 
 	"github.com/modkit-go/modkit/examples/payments/app"
 	"github.com/modkit-go/modkit/internal/pgserver"
+	"github.com/modkit-go/modkit/internal/termlog"
 )
 
 func main() {
@@ -50,8 +48,8 @@ func run() int {
 	if verbose {
 		libLevel = slog.LevelDebug
 	}
-	opts.Logger = slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: libLevel, TimeFormat: time.TimeOnly}))
-	out := slog.New(tint.NewTextHandler(os.Stderr, &tint.Options{Level: slog.LevelInfo, TimeFormat: time.TimeOnly}))
+	opts.Logger = slog.New(termlog.NewHandler(os.Stderr, libLevel))
+	out := slog.New(termlog.NewHandler(os.Stderr, slog.LevelInfo))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
