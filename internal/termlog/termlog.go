@@ -20,10 +20,14 @@ func NewHandler(w io.Writer, level slog.Leveler) slog.Handler {
 }
 
 // Colour reports whether output to w may be coloured: w is an *os.File
-// open on a character device, as a terminal is. A file, a pipe, or a
-// writer that is no *os.File gets none. (/dev/null is a character device
-// too; what goes there is never read.)
+// open on a character device, as a terminal is, and NO_COLOR is not set
+// (no-color.org). A file, a pipe, or a writer that is no *os.File gets
+// none. (/dev/null is a character device too; what goes there is never
+// read.)
 func Colour(w io.Writer) bool {
+	if os.Getenv("NO_COLOR") != "" {
+		return false
+	}
 	f, ok := w.(*os.File)
 	if !ok || f == nil {
 		return false

@@ -46,6 +46,10 @@ func TestColour(t *testing.T) {
 	if !Colour(null) {
 		t.Errorf("Colour(%s) = false, want true for a character device", os.DevNull)
 	}
+	t.Setenv("NO_COLOR", "1")
+	if Colour(null) {
+		t.Errorf("Colour(%s) with NO_COLOR set = true, want false", os.DevNull)
+	}
 }
 
 // A handler writing to a file writes no escape codes.
