@@ -14,6 +14,7 @@ import (
 // stands in for one here): not to a file, a pipe or another writer, where
 // the demos wrote ANSI escape codes into what was piped to a file.
 func TestColour(t *testing.T) {
+	t.Setenv("NO_COLOR", "") // as if unset, whatever the environment says
 	file, err := os.Create(filepath.Join(t.TempDir(), "out.log"))
 	if err != nil {
 		t.Fatal(err)
