@@ -173,9 +173,34 @@ const drainRecheck = 100 * time.Millisecond
 const leftOverShown = 5
 
 // leftOver names some of the topics' pending and processing events with
-// their last errors, for a Drain that timed out (its dispatcher's log goes
+// their last errors, and the ordering keys of the topics a dead event
+// holds back, for a Drain that timed out (its dispatcher's log goes
 // nowhere, so this is where a publisher's error shows).
 func leftOver(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]bool) string {
+	return leftEvents(ctx, c, topics) + blockedKeys(ctx, c, topics)
+}
+
+// blockedKeys says which ordering keys of topics a dead event holds back:
+// their later events wait for ever, which a Drain cannot change.
+func blockedKeys(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]bool) string {
+	blocked, err := c.Admin().BlockedKeys(ctx, 0)
+	if err != nil {
+		return fmt.Sprintf("\n(listing the blocked ordering keys failed: %v)", err)
+	}
+	var b strings.Builder
+	for _, k := range blocked {
+		if topics[k.Topic] && k.Waiting > 0 {
+			fmt.Fprintf(&b, "\n  ordering key %q of %s: its %d later event(s) wait behind the dead event %s (event %d of the key, "+
+				"last error: %s); only a replay, a skip (Admin.SkipHead) or Publisher.SkipDeadHeads lets them go",
+				k.OrderingKey, k.Topic, k.Waiting, k.Head, k.HeadSequence, k.LastError)
+		}
+	}
+	return b.String()
+}
+
+// leftEvents names some of the topics' pending and processing events with
+// their last errors.
+func leftEvents(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]bool) string {
 	var b strings.Builder
 	shown := 0
 	for topic := range topics {
@@ -190,7 +215,11 @@ func leftOver(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]boo
 				if e.LastError != nil {
 					last = *e.LastError
 				}
-				fmt.Fprintf(&b, "\n  %s %s, %s, attempt %d, last error: %s", e.ID, topic, e.Status, e.Attempts, last)
+				key := ""
+				if e.OrderingKey != "" {
+					key = fmt.Sprintf(" (event %d of ordering key %q)", e.Sequence, e.OrderingKey)
+				}
+				fmt.Fprintf(&b, "\n  %s %s%s, %s, attempt %d, last error: %s", e.ID, topic, key, e.Status, e.Attempts, last)
 				if shown++; shown == leftOverShown {
 					return b.String()
 				}

@@ -3,6 +3,7 @@ package outboxtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -205,5 +206,33 @@ func TestDrainBoundsItsStart(t *testing.T) {
 		}
 	case <-time.After(2 * time.Minute): // a hang, not a timing
 		t.Fatal("Drain still waiting for its dispatcher two minutes into a WaitTimeout of one second")
+	}
+}
+
+// A Drain that times out because a dead event holds back its ordering key
+// says so, naming the key and the dead event: it listed the waiting events
+// as pending with no error, which did not say why they waited. (A serial
+// test: it changes WaitTimeout.)
+func TestDrainNamesABlockedKey(t *testing.T) {
+	saved := outboxtest.WaitTimeout
+	outboxtest.WaitTimeout = time.Second
+	defer func() { outboxtest.WaitTimeout = saved }()
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	for i := range 2 {
+		enqueue(t, c, tdb.Provider.Pool, placed, fmt.Sprintf(`{"n":%d}`, i), func(m *outbox.Message) { m.OrderingKey = "acct-1" })
+	}
+	rec := outboxtest.NewRecorder()
+	rec.Fail = func(d outbox.Delivery) error {
+		if d.Sequence == 1 {
+			return outbox.Permanent(errors.New("the ledger refused it"))
+		}
+		return nil
+	}
+	msg := failure(t, func(tb outboxtest.TB) { outboxtest.Drain(tb, c, rec.Publisher(placed)) })
+	for _, want := range []string{`(event 2 of ordering key "acct-1"), pending`, `ordering key "acct-1" of ` + placed.String() +
+		`: its 1 later event(s) wait behind the dead event`, "the ledger refused it"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("Drain's failure does not say %q:\n%s", want, msg)
+		}
 	}
 }
