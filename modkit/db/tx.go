@@ -19,8 +19,9 @@ type TxBeginner interface {
 // with any rollback error), panics (the panic continues after the rollback)
 // or ends its goroutine with runtime.Goexit (as t.Fatal does in a test), so
 // the transaction never stays open on its connection. fn must not commit
-// or roll back tx itself: when it does and returns nil, InTx returns an
-// error saying so, matching pgx.ErrTxClosed.
+// or roll back tx itself: when it does, InTx returns an error saying so,
+// matching pgx.ErrTxClosed (joined with fn's own error, if it returned
+// one: what fn committed stays).
 func InTx(ctx context.Context, b TxBeginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	tx, err := b.Begin(ctx)
 	if err != nil {
@@ -36,7 +37,14 @@ func InTx(ctx context.Context, b TxBeginner, fn func(ctx context.Context, tx pgx
 	err = fn(ctx, tx)
 	returned = true
 	if err != nil {
-		if rbErr := tx.Rollback(context.WithoutCancel(ctx)); rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
+		rbErr := tx.Rollback(context.WithoutCancel(ctx))
+		switch {
+		case errors.Is(rbErr, pgx.ErrTxClosed):
+			// fn ended the transaction itself, then failed: the caller
+			// must not take the error for "nothing was written".
+			return errors.Join(err, fmt.Errorf("modkit/db: InTx: the function committed or rolled back the transaction "+
+				"itself before returning its error, so InTx could not roll it back: what it committed stays: %w", rbErr))
+		case rbErr != nil:
 			return errors.Join(err, fmt.Errorf("modkit/db: rollback: %w", rbErr))
 		}
 		return err

@@ -115,6 +115,18 @@ func TestInTxFunctionEndsTheTransactionItself(t *testing.T) {
 		if !errors.Is(err, pgx.ErrTxClosed) || !strings.Contains(err.Error(), "the function committed or rolled back the transaction itself") {
 			t.Errorf("InTx whose function %s the transaction: %v; want pgx.ErrTxClosed saying the function ended it", name, err)
 		}
+		// Ended, then failed: the function's error, and that what it
+		// committed stays (InTx could not roll back).
+		failed := errors.New("failed after ending it")
+		err = p.InTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
+			if err := end(ctx, tx); err != nil {
+				t.Fatalf("the function %s: %v", name, err)
+			}
+			return failed
+		})
+		if !errors.Is(err, failed) || !errors.Is(err, pgx.ErrTxClosed) || !strings.Contains(err.Error(), "what it committed stays") {
+			t.Errorf("InTx whose function %s the transaction and fails: %v; want its error and that what it committed stays", name, err)
+		}
 	}
 	if st := p.Pool.Stat(); st.AcquiredConns() != 0 {
 		t.Fatalf("%d connections still acquired after InTx", st.AcquiredConns())
