@@ -705,7 +705,7 @@ func TestDashboardPurgesADeadEvent(t *testing.T) {
 	if body, _ := get(t, jar, base+"events/"+w.deadMail.String()); !strings.Contains(body, `id="purge-dead"`) {
 		t.Fatal("no purge button on a dead event's page for the operator")
 	}
-	for _, want := range []string{"Event purged: it is deleted, and its history stays.", "Nothing purged: the event is no longer dead."} {
+	for _, want := range []string{"Event purged: it is deleted, and its history stays.", "Nothing purged: the event's row is gone (purged); its history is below."} {
 		resp, err := jar.PostForm(base+"purge-dead", form)
 		if err != nil {
 			t.Fatal(err)
@@ -952,8 +952,8 @@ func TestDashboardActionsOnAnUnknownID(t *testing.T) {
 	}
 	unknown := uuid.New()
 	for action, want := range map[string]string{
-		"replay":     "Nothing replayed: no event with this id is kept",
-		"purge-dead": "Nothing purged: no event with this id is kept",
+		"replay":     "Nothing replayed: no event has this id.",
+		"purge-dead": "Nothing purged: no event has this id.",
 	} {
 		resp, err := jar.PostForm(base+action, url.Values{"csrf": {csrf}, "id": {unknown.String()}})
 		if err != nil {

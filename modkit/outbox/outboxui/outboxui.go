@@ -520,7 +520,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 	if len(done) == 0 {
 		flash = "Nothing replayed: the event is no longer dead."
 		if _, err := h.admin.Get(r.Context(), ids[0]); errors.Is(err, outbox.ErrNotFound) {
-			flash = "Nothing replayed: no event with this id is kept (it never existed, or its row was purged)."
+			flash = h.goneFlash(r, ids[0], "Nothing replayed")
 		}
 	}
 	h.redirect(w, r, "events/"+ids[0].String(), flash)
@@ -545,7 +545,7 @@ func (h *handler) purgeDead(w http.ResponseWriter, r *http.Request) {
 		ev, err := h.admin.Get(r.Context(), id)
 		switch {
 		case errors.Is(err, outbox.ErrNotFound):
-			flash = "Nothing purged: no event with this id is kept (it never existed, or its row was purged already)."
+			flash = h.goneFlash(r, id, "Nothing purged")
 		case err == nil && ev.Status == outbox.StatusDead:
 			// PurgeDead keeps the order of an ordering key: it leaves a
 			// dead event behind an earlier one of its key that is not
@@ -557,6 +557,15 @@ func (h *handler) purgeDead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.redirect(w, r, "events/"+id.String(), "Event purged: it is deleted, and its history stays.")
+}
+
+// goneFlash is the message of an action on an event whose row is gone:
+// purged (its history is kept, and shown on its page), or never there.
+func (h *handler) goneFlash(r *http.Request, id uuid.UUID, nothing string) string {
+	if hist, err := h.admin.History(r.Context(), id); err == nil && len(hist) > 0 {
+		return nothing + ": the event's row is gone (purged); its history is below."
+	}
+	return nothing + ": no event has this id."
 }
 
 // skipHead lets the later events of a dead event's ordering key go on
