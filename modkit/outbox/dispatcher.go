@@ -538,8 +538,13 @@ func (h Health) State() string {
 // failing, or outcome writes are (until one succeeds). In an fx app, take
 // the *Dispatcher from the graph (it is nil when no publisher is
 // registered) to read it, show it on the outboxui dashboard
-// (Options.Dispatchers) or serve it to probes (outboxui.HealthHandler).
+// (Options.Dispatchers) or serve it to probes (outboxui.HealthHandler). On
+// a nil *Dispatcher it returns the zero Health (not running, not degraded)
+// rather than panicking.
 func (d *Dispatcher) Health() Health {
+	if d == nil {
+		return Health{}
+	}
 	d.mu.Lock()
 	pool, claimErr, claimErrAt := d.pool, d.claimErr, d.claimErrAt
 	d.mu.Unlock()

@@ -290,3 +290,12 @@ func TestDepthReadFailureIsNotHidden(t *testing.T) {
 		t.Errorf("health once the depth is read again: %+v", h)
 	}
 }
+
+// The graph's *Dispatcher is nil in an fx app without publishers: its
+// Health is the zero Health, where reading it panicked.
+func TestHealthOfANilDispatcher(t *testing.T) {
+	var d *outbox.Dispatcher
+	if h := d.Health(); h.Running || h.Starting || h.Degraded || len(h.Problems) != 0 {
+		t.Fatalf("health of a nil dispatcher: %+v, want the zero Health", h)
+	}
+}
