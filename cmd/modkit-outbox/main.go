@@ -157,15 +157,15 @@ func run(ctx context.Context, e env, args []string) int {
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
-			return report(e, c.run(ctx, e, args[1:]))
+			return report(e, c.name, c.run(ctx, e, args[1:]))
 		}
 	}
 	fmt.Fprintf(e.stderr, "modkit-outbox: unknown command %q; run \"modkit-outbox help\" for the list\n", args[0])
 	return exitUsage
 }
 
-// report prints err and maps it to an exit code.
-func report(e env, err error) int {
+// report prints err, of the command cmd, and maps it to an exit code.
+func report(e env, cmd string, err error) int {
 	if err == nil {
 		return exitOK
 	}
@@ -173,7 +173,7 @@ func report(e env, err error) int {
 		return exitOK
 	}
 	fmt.Fprintln(e.stderr, "modkit-outbox:", err)
-	if hint := hintFor(err); hint != "" {
+	if hint := hintFor(cmd, err); hint != "" {
 		fmt.Fprintln(e.stderr, "modkit-outbox:", hint)
 	}
 	var x *exitError
@@ -183,13 +183,19 @@ func report(e env, err error) int {
 	return exitFailure
 }
 
-// hintFor says what to do about a database error whose own message speaks
-// to an application (Client.Migrate) or only names the object refused.
-func hintFor(err error) string {
+// hintFor says what to do about a database error of the command cmd whose
+// own message speaks to an application (Client.Migrate) or only names the
+// object refused. The server's own hint, when it gave one, comes first.
+func hintFor(cmd string, err error) string {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, outbox.ErrNotMigrated):
 		return "from the shell: modkit-outbox migrate up (with the same --schema)"
+	case errors.As(err, &pgErr) && pgErr.Hint != "":
+		return pgErr.Hint
+	case errors.As(err, &pgErr) && pgErr.Code == "42501" && cmd == "migrate":
+		return "the database role may not do this: migrating needs the schema's owner, or a role that may create in it " +
+			"(and, for the outbox's roles, create roles), such as a superuser"
 	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
 		return "the database role may not do this: reading needs modkit_outbox_reader; replay, purge and skip-head " +
 			"need modkit_outbox_operator (grant it to the role, or connect as one that has it)"

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/modkit-go/modkit/migrations"
 	"github.com/modkit-go/modkit/modkit/db"
+	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
 
 const migrateExamples = `  modkit-outbox migrate up                        # apply what is missing
@@ -74,14 +77,34 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	}
 	switch pos[0] {
 	case "up":
-		applied, err := m.Up(ctx)
-		for _, mig := range applied {
-			fmt.Fprintf(e.stdout, "applied %04d_%s\n", mig.Version, mig.Name)
-		}
+		// Through Client.Migrate, as an app migrates: it refuses a schema
+		// others may create objects in before migrating anything, and warns
+		// (on stderr) when the role may not create the outbox's roles.
+		before, err := m.Status(ctx)
 		if err != nil {
 			return err
 		}
-		if len(applied) == 0 {
+		client, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: f.schema,
+			Logger: slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err != nil {
+			return usageErr("%v", err)
+		}
+		migErr := client.Migrate(ctx)
+		after, err := m.Status(ctx)
+		if err != nil {
+			return errors.Join(migErr, err)
+		}
+		applied := 0
+		for i, st := range after {
+			if st.Applied && !before[i].Applied {
+				fmt.Fprintf(e.stdout, "applied %04d_%s\n", st.Version, st.Name)
+				applied++
+			}
+		}
+		if migErr != nil {
+			return migErr
+		}
+		if applied == 0 {
 			fmt.Fprintf(e.stdout, "schema %s is up to date\n", f.schema)
 		}
 	case "down":

@@ -147,6 +147,19 @@ func TestMigrateCommands(t *testing.T) {
 		t.Fatalf("status after down:\n%s", s)
 	}
 	cli(t, f.dsn, "migrate", "down", "--steps", "0", "--yes").must(t, exitUsage)
+
+	// A schema others may create objects in is refused before anything is
+	// migrated, and the advice is about the schema, not about the reader
+	// and operator roles (printed for every refusal of a privilege).
+	if _, err := f.pool.Exec(bg, "CREATE SCHEMA open_ops; GRANT CREATE ON SCHEMA open_ops TO PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, f.dsn, "migrate", "up", "--schema", "open_ops").must(t, exitFailure)
+	if !strings.Contains(r.stderr, "REVOKE CREATE ON SCHEMA open_ops FROM PUBLIC") || !strings.Contains(r.stderr, "nothing was migrated") ||
+		strings.Contains(r.stderr, "modkit_outbox_reader") {
+		t.Fatalf("migrate up of a schema PUBLIC may create in:\n%s", r.stderr)
+	}
+	noOutboxTables(t, f, "open_ops")
 }
 
 // TestMigrateSQLGoose applies the goose files with goose itself, then

@@ -919,6 +919,9 @@ func (s *store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkSchemaClosed(ctx, m); err != nil {
+		return err
+	}
 	if _, err = m.Up(ctx); err != nil {
 		return err
 	}
@@ -934,6 +937,48 @@ func (s *store) Migrate(ctx context.Context) error {
 	}
 	return nil
 }
+
+// schemaClosedVersion is the migration that refuses a schema where roles
+// other than its owner may create objects (0028).
+const schemaClosedVersion = 28
+
+// checkSchemaClosed refuses, before any migration runs, a schema that
+// migration 0028 would refuse: one where PUBLIC or an outbox role may
+// create objects. 0028 refused it only after 0001–0027 had created the
+// outbox's tables and functions there. A schema that has 0028 applied, or
+// does not exist yet, is not checked.
+func (s *store) checkSchemaClosed(ctx context.Context, m *db.Migrator) error {
+	status, err := m.Status(ctx)
+	if err != nil {
+		return err
+	}
+	for _, st := range status {
+		if st.Version == schemaClosedVersion && st.Applied {
+			return nil
+		}
+	}
+	var schema string
+	var open *string
+	if err := s.pool.QueryRow(ctx, qSchemaOpenTo, s.opts.Schema, Roles).Scan(&schema, &open); err != nil {
+		return fmt.Errorf("outboxpg: look up who may create objects in schema %q: %w", s.opts.Schema, err)
+	}
+	if open != nil {
+		return fmt.Errorf("outboxpg: schema %s lets %s create objects in it, whose functions the outbox's functions could then "+
+			"run as their owner: REVOKE CREATE ON SCHEMA %s FROM %s (PostgreSQL 15's default for public), or migrate the outbox "+
+			"into a schema of its own; nothing was migrated", schema, *open, schema, *open)
+	}
+	return nil
+}
+
+// qSchemaOpenTo returns schema $1's name as SQL writes it and who, of
+// PUBLIC and the outbox roles ($2), may create objects in it (NULL for
+// nobody, or no such schema), as migration 0028 does.
+const qSchemaOpenTo = `SELECT quote_ident($1), string_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, ', '
+		ORDER BY CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE r.rolname END)
+	FROM pg_catalog.pg_namespace n
+	CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
+	LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+	WHERE n.nspname = $1 AND a.privilege_type = 'CREATE' AND (a.grantee = 0 OR r.rolname = ANY($2))`
 
 // PoolSize implements driver.PoolSizer: the pool's MaxConns.
 func (s *store) PoolSize() int { return int(s.pool.Config().MaxConns) }

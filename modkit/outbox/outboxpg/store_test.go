@@ -638,3 +638,36 @@ func TestNotifyChannel(t *testing.T) {
 		}
 	}
 }
+
+// Migrate refuses a schema where PUBLIC may create objects before any
+// migration runs: migration 0028 refused it only after 0001–0027 had
+// created the outbox's tables and SECURITY DEFINER functions there. Once
+// that is revoked, it migrates.
+func TestMigrateRefusesAnOpenSchemaBeforeMigrating(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA mk_open_first; GRANT CREATE ON SCHEMA mk_open_first TO PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	st := open(t, pool, driver.Options{Schema: "mk_open_first"})
+	err := st.Migrate(ctx)
+	if err == nil || !strings.Contains(err.Error(), "REVOKE CREATE ON SCHEMA mk_open_first FROM PUBLIC") ||
+		!strings.Contains(err.Error(), "nothing was migrated") {
+		t.Fatalf("Migrate of a schema PUBLIC may create in: %v, want it refused before migrating", err)
+	}
+	var objects int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'mk_open_first') + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'mk_open_first')`).Scan(&objects); err != nil {
+		t.Fatal(err)
+	}
+	if objects != 0 {
+		t.Fatalf("%d tables or functions created in the refused schema, want none", objects)
+	}
+	if _, err := pool.Exec(ctx, "REVOKE CREATE ON SCHEMA mk_open_first FROM PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate once PUBLIC may no longer create in the schema: %v", err)
+	}
+}
