@@ -10,7 +10,7 @@ SETUP     ?= ./scripts/setup.sh
 
 .PHONY: help
 help: ## List the targets with one line each
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
 test: ## Run the whole test suite with -race (starts a throwaway PostgreSQL unless DATABASE_URL is set)
