@@ -4,7 +4,9 @@
 //
 //   - Provider (Open, FromPool, Module for fx) owns the pool and hands out
 //     a *pgxpool.Pool, a *sql.DB and a *bun.DB that all draw from it, so
-//     pgx and bun code share connections, limits and settings.
+//     pgx and bun code share connections, limits and settings. Open checks
+//     the connection once; Module's start hook waits, within the start's
+//     time, for a database that cannot be reached yet.
 //   - Runner is "the caller's connection or transaction, whatever library
 //     opened it": modkit calls that take one (outbox Enqueue, for example)
 //     run their SQL through it, so their writes commit or roll back with
