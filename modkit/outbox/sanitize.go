@@ -17,7 +17,9 @@ import (
 //
 // What it recognises:
 //   - URL userinfo: scheme://user:password@host (the password may contain
-//     '/' or '@': the userinfo ends at the last '@' of the URL),
+//     '/' or '@': the userinfo ends at the last '@' before the query, or
+//     of the URL without one before it, unless a port and a query come
+//     first: host:8080/hook?to=ops@example.com),
 //     scheme://:password@host, and scheme://token@host;
 //   - name=value, name: value, "name": "value" (also with JSON's quotes
 //     escaped, \"name\": \"value\"), and URL-encoded name%3Dvalue, for
@@ -94,7 +96,16 @@ func (r *redactor) userinfo(start int) int {
 	for end < len(s) && !isSpace(s[end]) && !strings.ContainsRune("\"'<>\\`", rune(s[end])) {
 		end++
 	}
-	at := strings.LastIndexByte(s[start:end], '@')
+	// An '@' before the query or fragment ends the userinfo (the
+	// password may hold '/' and '@'); only without one there is the last
+	// '@' of the URL taken (a password may hold a '?' too).
+	at := -1
+	if q := strings.IndexAny(s[start:end], "?#"); q >= 0 {
+		at = strings.LastIndexByte(s[start:start+q], '@')
+	}
+	if at < 0 {
+		at = strings.LastIndexByte(s[start:end], '@')
+	}
 	if at <= 0 {
 		return start
 	}
@@ -111,10 +122,25 @@ func (r *redactor) userinfo(start int) int {
 		// a colon in the path or query: not userinfo. (host:port/path@…
 		// is taken for a password with a '/', and redacted: better too much
 		// than a leak.)
+	case portThenQuery(ui[colon+1:]):
+		// host:port/path?to=ops@example.com: the '@' is in the query (an
+		// e-mail address), which a password, a '?' in it too, seldom is;
+		// redacting would show example.com as the host.
 	default:
 		r.cut(start+colon+1, start+at)
 	}
 	return start + at + 1
+}
+
+// portThenQuery reports whether s, what follows the first colon of a URL's
+// authority, is a port, then a path, query or fragment that has a query or
+// fragment: 8080/hook?to=a, 8080?x.
+func portThenQuery(s string) bool {
+	n := 0
+	for n < len(s) && n < 6 && s[n] >= '0' && s[n] <= '9' {
+		n++
+	}
+	return n >= 1 && n <= 5 && n < len(s) && strings.IndexByte("/?#", s[n]) >= 0 && strings.ContainsAny(s[n:], "?#")
 }
 
 // tokenPrefixes are the prefixes of well-known API keys and tokens.
