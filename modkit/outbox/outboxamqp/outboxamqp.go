@@ -41,7 +41,13 @@
 // the first publish and opened again on the next publish after either
 // closes (a network failure, a broker restart, a channel error such as a
 // missing exchange). Publishes share the channel; their confirmations are
-// awaited concurrently.
+// awaited concurrently. So a channel error fails every publish in flight
+// on it, of every topic the Publisher serves: they are retried, and those
+// the broker had taken are published again (same message id). A route to
+// an exchange that does not exist closes the channel on each attempt of
+// its events, for as long as they are retried: serve topics whose
+// exchanges may be missing (declared by another service, say) with a
+// Publisher of their own, so that their errors cost no other topic.
 //
 // One connection attempt at a time is made, in the background: the
 // publishes that need a connection wait for that attempt's outcome or
@@ -136,9 +142,12 @@ func (e *UnroutableError) Error() string {
 	return fmt.Sprintf("outboxamqp: message unroutable: exchange %q, routing key %q: %d %s", e.Exchange, e.RoutingKey, e.ReplyCode, e.ReplyText)
 }
 
-// ErrNotConfirmed is returned (wrapped) when the broker did not confirm a
-// message: a negative confirmation, or the channel closed first. The
-// publish is retried.
+// ErrNotConfirmed is returned (wrapped) when a publish did not end with
+// the broker's confirmation: a negative confirmation, the channel closed
+// first, or the message was not sent at all (no connection, a message the
+// adapter refuses, a ctx that ended first). So it does not tell whether
+// the broker holds the message. The publish is retried, unless the error
+// is also outbox.Permanent.
 var ErrNotConfirmed = errors.New("outboxamqp: message not confirmed by the broker")
 
 // ErrClosed is returned by Publish after Close.
