@@ -129,7 +129,7 @@ func (e *StatusError) Error() string {
 		s += fmt.Sprintf(" (a redirect to %s, not followed: if the receiver moved, point the publisher's URL there)", e.Location)
 	}
 	if e.retryAfter > 0 {
-		s += fmt.Sprintf(" (retry after %v)", e.retryAfter)
+		s += fmt.Sprintf(" (retry after %v)", e.retryAfter.Round(time.Millisecond))
 	}
 	if e.Body != "" {
 		s += ": " + e.Body

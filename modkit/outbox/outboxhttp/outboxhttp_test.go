@@ -258,6 +258,23 @@ func TestRequest(t *testing.T) {
 	}
 }
 
+// The delay a Retry-After date asks for is printed to the millisecond:
+// the clock's nanoseconds made it "retry after 1m29.876543211s".
+func TestRetryAfterPrintedToTheMillisecond(t *testing.T) {
+	at := time.Date(2026, 11, 23, 12, 1, 30, 0, time.UTC)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", at.Format(http.TimeFormat))
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(srv.Close)
+	now := time.Date(2026, 11, 23, 12, 0, 0, 123456789, time.UTC)
+	p := newPublisher(t, outboxhttp.Config{URL: func(outbox.Delivery) string { return srv.URL }, Now: func() time.Time { return now }})
+	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)})
+	if err == nil || !strings.Contains(err.Error(), "(retry after 1m29.877s)") {
+		t.Fatalf("publish to a 503 with a Retry-After date: %v, want the delay to the millisecond", err)
+	}
+}
+
 // TestStatuses: 2xx succeeds; 4xx other than 408, 421, 425 and 429 is
 // permanent; those, 5xx and 3xx are retried; Retry-After is read in
 // seconds (more than an int64 holds: the cap) and as
