@@ -357,7 +357,9 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 			p.drop(s)
 			return channelClosedError(s.closeReason(), exchange, key, len(msg.Body))
 		}
-		return fmt.Errorf("%w: exchange %q, routing key %q: negative confirmation", ErrNotConfirmed, exchange, key)
+		return fmt.Errorf("%w: exchange %q, routing key %q: negative confirmation: the broker refused the message "+
+			"(a queue it routes to is full and set to x-overflow reject-publish, or the broker could not store it)",
+			ErrNotConfirmed, exchange, key)
 	}
 	if ret, ok := s.returnOf(msg.MessageId); ok {
 		return outbox.Permanent(&UnroutableError{Exchange: ret.Exchange, RoutingKey: ret.RoutingKey, ReplyCode: ret.ReplyCode, ReplyText: ret.ReplyText})

@@ -271,6 +271,33 @@ func TestPublishWithEndedContextSendsNothing(t *testing.T) {
 	}
 }
 
+// TestFullQueueRetried: a queue at its length limit with x-overflow
+// reject-publish makes the broker refuse the message (a negative
+// confirmation): an error to retry that says what the broker did, where it
+// said "negative confirmation" alone.
+func TestFullQueueRetried(t *testing.T) {
+	u := brokerURL(t)
+	conn, err := amqp.Dial(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := "outboxamqp-test-full-" + uuid.NewString()
+	if _, err := ch.QueueDeclare(full, false, true, false, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = ch.QueueDelete(full, false, false, false) })
+	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: toQueue(full)})
+	err = p.Publish(ctx, event())
+	if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "reject-publish") {
+		t.Fatalf("publish to a full queue: %v, want ErrNotConfirmed to retry, saying the broker refused it", err)
+	}
+}
+
 // TestMissingExchangeRetried: publishing to an exchange that does not
 // exist fails (the broker closes the channel) with an error to retry, and
 // the next publish opens a new channel.
