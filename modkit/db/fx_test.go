@@ -152,9 +152,8 @@ func TestFxModuleWaitsForTheDatabase(t *testing.T) {
 	}
 
 	// No such database: the server's answer will not change.
-	missing := *cfg.ConnConfig
 	app = fx.New(fx.Supply(db.Config{DSN: fmt.Sprintf("postgres://%s@%s/modkit_no_such_database?sslmode=disable",
-		url.UserPassword(missing.User, missing.Password), ln.Addr())}), db.Module, fx.Invoke(func(*db.Provider) {}), fx.NopLogger)
+		url.UserPassword(cfg.ConnConfig.User, cfg.ConnConfig.Password), ln.Addr())}), db.Module, fx.Invoke(func(*db.Provider) {}), fx.NopLogger)
 	err = app.Start(startCtx)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" || strings.Contains(err.Error(), "still failing") {

@@ -53,6 +53,12 @@ func brokerURL(t testing.TB) *url.URL {
 // when the test ends, and returns the name and a channel for reading it.
 func declareQueue(t testing.TB, u *url.URL) (string, *amqp.Channel) {
 	t.Helper()
+	return declareQueueWith(t, u, nil)
+}
+
+// declareQueueWith is declareQueue with the queue's arguments (x-max-length…).
+func declareQueueWith(t testing.TB, u *url.URL, args amqp.Table) (string, *amqp.Channel) {
+	t.Helper()
 	conn, err := amqp.Dial(u.String())
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +69,7 @@ func declareQueue(t testing.TB, u *url.URL) (string, *amqp.Channel) {
 		t.Fatal(err)
 	}
 	name := "outboxamqp-test-" + uuid.NewString()
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
+	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = ch.QueueDelete(name, false, false, false) })
@@ -277,22 +283,9 @@ func TestPublishWithEndedContextSendsNothing(t *testing.T) {
 // said "negative confirmation" alone.
 func TestFullQueueRetried(t *testing.T) {
 	u := brokerURL(t)
-	conn, err := amqp.Dial(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := "outboxamqp-test-full-" + uuid.NewString()
-	if _, err := ch.QueueDeclare(full, false, true, false, false, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = ch.QueueDelete(full, false, false, false) })
+	full, _ := declareQueueWith(t, u, amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"})
 	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: toQueue(full)})
-	err = p.Publish(ctx, event())
+	err := p.Publish(ctx, event())
 	if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "reject-publish") {
 		t.Fatalf("publish to a full queue: %v, want ErrNotConfirmed to retry, saying the broker refused it", err)
 	}
