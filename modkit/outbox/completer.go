@@ -284,10 +284,14 @@ func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTim
 	// events will simply be claimed and delivered again.
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
+	failedBefore := false
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
 		d.setOutcomeFailing(err != nil)
 		if err == nil {
+			if failedBefore {
+				d.findRecorded(ctx, outcomes, settled)
+			}
 			// The database set each retry's next_attempt_at from its clock
 			// during Complete, so now+delay is never before it: the wake-up
 			// comes at most the statement's duration late. (A wake-up timed
@@ -325,10 +329,43 @@ func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTim
 				"count", len(outcomes), "error", err)
 			return
 		}
+		failedBefore = true
 		d.log.Warn("recording outcomes failed; retrying", "count", len(outcomes), "error", err, "retry_in", delay)
 		if !sleepCtx(ctx, delay) {
 			return
 		}
+	}
+}
+
+// findRecorded marks as settled the outcomes of a write that an earlier,
+// failed write of the same outcomes recorded: its commit went through and
+// its answer was lost with the connection, so the write that followed found
+// those leases ended and recorded nothing. They were reported as leases
+// lost (a warning that the events would be delivered again, which they
+// will not be). A store that cannot tell (no driver.OutcomeFinder, a schema
+// before migration 0035) leaves them so.
+func (d *Dispatcher) findRecorded(ctx context.Context, outcomes []driver.Outcome, settled []bool) {
+	finder, ok := d.c.store.(driver.OutcomeFinder)
+	if !ok {
+		return
+	}
+	var unsettled []driver.Outcome
+	var at []int
+	for i, ok := range settled {
+		if !ok {
+			unsettled, at = append(unsettled, outcomes[i]), append(at, i)
+		}
+	}
+	if len(unsettled) == 0 {
+		return
+	}
+	recorded, err := finder.RecordedOutcomes(ctx, d.cfg.WorkerID, unsettled)
+	if err != nil {
+		d.log.Debug("could not tell whether a failed outcome write was recorded; its outcomes are reported as leases lost", "error", err)
+		return
+	}
+	for j, ok := range recorded {
+		settled[at[j]] = settled[at[j]] || ok
 	}
 }
 

@@ -122,7 +122,10 @@
 //   - Database unavailable: claims and outcome writes are retried with
 //     capped backoff, and Health reports failing claims; events whose
 //     outcomes could not be recorded before their lease ended are delivered
-//     again.
+//     again. A write that committed but whose answer was lost with the
+//     connection is recognised when it is tried again (from the attempts
+//     ledger, since migration 0035): its outcomes are reported as recorded,
+//     not as leases lost.
 //   - Lost notifications: LISTEN is only a wake-up. Polling every
 //     PollInterval always runs, and a lost LISTEN connection is re-opened,
 //     as is one that goes silent without an error (a proxy that keeps the

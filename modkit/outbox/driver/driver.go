@@ -203,6 +203,19 @@ type MigrationChecker interface {
 	MissingMigrations(ctx context.Context) ([]string, error)
 }
 
+// OutcomeFinder is implemented by a Store that can tell which outcomes a
+// worker recorded under the lease tokens it presented. It is optional: an
+// outcome write whose commit went through while its answer was lost (the
+// connection dropped) is tried again, and the retry finds those leases
+// ended by that commit; the dispatcher asks RecordedOutcomes about the
+// outcomes the retry did not record rather than report their leases lost.
+type OutcomeFinder interface {
+	// RecordedOutcomes reports, for each of outcomes (by ID and
+	// LeaseToken), whether worker recorded an outcome for that event under
+	// that token.
+	RecordedOutcomes(ctx context.Context, worker uuid.UUID, outcomes []Outcome) ([]bool, error)
+}
+
 // PoolSizer is implemented by a Store that can tell how many connections
 // its pool opens at most. It is optional: a dispatcher with publishers
 // that consume in a transaction (each holding a connection) warns when the

@@ -980,6 +980,32 @@ const qSchemaOpenTo = `SELECT quote_ident($1), string_agg(CASE WHEN a.grantee = 
 	LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
 	WHERE n.nspname = $1 AND a.privilege_type = 'CREATE' AND (a.grantee = 0 OR r.rolname = ANY($2))`
 
+// RecordedOutcomes implements driver.OutcomeFinder from the attempts
+// ledger (migration 0035; before it, an error, and the dispatcher reports
+// the leases lost as it did).
+func (s *store) RecordedOutcomes(ctx context.Context, worker uuid.UUID, outcomes []driver.Outcome) ([]bool, error) {
+	ids, tokens := make([]pgtype.UUID, len(outcomes)), make([]pgtype.UUID, len(outcomes))
+	for i, o := range outcomes {
+		ids[i], tokens[i] = uuidArg(o.ID), uuidArg(o.LeaseToken)
+	}
+	rows, err := s.pool.Query(ctx, s.sql.recorded, uuidArg(worker), ids, tokens)
+	if err != nil {
+		return nil, err
+	}
+	found, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, err
+	}
+	recorded := make([]bool, len(outcomes))
+	for _, ord := range found {
+		if ord < 1 || ord > int64(len(outcomes)) {
+			return nil, fmt.Errorf("outboxpg: recorded outcomes: position %d of %d", ord, len(outcomes))
+		}
+		recorded[ord-1] = true
+	}
+	return recorded, nil
+}
+
 // PoolSize implements driver.PoolSizer: the pool's MaxConns.
 func (s *store) PoolSize() int { return int(s.pool.Config().MaxConns) }
 

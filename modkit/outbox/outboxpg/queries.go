@@ -77,6 +77,10 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 
 	qComplete = `SELECT id FROM {{async}}{{fn}}modkit_outbox_complete($1, $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bigint[], {{now}}) AS id`
 
+	// qRecorded finds the outcomes a worker recorded under the tokens it
+	// presented (migration 0035; store.RecordedOutcomes).
+	qRecorded = `SELECT ord FROM {{fn}}modkit_outbox_recorded_outcomes($1, $2::uuid[], $3::uuid[]) AS ord`
+
 	qCompleteOne = `SELECT {{fn}}modkit_outbox_complete_one($1, $2, $3, $4, $5, $6, {{now}})`
 
 	qSweep = `SELECT id, topic, repaired FROM {{fn}}modkit_outbox_sweep($1::text[], $2, $3, {{now}})`
@@ -157,6 +161,7 @@ type queries struct {
 	insertMany                           string
 	claim, complete, completeAsync       string
 	completeOne, sweep, purge, elect     string
+	recorded                             string
 	purgeRecorded, purgeFrom             string
 	resign, stats, backlog, depth        string
 	served                               string
@@ -197,6 +202,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		complete:            bind(qComplete, "7", ""),
 		completeAsync:       bind(qComplete, "7", async),
 		completeOne:         bind(qCompleteOne, "7", ""),
+		recorded:            bind(qRecorded, "", ""),
 		sweep:               bind(qSweep, "4", ""),
 		purge:               bind(qPurge, "4", ""),
 		purgeRecorded:       bind(qPurgeRecorded, "4", ""),

@@ -138,6 +138,17 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	if ok := complete(t, disp, w, outcome(got[0], driver.Delivered), outcome(got[1], driver.Retry), outcome(got[2], driver.Dead)); !ok[0] || !ok[1] || !ok[2] {
 		t.Fatalf("dispatcher complete: %v", ok)
 	}
+	// The outcomes it recorded are found by worker and lease token
+	// (migration 0035): not under another token, nor for another worker.
+	stale := outcome(got[0], driver.Delivered)
+	stale.LeaseToken = uuid.New()
+	asked := []driver.Outcome{outcome(got[0], driver.Delivered), outcome(got[1], driver.Retry), outcome(got[2], driver.Dead), stale}
+	if rec, err := disp.(driver.OutcomeFinder).RecordedOutcomes(ctx, w, asked); err != nil || !slices.Equal(rec, []bool{true, true, true, false}) {
+		t.Fatalf("dispatcher's recorded outcomes: %v, %v; want the three recorded, not the one under another token", rec, err)
+	}
+	if rec, err := disp.(driver.OutcomeFinder).RecordedOutcomes(ctx, uuid.New(), asked[:1]); err != nil || rec[0] {
+		t.Fatalf("another worker's recorded outcomes: %v, %v; want none", rec, err)
+	}
 	if _, err := disp.Sweep(ctx, driver.SweepParams{Topics: []string{topic}, MaxAttempts: 3, Limit: 10}); err != nil {
 		t.Fatalf("dispatcher sweep: %v", err)
 	}
