@@ -38,6 +38,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
@@ -186,6 +187,39 @@ func (d *DB) Close() error {
 		return fmt.Errorf("pgtest: drop database %s: %w", d.Name, err)
 	}
 	return nil
+}
+
+// LoginAs creates a login role that is a member of group (an outbox role;
+// "" for none), and returns a pool connected as it to the test's database.
+// The role is dropped when the test ends.
+func (d *DB) LoginAs(t testing.TB, group string) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	name := "login_" + strings.TrimPrefix(group, "modkit_outbox_") + "_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	password := uuid.NewString()
+	create := fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", pgx.Identifier{name}.Sanitize(), password)
+	if group != "" {
+		create += " IN ROLE " + pgx.Identifier{group}.Sanitize()
+	}
+	if _, err := d.Provider.Pool.Exec(ctx, create); err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg, err := pgxpool.ParseConfig(d.DSN)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, password
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() {
+		pool.Close()
+		if _, err := d.Provider.Pool.Exec(ctx, "DROP ROLE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Errorf("pgtest: drop role %s: %v", name, err)
+		}
+	})
+	return pool
 }
 
 // NewPool opens another pool on the test's database (a second "replica"),

@@ -50,6 +50,9 @@ func (a *Admin) wrapErr(err error, format string, args ...any) error {
 	if notMigrated(err) {
 		err = &notMigratedError{schema: a.c.cfg.Schema, err: err}
 	}
+	if pgCode(err) == privilegeDenied {
+		return fmt.Errorf("outbox: "+format+": %w (%s)", append(args, err, privilegeHint(roleReaders))...)
+	}
 	return fmt.Errorf("outbox: "+format+": %w", append(args, err)...)
 }
 

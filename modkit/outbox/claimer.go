@@ -109,7 +109,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 						return fmt.Errorf("outbox dispatcher cannot claim: %w", &notMigratedError{schema: d.c.cfg.Schema, err: err})
 					}
 					if !isReady && d.c.store.Fatal(err) {
-						return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (%s)", d.c.cfg.Schema, err, fatalHint(err))
+						return fmt.Errorf("outbox dispatcher cannot claim from schema %q: %w (%s)", d.c.cfg.Schema, err, fatalHint(err, roleDispatcher))
 					}
 					// The round goes on: one claim failing (one topic's
 					// slow walk, say) does not hold back the others.

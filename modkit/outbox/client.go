@@ -434,10 +434,10 @@ func (c *Client) enqueueError(what string, err error) error {
 	case pgConstraint(err) == payloadSizeConstraint:
 		return fmt.Errorf("outbox: %s: %w: its stored (binary jsonb) form exceeds the database's limit, 4 MiB unless raised "+
 			"with %s.modkit_outbox_set_payload_limit(bytes); see Config.MaxPayloadBytes: %w", what, ErrPayloadTooLarge, c.cfg.Schema, err)
-	case c.store.Fatal(err) && refusedConnection(err):
-		return fmt.Errorf("outbox: %s: %w (%s)", what, err, fatalHint(err))
+	case c.store.Fatal(err) && (refusedConnection(err) || pgCode(err) == privilegeDenied):
+		return fmt.Errorf("outbox: %s: %w (%s)", what, err, fatalHint(err, roleProducer))
 	case c.store.Fatal(err):
-		return fmt.Errorf("outbox: %s: %w (is the outbox migrated into schema %q, and may this role write it? see Client.Migrate)", what, err, c.cfg.Schema)
+		return fmt.Errorf("outbox: %s: %w (is the outbox migrated into schema %q? see Client.Migrate)", what, err, c.cfg.Schema)
 	}
 	return fmt.Errorf("outbox: %s: %w", what, err)
 }
@@ -449,12 +449,33 @@ func refusedConnection(err error) bool {
 	return code == "3D000" || strings.HasPrefix(code, "28")
 }
 
-// fatalHint says what to check about an error the driver calls fatal.
-func fatalHint(err error) string {
-	if refusedConnection(err) {
+// privilegeDenied is SQLSTATE insufficient_privilege.
+const privilegeDenied = "42501"
+
+// The outbox's roles, as privilege hints name them (outboxpg.Role*; the
+// driver's package may not be imported here).
+const (
+	roleProducer   = "modkit_outbox_producer"
+	roleDispatcher = "modkit_outbox_dispatcher"
+	roleReaders    = "modkit_outbox_reader (to read) or modkit_outbox_operator (to read, replay, purge and skip)"
+)
+
+// fatalHint says what to check about an error the driver calls fatal, for
+// a caller whose login role needs role.
+func fatalHint(err error, role string) string {
+	switch {
+	case refusedConnection(err):
 		return "the server refused the connection: check the database name, role and password the pool connects with"
+	case pgCode(err) == privilegeDenied:
+		return privilegeHint(role)
 	}
-	return "did the migrations run, and may this role read and write the outbox tables? see Client.Migrate"
+	return "did the migrations run into this schema? see Client.Migrate"
+}
+
+// privilegeHint says which outbox role a login role refused a privilege
+// needs.
+func privilegeHint(role string) string {
+	return "this login role lacks a privilege: grant it " + role + ", or connect as the outbox's owner; see the README's Least privilege"
 }
 
 // shouldNotify says whether an enqueue of the topic announces it, and if so

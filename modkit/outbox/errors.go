@@ -106,7 +106,8 @@ var ErrInvalidState = driver.ErrInvalidState
 // the same dedupe key after this one began (or the database aborted it with
 // a serialization failure, SQLSTATE 40001), or the row holding the key was
 // just purged; or the database broke a deadlock with another transaction
-// by aborting this one (SQLSTATE 40P01; see Message.OrderingKey). The
+// by aborting this one (SQLSTATE 40P01: two transactions took ordering
+// keys or dedupe keys in opposite orders; see Message.OrderingKey). The
 // transaction is aborted; run the whole transaction again.
 var ErrConflict = errors.New("outbox: enqueue conflicts with a concurrent transaction; retry the whole transaction")
 

@@ -175,7 +175,7 @@ func (d *Dispatcher) warnMissingMigrations(ctx context.Context) {
 // error says what is wrong).
 func (d *Dispatcher) errorAttrs(err error) []any {
 	if d.c.store.Fatal(err) {
-		return []any{"error", err, "hint", fatalHint(err)}
+		return []any{"error", err, "hint", fatalHint(err, roleDispatcher)}
 	}
 	return []any{"error", err}
 }

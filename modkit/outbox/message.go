@@ -38,7 +38,10 @@ type Message struct {
 	// (the unique index's lock): it then returns that event when the other
 	// committed (under REPEATABLE READ or SERIALIZABLE, ErrConflict
 	// instead), or inserts when it rolled back; keep transactions that
-	// enqueue a dedupe key short.
+	// enqueue a dedupe key short. Two transactions that each enqueue
+	// several dedupe keys (in one EnqueueBatch or in several calls) can
+	// therefore deadlock when they take them in opposite orders, as with
+	// ordering keys below: enqueue a transaction's keys in one order.
 	DedupeKey *string
 	// OrderingKey, when set, orders the event among the events of its
 	// (Namespace, Topic) with the same key (an account, a participant, an
@@ -60,8 +63,10 @@ type Message struct {
 	// case: Traceparent, as an http.Header spells it, counts); those two are
 	// stored beyond the limits.
 	Headers map[string]string
-	// Payload is the event body: valid JSON, at most the configured size
-	// (1 MiB unless Config.MaxPayloadBytes says otherwise).
+	// Payload is the event body: valid JSON of any kind (an object, an
+	// array, a string, a number, true, false or null; TypedTopic's
+	// producers write T's encoding), at most the configured size (1 MiB
+	// unless Config.MaxPayloadBytes says otherwise).
 	// The dispatcher hands it to the publisher unchanged (as jsonb
 	// normalises it: key order and whitespace may differ, and numbers
 	// come back as numeric prints them: 1e3 as 1000, 1.50 as 1.50).

@@ -40,8 +40,13 @@ func (tt TypedTopic[T]) Topic() Topic { return tt.topic }
 // Message encodes v as the payload of a Message of this topic. Set
 // DedupeKey or TenantID on it as needed, then pass it to Client.Enqueue or
 // EnqueueBatch. An error (matching ErrInvalidPayload) means v cannot be
-// encoded as JSON.
+// encoded as JSON; one matching ErrInvalidNamespace, that tt is the zero
+// TypedTopic.
 func (tt TypedTopic[T]) Message(v T) (Message, error) {
+	if tt.topic == (Topic{}) {
+		return Message{}, &ValidationError{Field: "Namespace", Kind: ErrInvalidNamespace, single: true,
+			Reason: fmt.Sprintf("this TypedTopic[%s] is the zero value, which names no topic: make it with NewTypedTopic", reflect.TypeFor[T]())}
+	}
 	payload, err := json.Marshal(v)
 	if err != nil {
 		return Message{}, &ValidationError{Field: "Payload", Kind: ErrInvalidPayload, single: true,

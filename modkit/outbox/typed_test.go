@@ -96,8 +96,13 @@ func TestTypedTopic(t *testing.T) {
 func TestTypedTopicZeroValueRefused(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	var zero outbox.TypedTopic[orderPlaced]
-	if _, err := zero.Enqueue(ctx, c, tdb.Provider.Pool, orderPlaced{}); !errors.Is(err, outbox.ErrInvalidNamespace) {
-		t.Fatalf("enqueue through the zero TypedTopic: %v, want ErrInvalidNamespace", err)
+	// Message says what is wrong (it left the namespace empty, for Enqueue
+	// to refuse as an empty namespace); so Enqueue does.
+	if m, err := zero.Message(orderPlaced{}); !errors.Is(err, outbox.ErrInvalidNamespace) || (err == nil || !strings.Contains(err.Error(), "zero value")) {
+		t.Fatalf("message of the zero TypedTopic: %+v, %v; want ErrInvalidNamespace saying it is the zero value", m, err)
+	}
+	if _, err := zero.Enqueue(ctx, c, tdb.Provider.Pool, orderPlaced{}); !errors.Is(err, outbox.ErrInvalidNamespace) || (err == nil || !strings.Contains(err.Error(), "NewTypedTopic")) {
+		t.Fatalf("enqueue through the zero TypedTopic: %v, want ErrInvalidNamespace naming NewTypedTopic", err)
 	}
 	pub := zero.Publisher(func(context.Context, outbox.TypedDelivery[orderPlaced]) error { return nil })
 	if _, err := c.NewDispatcher(outbox.DispatcherConfig{}, pub); !errors.Is(err, outbox.ErrInvalidConfig) {

@@ -89,3 +89,39 @@ func TestEnqueueInFailedTransactionSaysRollBack(t *testing.T) {
 		t.Fatalf("enqueue in an aborted transaction: %v", err)
 	}
 }
+
+// A login role refused a privilege (SQLSTATE 42501, still matched by
+// errors.As) is told which outbox role to grant it: the producer role for
+// an enqueue, the dispatcher role for a dispatcher's start, the reader or
+// operator role for Admin. The hints asked whether the role "may read and
+// write the outbox tables", which the outbox's roles never may.
+func TestPrivilegeErrorsNameTheRoleToGrant(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	want := func(what string, err error, role string) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(err.Error(), "grant it "+role) {
+			t.Errorf("%s: %v; want SQLSTATE 42501 and a hint to grant %s", what, err, role)
+		}
+	}
+
+	nobodyPool := tdb.LoginAs(t, "")
+	nobody := clientOn(t, nobodyPool, outbox.Config{Logger: quietLog})
+	_, err := nobody.Enqueue(ctx, nobodyPool, msg(1))
+	want("enqueue by a role with no outbox role", err, "modkit_outbox_producer")
+
+	producer := clientOn(t, tdb.LoginAs(t, "modkit_outbox_producer"), outbox.Config{Logger: quietLog})
+	_, err = producer.Admin().Stats(ctx)
+	want("stats by the producer role", err, "modkit_outbox_reader")
+
+	cfg := testConfig(newOutcomeLog())
+	d, err := producer.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Start(ctx)
+	want("a dispatcher started by the producer role", err, "modkit_outbox_dispatcher")
+	if err == nil {
+		_ = d.Stop(ctx)
+	}
+}

@@ -3,7 +3,6 @@ package outboxpg_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -18,36 +17,6 @@ import (
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
-
-// loginAs creates a login role that is a member of group (one of the outbox
-// roles), and returns a pool connected as it to tdb's database. The role is
-// dropped when the test ends.
-func loginAs(t *testing.T, tdb *pgtest.DB, group string) *pgxpool.Pool {
-	t.Helper()
-	name := strings.TrimPrefix(group, "modkit_outbox_") + "_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	password := uuid.NewString()
-	admin := tdb.Provider.Pool
-	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s' IN ROLE %s",
-		pgx.Identifier{name}.Sanitize(), password, pgx.Identifier{group}.Sanitize())); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(tdb.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = name, password
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		if _, err := admin.Exec(ctx, "DROP ROLE "+pgx.Identifier{name}.Sanitize()); err != nil {
-			t.Errorf("drop role %s: %v", name, err)
-		}
-	})
-	return pool
-}
 
 // denied fails the test unless err is SQLSTATE 42501 (insufficient
 // privilege).
@@ -84,7 +53,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	// without a dedupe key; a duplicate through the function), a few (the
 	// function) and many (COPY, with its announcement), but reads nothing
 	// and writes nothing else.
-	prodPool := loginAs(t, tdb, outboxpg.RoleProducer)
+	prodPool := tdb.LoginAs(t, outboxpg.RoleProducer)
 	prod := open(t, prodPool, driver.Options{})
 	key := "k1"
 	one := rows(1, "test", "events")
@@ -122,7 +91,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 
 	// Dispatcher: claims, completes, sweeps; no table access, no enqueue,
 	// no listing.
-	dispPool := loginAs(t, tdb, outboxpg.RoleDispatcher)
+	dispPool := tdb.LoginAs(t, outboxpg.RoleDispatcher)
 	disp := open(t, dispPool, driver.Options{})
 	// A dispatcher's start asks which migrations are missing: a role that
 	// may not read the migrations table is told nothing, without an error
@@ -173,7 +142,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	denied(t, "dispatcher purge of dead events", err)
 
 	// Reader: stats, lists and history without payloads; nothing else.
-	readPool := loginAs(t, tdb, outboxpg.RoleReader)
+	readPool := tdb.LoginAs(t, outboxpg.RoleReader)
 	read := open(t, readPool, driver.Options{})
 	listed, err := read.List(ctx, driver.ListFilter{Limit: 1000})
 	if err != nil || len(listed) != 107 {
@@ -222,7 +191,7 @@ func TestRolesLeastPrivilege(t *testing.T) {
 	denied(t, "reader SELECT ledger", err)
 
 	// Operator: payloads, replay (recorded with its session user), purge.
-	opPool := loginAs(t, tdb, outboxpg.RoleOperator)
+	opPool := tdb.LoginAs(t, outboxpg.RoleOperator)
 	op := open(t, opPool, driver.Options{})
 	if e, err := op.Get(ctx, got[2].ID); err != nil || !strings.Contains(string(e.Payload), "s3cr3t") {
 		t.Fatalf("operator get: %+v %v", e, err)
@@ -331,7 +300,7 @@ func TestReplacedFunctionsOwnerOnly(t *testing.T) {
 // steal leases with it).
 func TestTestClockOwnerOnly(t *testing.T) {
 	tdb := pgtest.NewDB(t)
-	dispPool := loginAs(t, tdb, outboxpg.RoleDispatcher)
+	dispPool := tdb.LoginAs(t, outboxpg.RoleDispatcher)
 	disp := open(t, dispPool, driver.Options{Now: func() time.Time { return time.Now().Add(time.Hour) }})
 	_, err := disp.Claim(ctx, driver.ClaimParams{Topics: []string{topic}, Limit: 1, MaxAttempts: 3, Worker: uuid.New(), Lease: time.Minute})
 	denied(t, "dispatcher with a test clock", err)
