@@ -407,9 +407,9 @@ func (d *Dispatcher) record(r result, o Outcome) {
 // worked: it ends a failing spell reported by Health as the completer's do,
 // or a dispatcher whose deliveries all go through HandleTx stayed degraded
 // after its outcome writes had recovered.
-func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery) (resultKind, error) {
+func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery, exited func(error)) (resultKind, error) {
 	kind := published
-	err := d.callSafely(p, m, func() error {
+	err := d.callSafely(p, m, exited, func() error {
 		return d.c.store.InTx(ctx, func(ctx context.Context, tx any) error {
 			if err := p.HandleTx(ctx, tx.(pgx.Tx), m); err != nil {
 				return err

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -129,6 +130,49 @@ func TestDispatcherIsolatesPanics(t *testing.T) {
 	e := get(t, client, ids[7])
 	if e.Attempts != 2 || !strings.Contains(*e.LastError, "panicked: publisher bug") {
 		t.Fatalf("panicking event: %+v", e)
+	}
+}
+
+// A publisher that ends its goroutine with runtime.Goexit (t.Fatal or
+// t.FailNow in a publisher under test) fails that attempt, with an error
+// that says so, and its slot goes on to the next event. The call never
+// returned: it was abandoned at its deadline, the event given back without
+// using an attempt, and its slot held for good, so a topic of one slot was
+// paused for ever. The same through HandleTx, whose transaction is rolled
+// back.
+func TestDispatcherSurvivesAPublisherThatCallsGoexit(t *testing.T) {
+	for _, viaTx := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Publish", true: "HandleTx"}[viaTx], func(t *testing.T) {
+			client, tdb := newClient(t, outbox.Config{})
+			pool := tdb.Provider.Pool
+			ids := enqueueN(t, client, pool, 5)
+			log := newOutcomeLog()
+			var exited atomic.Bool
+			maybeExit := func(d outbox.Delivery) {
+				if d.ID == ids[2] && exited.CompareAndSwap(false, true) {
+					runtime.Goexit()
+				}
+			}
+			pub := outbox.Publisher{Topic: testTopic, Concurrency: 1}
+			if viaTx {
+				pub.HandleTx = func(_ context.Context, _ pgx.Tx, d outbox.Delivery) error { maybeExit(d); return nil }
+			} else {
+				pub.Publish = func(_ context.Context, d outbox.Delivery) error { maybeExit(d); return nil }
+			}
+			cfg := testConfig(log)
+			cfg.LeaseDuration = 2 * time.Second // an abandonment, the old behaviour, comes at once
+			d := startDispatcher(t, client, cfg, pub)
+			log.waitFor(t, "5 deliveries, or an abandoned publish", func(m map[uuid.UUID][]outbox.Outcome) bool {
+				return finalCount(outbox.StatusDelivered, 5)(m) || d.Health().Abandoned > 0
+			})
+			if h := d.Health(); h.Abandoned > 0 {
+				t.Fatalf("the publish that called Goexit was abandoned: %+v", h)
+			}
+			e := get(t, client, ids[2])
+			if e.Status != outbox.StatusDelivered || e.Attempts != 2 || e.LastError == nil || !strings.Contains(*e.LastError, "runtime.Goexit") {
+				t.Fatalf("the event whose publish called Goexit: %+v", e)
+			}
+		})
 	}
 }
 

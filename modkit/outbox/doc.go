@@ -136,7 +136,9 @@
 //     Retries need neither: the dispatcher that scheduled one wakes itself
 //     when it falls due.
 //   - Publisher panics are recovered, logged with a stack, and count as a
-//     failed attempt.
+//     failed attempt. So does a publisher that ends its goroutine with
+//     runtime.Goexit (t.Fatal or t.FailNow in a publisher under test): a
+//     new goroutine takes its place.
 //   - A publisher that ignores its context: see topic isolation above. Its
 //     goroutines are left running (at most twice its Concurrency) and
 //     counted in Health.Abandoned and the outbox.publish.abandoned metric.

@@ -487,7 +487,9 @@ func (p *workerPool) run(k *call) {
 func (p *workerPool) runOne(k *call) (next *call) {
 	var res result
 	if time.Now().Before(k.c.deadline) {
-		res = p.d.publish(k.c.ctx, k.c)
+		// A publisher that ends this goroutine (runtime.Goexit) hands its
+		// result to a new one, which goes on where this one would have.
+		res = p.d.publish(k.c.ctx, k.c, func(r result) { go func() { p.run(p.settled(k, r)) }() })
 	} else {
 		// Its deadline passed while it was queued (the slot it waited for
 		// freed only as the claim's other publishes timed out): published
@@ -496,6 +498,12 @@ func (p *workerPool) runOne(k *call) (next *call) {
 		// back those still queued.
 		res = result{c: k.c, kind: released, why: whyDeadline}
 	}
+	return p.settled(k, res)
+}
+
+// settled hands a call's result on and returns the call the goroutine runs
+// next (see runOne).
+func (p *workerPool) settled(k *call, res result) (next *call) {
 	p.mu.Lock()
 	switch k.state {
 	case callRunning:
@@ -741,16 +749,26 @@ func movingAverage(avg, sample time.Duration) time.Duration {
 }
 
 // publish runs one publisher call, isolating panics.
-func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
+// publish calls the event's publisher and returns the result. When the
+// publisher ends the goroutine instead of returning (runtime.Goexit, as
+// t.Fatal does), exited gets the result, a failed attempt, as the
+// goroutine unwinds.
+func (d *Dispatcher) publish(ctx context.Context, c claimed, exited func(result)) result {
 	m := c.d
 	res := result{c: c, started: time.Now()}
 	p := d.reg.byKey[Topic{m.Namespace, m.Topic}.key()]
 	res.pub = p
 	ctx, span := startPublishSpan(ctx, m, d.reg.telemetryOf(Topic{m.Namespace, m.Topic}).spanOptions)
+	onGoexit := func(err error) {
+		res.err = err
+		endSpan(span, err)
+		res.elapsed = time.Since(res.started)
+		exited(res)
+	}
 	if p.HandleTx != nil {
-		res.kind, res.err = d.handleTx(ctx, p, m)
+		res.kind, res.err = d.handleTx(ctx, p, m, onGoexit)
 	} else {
-		res.err = d.callSafely(p, m, func() error { return p.Publish(ctx, m) })
+		res.err = d.callSafely(p, m, onGoexit, func() error { return p.Publish(ctx, m) })
 	}
 	spanErr := res.err
 	if res.kind == lostInTx { // rolled back: nothing was delivered
@@ -766,16 +784,32 @@ func (d *Dispatcher) publish(ctx context.Context, c claimed) result {
 	return res
 }
 
-func (d *Dispatcher) callSafely(p *Publisher, m Delivery, call func() error) (err error) {
+// callSafely runs a publisher's call. A panic is recovered and returned as
+// an error. A call that ends the goroutine (runtime.Goexit: t.Fatal or
+// t.FailNow in a publisher under test) cannot be stopped from ending it:
+// exited gets the error that stands for it, while the goroutine unwinds
+// (the call never returned, and would otherwise count as running until it
+// was abandoned at its deadline, and hold its slot for good).
+func (d *Dispatcher) callSafely(p *Publisher, m Delivery, exited func(error), call func() error) (err error) {
+	returned := false
 	defer func() {
-		if r := recover(); r != nil {
+		r := recover()
+		switch {
+		case r != nil:
 			err = fmt.Errorf("publisher %s panicked: %v", p.name(), r)
 			d.log.Error("publisher panicked; the event will be retried", "publisher", p.name(),
 				"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempt,
 				"panic", SanitizeError(err, d.c.cfg.ErrorMaxLen), "stack", string(debug.Stack()))
+		case !returned:
+			err = fmt.Errorf("publisher %s ended its goroutine with runtime.Goexit (t.Fatal or t.FailNow in a publisher?) instead of returning", p.name())
+			d.log.Error("publisher ended its goroutine instead of returning; the event will be retried", "publisher", p.name(),
+				"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempt, "stack", string(debug.Stack()))
+			exited(err)
 		}
 	}()
-	if err = call(); err != nil {
+	err = call()
+	returned = true
+	if err != nil {
 		err = usableError(p, err)
 	}
 	return err
