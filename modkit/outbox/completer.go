@@ -281,9 +281,21 @@ func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTim
 		return
 	}
 	// Keep trying while the leases can still be honoured; after that the
-	// events will simply be claimed and delivered again.
+	// events will simply be claimed and delivered again. A stop that runs
+	// out of time (flush, the completer's context, ends) gives up sooner.
+	flush := ctx
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
+	giveUp := func(err error) {
+		if context.Cause(flush) == errStopRanOut {
+			d.unrecordedAtStop.Add(int64(len(outcomes)))
+			d.log.Warn("could not record outcomes before the stop's time ran out; the events will be delivered again when their leases end",
+				"count", len(outcomes), "error", err)
+			return
+		}
+		d.log.Warn("could not record outcomes before the leases ended; the events will be delivered again",
+			"count", len(outcomes), "error", err)
+	}
 	failedBefore := false
 	for delay := 20 * time.Millisecond; ; delay = min(2*delay, time.Second) {
 		settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
@@ -325,13 +337,13 @@ func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTim
 			return
 		}
 		if ctx.Err() != nil {
-			d.log.Warn("could not record outcomes before the leases ended; the events will be delivered again",
-				"count", len(outcomes), "error", err)
+			giveUp(err)
 			return
 		}
 		failedBefore = true
 		d.log.Warn("recording outcomes failed; retrying", "count", len(outcomes), "error", err, "retry_in", delay)
 		if !sleepCtx(ctx, delay) {
+			giveUp(err)
 			return
 		}
 	}

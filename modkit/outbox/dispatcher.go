@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -218,6 +219,9 @@ type Dispatcher struct {
 	// nanoseconds); 0 after one that succeeded. Atomic: every outcome
 	// write sets it, and takes no lock for it.
 	outcomeErrAt atomic.Int64
+	// unrecordedAtStop counts the outcomes a run's stop gave up recording
+	// (the database did not answer before the stop's time ran out).
+	unrecordedAtStop atomic.Int64
 	// onMaintenance, if set, is called after each maintenance pass with
 	// the roles held and whether the pass finished before its deadline
 	// (tests).
@@ -352,7 +356,10 @@ func (d *Dispatcher) Start(ctx context.Context) error { return d.task.Start(ctx)
 // Stop stops claiming, gives queued events back, lets in-flight publishes
 // finish (see DispatcherConfig.StopTimeout, whose stages are fitted into
 // ctx's deadline when that comes sooner) and records every outcome before
-// returning. Stopping a stopped dispatcher does nothing.
+// returning. When the database does not answer in that time, Stop returns
+// an error saying how many outcomes were not recorded: their events are
+// published again once their leases end (so, at least once). Stopping a
+// stopped dispatcher does nothing.
 func (d *Dispatcher) Stop(ctx context.Context) error {
 	_, err := d.task.Stop(ctx)
 	return err
@@ -372,6 +379,7 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	ctx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
 	d.hardStop.Store(false)
+	d.unrecordedAtStop.Store(0)
 	results := make(chan result, d.cfg.Concurrency+2*d.cfg.BatchSize)
 	wake := make(chan struct{}, 1)
 
@@ -381,8 +389,8 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	// 95%.
 	pubCtx, cancelPublishes := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelPublishes()
-	flushCtx, cancelFlush := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelFlush()
+	flushCtx, cancelFlush := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelFlush(nil)
 
 	defer d.metrics.register()()
 	pool := newWorkerPool(d, pubCtx, results)
@@ -429,7 +437,7 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	}
 	// Armed first: a completer stuck on an unreachable database gives up
 	// at 95%, so results waiting to reach it are not held up longer.
-	flushTimer := time.AfterFunc(time.Until(at(95)), cancelFlush)
+	flushTimer := time.AfterFunc(time.Until(at(95)), func() { cancelFlush(errStopRanOut) })
 	defer flushTimer.Stop()
 	pool.stop()
 	if !waitUntil(pool, at(80)) {
@@ -444,8 +452,16 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	close(results)
 	<-completerDone
 	helpers.Wait()
+	if n := d.unrecordedAtStop.Load(); n > 0 && err == nil {
+		err = fmt.Errorf("outbox dispatcher stopped with %d outcome(s) not recorded: the database did not answer before the stop's time ran out; "+
+			"their events will be published again when their leases end", n)
+	}
 	return err
 }
+
+// errStopRanOut ends the completer's context when a stop runs out of time
+// to record outcomes (at 95% of it).
+var errStopRanOut = errors.New("outbox: the stop's time ran out")
 
 // stopBound bounds a statement that runs after the stop began (ctx, the
 // run's context, has ended): at most limit, and no later than 80% of the

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -115,6 +116,48 @@ func TestHealthDegradedWhileOutcomeWritesFail(t *testing.T) {
 	})
 	if h := d.Health(); h.Degraded || len(h.Problems) > 0 {
 		t.Fatalf("health after an outcome write succeeded: %+v", h)
+	}
+}
+
+// A stop whose time runs out while outcome writes fail says so: Stop
+// returns an error counting the outcomes not recorded (their events will be
+// published again when their leases end), and the log names the stop, not
+// the leases, which had most of their time left. Stop returned nil, as if
+// every outcome had been recorded, and the log said the leases had ended.
+func TestStopSaysWhichOutcomesItCouldNotRecord(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	store := &failingCompleteStore{}
+	store.failing.Store(true)
+	fc := clientWrappingStore(t, tdb.Provider.Pool, func(st driver.Store) driver.Store { store.Store = st; return store })
+	enqueueN(t, c, tdb.Provider.Pool, 1)
+	logs := newLogCapture(slog.LevelWarn)
+	cfg := testConfig(newOutcomeLog())
+	cfg.StopTimeout = time.Second
+	cfg.Logger = logs.logger()
+	d, err := fc.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the failing outcome write reported", func() bool { return d.Health().Degraded })
+	err = d.Stop(ctx)
+	if err == nil || !strings.Contains(err.Error(), "1 outcome(s) not recorded") {
+		t.Fatalf("Stop while the outcome could not be recorded: %v; want an error counting it", err)
+	}
+	stopMsg := "could not record outcomes before the stop's time ran out; the events will be delivered again when their leases end"
+	if logs.count(slog.LevelWarn, stopMsg) != 1 ||
+		logs.count(slog.LevelWarn, "could not record outcomes before the leases ended; the events will be delivered again") != 0 {
+		t.Fatalf("log of the stop: %v", logs.records())
+	}
+	// The next run starts afresh: its clean stop returns nil.
+	store.failing.Store(false)
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("a clean stop after one that could not record: %v", err)
 	}
 }
 
