@@ -513,10 +513,12 @@ type Health struct {
 	// database is slow or unreachable; Problems says so once a claim
 	// failed).
 	Starting bool
-	// Degraded: started, but something keeps events from flowing
-	// normally (a paused topic, failing claims or outcome writes, a
-	// notification listener that cannot listen, failing maintenance);
-	// Problems says what.
+	// Degraded: something keeps events from flowing normally (a paused
+	// topic, failing claims or outcome writes, a notification listener
+	// that cannot listen, failing maintenance); Problems says what. It is
+	// also set while starting, once a claim failed: the failing claims
+	// are what keeps the dispatcher from being ready (State still says
+	// "starting" then).
 	Degraded bool
 	// Problems are human sentences, one per problem, naming the topic or
 	// the failing operation. They quote no error text, which may hold SQL
@@ -534,16 +536,18 @@ type Health struct {
 	Abandoned int
 }
 
-// State sums h up in one word: "degraded", "running", "starting" or
-// "stopped".
+// State sums h up in one word: "starting" while Start waits for the first
+// claim to succeed (Degraded or not: failing claims are why it is not ready
+// yet, and Problems says so); otherwise "degraded" when Degraded, else
+// "running" or "stopped".
 func (h Health) State() string {
 	switch {
+	case h.Starting:
+		return "starting"
 	case h.Degraded:
 		return "degraded"
 	case h.Running:
 		return "running"
-	case h.Starting:
-		return "starting"
 	}
 	return "stopped"
 }
@@ -551,7 +555,8 @@ func (h Health) State() string {
 // Health reports whether the dispatcher is ready (its first claim
 // succeeded) and whether it is degraded: a topic has publishes that
 // outlived their deadline (the publisher ignores its context), claims are
-// failing, or outcome writes are (until one succeeds). In an fx app, take
+// failing, outcome writes are (until one succeeds), the notification
+// listener cannot listen, or maintenance is failing. In an fx app, take
 // the *Dispatcher from the graph (it is nil when no publisher is
 // registered) to read it, show it on the outboxui dashboard
 // (Options.Dispatchers) or serve it to probes (outboxui.HealthHandler). On

@@ -19,8 +19,10 @@ import (
 
 // A dispatcher is ready only once a claim succeeds: while its claims fail
 // (here they wait on a table lock until their deadline), Start waits and
-// Health reports it starting and degraded by the failing claims; when a
-// claim succeeds, Start returns and Health reports it running and healthy.
+// Health reports it starting and degraded by the failing claims, its State
+// "starting" (it said "degraded", which is for a dispatcher that started);
+// when a claim succeeds, Start returns and Health reports it running and
+// healthy.
 func TestHealthReadyAfterFirstClaim(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
@@ -51,7 +53,7 @@ func TestHealthReadyAfterFirstClaim(t *testing.T) {
 	})
 	eventually(t, "a failed claim reported", func() bool { return d.Health().Degraded })
 	h := d.Health()
-	if !h.Starting || h.Running || h.State() != "degraded" || !strings.Contains(strings.Join(h.Problems, "\n"), "claims failing") {
+	if !h.Starting || h.Running || h.State() != "starting" || !strings.Contains(strings.Join(h.Problems, "\n"), "claims failing") {
 		t.Fatalf("health while claims fail before the first success: %+v (%s)", h, h.State())
 	}
 	// The error is in ClaimError, not quoted in Problems, which anyone
@@ -79,6 +81,25 @@ func TestHealthReadyAfterFirstClaim(t *testing.T) {
 	}
 	if h := d.Health(); h.State() != "stopped" {
 		t.Fatalf("health after Stop: %+v (%s)", h, h.State())
+	}
+}
+
+// State sums Health up: "starting" until the first claim succeeds, even
+// while failing claims degrade it; "degraded" once started.
+func TestHealthState(t *testing.T) {
+	for _, tc := range []struct {
+		h    outbox.Health
+		want string
+	}{
+		{outbox.Health{}, "stopped"},
+		{outbox.Health{Starting: true}, "starting"},
+		{outbox.Health{Starting: true, Degraded: true, Problems: []string{"claims failing"}}, "starting"},
+		{outbox.Health{Running: true}, "running"},
+		{outbox.Health{Running: true, Degraded: true, Problems: []string{"claims failing"}}, "degraded"},
+	} {
+		if got := tc.h.State(); got != tc.want {
+			t.Errorf("State of %+v: %q, want %q", tc.h, got, tc.want)
+		}
 	}
 }
 
