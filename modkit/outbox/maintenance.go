@@ -119,12 +119,31 @@ func (d *Dispatcher) maintenanceRoles() []string {
 	return roles
 }
 
+// leadership is what the maintenance goroutine knows of the leases it
+// holds.
+type leadership struct {
+	// ends is when the leadership last won ends; zero when none is held.
+	ends time.Time
+	// mayHold: a lease may be held, so the stop resigns. Set by an
+	// election that won a role, or by one that ran out of its time (its
+	// answer, not its commit, may have been late); cleared by an election
+	// that answered with no role. An election that failed otherwise (a
+	// database that refuses connections) leaves it as it was: a
+	// dispatcher whose database was down since its start holds nothing,
+	// and does not try (and fail) to resign.
+	mayHold bool
+}
+
 func (d *Dispatcher) maintenance(ctx context.Context) {
 	d.maintErrAt.Store(0) // a run starts with no news
 	roles := d.maintenanceRoles()
 	t := time.NewTicker(d.cfg.SweepInterval)
 	defer t.Stop()
+	var lead leadership
 	defer func() {
+		if !lead.mayHold {
+			return
+		}
 		// Let another dispatcher take over at once. Every role, not only
 		// those last known held: an election cut short by the stop may
 		// still have committed. Resign deletes only this holder's rows.
@@ -135,9 +154,8 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		}
 	}()
 	d.warnMissingMigrations(ctx)
-	var leaseEnds time.Time // of the leadership last won; zero when none is held
 	for {
-		leaseEnds = d.maintainOnce(ctx, roles, leaseEnds)
+		d.maintainOnce(ctx, roles, &lead)
 		select {
 		case <-ctx.Done():
 			return
@@ -180,32 +198,34 @@ func (d *Dispatcher) errorAttrs(err error) []any {
 	return []any{"error", err}
 }
 
-// maintainOnce elects and runs one pass for the topics led, and returns
-// when the leadership it holds ends (zero: none), given when the one held
-// before ends: after a failed election the gauges of the topics led stop
-// being reported once that time passes, since another dispatcher may lead
-// them by then.
-func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds time.Time) time.Time {
+// maintainOnce elects and runs one pass for the topics led, and updates
+// lead: after a failed election the gauges of the topics led stop being
+// reported once the leadership held before ends, since another dispatcher
+// may lead them by then.
+func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, lead *leadership) {
 	electedAt := time.Now()
 	// Like a claim, the election is not cancelled by a stop at once: it
 	// finishes (or runs out of the stop's time, see outlastStop) before
 	// the resign that follows the stop.
 	ectx, cancel := d.outlastStop(ctx, d.cfg.LeaseHeadroom)
 	held, err := d.c.store.Elect(ectx, driver.ElectParams{Roles: roles, Holder: d.cfg.WorkerID, TTL: d.maintenanceTTL()})
+	outOfTime := ectx.Err() != nil
 	cancel()
 	if err != nil {
 		d.log.Warn("maintenance election failed; retrying at the next sweep interval", d.errorAttrs(err)...)
+		lead.mayHold = lead.mayHold || outOfTime
 		if ctx.Err() == nil {
 			d.maintErrAt.CompareAndSwap(0, time.Now().UnixNano())
 		}
-		if !leaseEnds.IsZero() && time.Now().After(leaseEnds) {
+		if !lead.ends.IsZero() && time.Now().After(lead.ends) {
 			d.metrics.setLeading(nil)
-			return time.Time{}
+			lead.ends = time.Time{}
 		}
-		return leaseEnds
+		return
 	}
+	lead.mayHold = len(held) > 0
 	if ctx.Err() != nil {
-		return leaseEnds // stopping: the resign follows
+		return // stopping: the resign follows
 	}
 	d.keepPurgeMarks(topicsOf(held))
 	finished := true
@@ -236,10 +256,10 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, leaseEnds
 	if d.onMaintenance != nil {
 		d.onMaintenance(held, finished)
 	}
-	if len(held) == 0 {
-		return time.Time{}
+	lead.ends = time.Time{}
+	if len(held) > 0 {
+		lead.ends = electedAt.Add(d.maintenanceTTL())
 	}
-	return electedAt.Add(d.maintenanceTTL())
 }
 
 // topicsOf returns the topics ("namespace:topic") of maintenance roles.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
@@ -393,6 +395,73 @@ func TestDispatcherWarnsOfMissingMigrations(t *testing.T) {
 			}
 			if tc.want == "" && len(got) > 0 || tc.want != "" && (len(got) != 1 || got[0] != tc.want) {
 				t.Fatalf("warnings of missing migrations: %q; want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// electResignStore runs elections through elect, reporting each one's end
+// on elected, and fails every resign.
+type electResignStore struct {
+	driver.Store
+	elect   func(ctx context.Context, st driver.Store, p driver.ElectParams) ([]string, error)
+	elected chan struct{}
+}
+
+func (s *electResignStore) Elect(ctx context.Context, p driver.ElectParams) ([]string, error) {
+	held, err := s.elect(ctx, s.Store, p)
+	select {
+	case s.elected <- struct{}{}:
+	default:
+	}
+	return held, err
+}
+
+func (s *electResignStore) Resign(context.Context, uuid.UUID, []string) error {
+	return errors.New("test: the database is down")
+}
+
+// A stop resigns the maintenance leadership only when the dispatcher may
+// hold a lease (an election won one, or ran out of its time and may have
+// committed), and then says when the resign failed. A dispatcher whose
+// elections were all refused (its database down since its start) holds
+// none: it warned that it could not resign.
+func TestStopResignsOnlyALeaseItMayHold(t *testing.T) {
+	const warning = "could not resign maintenance leadership; another dispatcher takes over when the lease expires"
+	refused := func(context.Context, driver.Store, driver.ElectParams) ([]string, error) {
+		return nil, errors.New("test: connection refused")
+	}
+	outOfTime := func(ctx context.Context, _ driver.Store, _ driver.ElectParams) ([]string, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	won := func(ctx context.Context, st driver.Store, p driver.ElectParams) ([]string, error) {
+		return st.Elect(ctx, p)
+	}
+	for _, tc := range []struct {
+		name  string
+		elect func(context.Context, driver.Store, driver.ElectParams) ([]string, error)
+		warns bool
+	}{
+		{"every election refused", refused, false},
+		{"an election out of time", outOfTime, true},
+		{"a lease won", won, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, tdb := newClient(t, outbox.Config{})
+			st := &electResignStore{elect: tc.elect, elected: make(chan struct{}, 1)}
+			c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
+			logs := newLogCapture(slog.LevelWarn)
+			cfg := testConfig(newOutcomeLog())
+			cfg.Logger = logs.logger()
+			cfg.LeaseHeadroom = 500 * time.Millisecond // how long the election out of time waits
+			d := startDispatcher(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+			recv(t, "an election", st.elected)
+			if err := d.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := logs.count(slog.LevelWarn, warning) > 0; got != tc.warns {
+				t.Fatalf("warned that the resign failed: %v, want %v", got, tc.warns)
 			}
 		})
 	}
