@@ -97,6 +97,9 @@ type DispatcherConfig struct {
 	// dead-letters events whose attempts are used up, purges delivered
 	// events past their retention and reads the depth gauges (which are
 	// also kept fresh in between, within about a second of a change).
+	// An election that fails (the database unreachable) is tried again
+	// sooner, as failing claims are: after 50ms, doubling up to 5s (or
+	// PollInterval, if longer), and never later than SweepInterval.
 	// Default 30s.
 	SweepInterval time.Duration
 	// Retention keeps delivered events this long before maintenance purges
@@ -556,7 +559,10 @@ func (h Health) State() string {
 // succeeded) and whether it is degraded: a topic has publishes that
 // outlived their deadline (the publisher ignores its context), claims are
 // failing, outcome writes are (until one succeeds), the notification
-// listener cannot listen, or maintenance is failing. In an fx app, take
+// listener cannot listen, or maintenance is failing (until a pass works: a
+// failed election is retried within seconds, with the claims' backoff, so
+// this clears soon after the database answers again; a failed step of a
+// pass waits for the next SweepInterval). In an fx app, take
 // the *Dispatcher from the graph (it is nil when no publisher is
 // registered) to read it, show it on the outboxui dashboard
 // (Options.Dispatchers) or serve it to probes (outboxui.HealthHandler). On

@@ -307,6 +307,50 @@ func TestHealthDegradedWhileMaintenanceFails(t *testing.T) {
 	}
 }
 
+// failingElectStore's elections fail while failing is set, and report each
+// failure on failed.
+type failingElectStore struct {
+	driver.Store
+	failing atomic.Bool
+	failed  chan struct{}
+}
+
+func (s *failingElectStore) Elect(ctx context.Context, p driver.ElectParams) ([]string, error) {
+	if s.failing.Load() {
+		select {
+		case s.failed <- struct{}{}:
+		default:
+		}
+		return nil, errors.New("test: connection refused")
+	}
+	return s.Store.Elect(ctx, p)
+}
+
+// After a maintenance election failed (a database blip), the election is
+// tried again within seconds, not at the next SweepInterval: once the
+// database answers, a pass runs and Health is no longer degraded. It stayed
+// degraded, reporting failing maintenance, until the next SweepInterval (an
+// hour here, 30s by default) although claims worked again.
+func TestHealthRecoversSoonAfterAFailedElection(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	st := &failingElectStore{failed: make(chan struct{}, 1)}
+	st.failing.Store(true)
+	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
+	cfg := testConfig(newOutcomeLog())
+	cfg.SweepInterval = time.Hour
+	d, pass := startMaintained(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	eventually(t, "failing maintenance reported", func() bool {
+		return slices.ContainsFunc(d.Health().Problems, func(p string) bool { return strings.Contains(p, "maintenance failing") })
+	})
+	recv(t, "a failed election", st.failed)
+	recv(t, "the election tried again", st.failed)
+	st.failing.Store(false)
+	pass.waitFinishedPasses(t, 1)
+	if h := d.Health(); h.Degraded {
+		t.Fatalf("health after the election worked again and its pass finished: %+v", h)
+	}
+}
+
 // failingDepthStore's reads of the depth gauges fail while failing is set.
 type failingDepthStore struct {
 	driver.Store

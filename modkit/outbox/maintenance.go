@@ -23,6 +23,16 @@ import (
 // or lost the database). A pass is bounded by the lease it runs under, so
 // two dispatchers never sweep or purge one topic at once. A dispatcher only
 // maintains its own topics, with its own MaxAttempts and retentions.
+//
+// An election that fails (the database is unreachable) is tried again
+// sooner than the next SweepInterval, with the backoff of failing claims
+// (electRetryDelay): from 50ms, doubling up to 5s (or PollInterval, if
+// longer), never later than the SweepInterval. So once the database
+// answers again, the pass follows within seconds, and the failing
+// maintenance that Health reports ends with it, rather than up to a
+// SweepInterval later. A step of a pass that fails (a sweep, a purge, the
+// gauges' read) waits for the next SweepInterval: the database answered
+// the election, and retrying the step sooner would load it again.
 
 // Purging from a watermark. Delivered events are found for the purge in the
 // settled index (settled_status, settled_at), which holds every topic's: no
@@ -134,10 +144,17 @@ type leadership struct {
 	mayHold bool
 }
 
+// electRetryDelay is the wait before an election is tried again after one
+// failed, the last such wait having been prev: the claims' backoff
+// (nextErrDelay), and at most the SweepInterval.
+func (d *Dispatcher) electRetryDelay(prev time.Duration) time.Duration {
+	return min(nextErrDelay(prev, d.cfg.PollInterval), d.cfg.SweepInterval)
+}
+
 func (d *Dispatcher) maintenance(ctx context.Context) {
 	d.maintErrAt.Store(0) // a run starts with no news
 	roles := d.maintenanceRoles()
-	t := time.NewTicker(d.cfg.SweepInterval)
+	t := time.NewTimer(d.cfg.SweepInterval)
 	defer t.Stop()
 	var lead leadership
 	defer func() {
@@ -154,8 +171,24 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		}
 	}()
 	d.warnMissingMigrations(ctx)
+	var retryIn time.Duration // the last wait after a failed election; 0 after one that worked
 	for {
-		d.maintainOnce(ctx, roles, &lead)
+		// Passes start a SweepInterval apart (at once after one that
+		// took longer), as the lease's term assumes.
+		began := time.Now()
+		wait := time.Until(began.Add(d.cfg.SweepInterval))
+		if err := d.maintainOnce(ctx, roles, &lead); err != nil {
+			attrs := d.errorAttrs(err)
+			if ctx.Err() == nil {
+				retryIn = d.electRetryDelay(retryIn)
+				wait = retryIn
+				attrs = append(attrs, "retry_in", retryIn)
+			}
+			d.log.Warn("maintenance election failed; retrying", attrs...)
+		} else {
+			retryIn = 0
+		}
+		resetTimer(t, wait)
 		select {
 		case <-ctx.Done():
 			return
@@ -198,11 +231,11 @@ func (d *Dispatcher) errorAttrs(err error) []any {
 	return []any{"error", err}
 }
 
-// maintainOnce elects and runs one pass for the topics led, and updates
-// lead: after a failed election the gauges of the topics led stop being
-// reported once the leadership held before ends, since another dispatcher
-// may lead them by then.
-func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, lead *leadership) {
+// maintainOnce elects and runs one pass for the topics led, updates lead,
+// and returns the election's error, if it failed: after a failed election
+// the gauges of the topics led stop being reported once the leadership held
+// before ends, since another dispatcher may lead them by then.
+func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, lead *leadership) error {
 	electedAt := time.Now()
 	// Like a claim, the election is not cancelled by a stop at once: it
 	// finishes (or runs out of the stop's time, see outlastStop) before
@@ -212,7 +245,6 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, lead *lea
 	outOfTime := ectx.Err() != nil
 	cancel()
 	if err != nil {
-		d.log.Warn("maintenance election failed; retrying at the next sweep interval", d.errorAttrs(err)...)
 		lead.mayHold = lead.mayHold || outOfTime
 		if ctx.Err() == nil {
 			d.maintErrAt.CompareAndSwap(0, time.Now().UnixNano())
@@ -221,11 +253,11 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, lead *lea
 			d.metrics.setLeading(nil)
 			lead.ends = time.Time{}
 		}
-		return
+		return err
 	}
 	lead.mayHold = len(held) > 0
 	if ctx.Err() != nil {
-		return // stopping: the resign follows
+		return nil // stopping: the resign follows
 	}
 	d.keepPurgeMarks(topicsOf(held))
 	finished := true
@@ -260,6 +292,7 @@ func (d *Dispatcher) maintainOnce(ctx context.Context, roles []string, lead *lea
 	if len(held) > 0 {
 		lead.ends = electedAt.Add(d.maintenanceTTL())
 	}
+	return nil
 }
 
 // topicsOf returns the topics ("namespace:topic") of maintenance roles.
