@@ -176,8 +176,9 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		// Passes start a SweepInterval apart (at once after one that
 		// took longer), as the lease's term assumes.
 		began := time.Now()
+		err := d.maintainOnce(ctx, roles, &lead)
 		wait := time.Until(began.Add(d.cfg.SweepInterval))
-		if err := d.maintainOnce(ctx, roles, &lead); err != nil {
+		if err != nil {
 			attrs := d.errorAttrs(err)
 			if ctx.Err() == nil {
 				retryIn = d.electRetryDelay(retryIn)
