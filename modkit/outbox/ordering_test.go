@@ -286,6 +286,17 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 	t.Logf("%d keys x %d events; %d publishes cut short by the kills", keys, perKey, unfinished)
 }
 
+// orderedMsg is test event i with ordering key key and, unless dedupe is
+// empty, that dedupe key.
+func orderedMsg(i int, key, dedupe string) outbox.Message {
+	m := msg(i)
+	m.OrderingKey = key
+	if dedupe != "" {
+		m.DedupeKey = outbox.Key(dedupe)
+	}
+	return m
+}
+
 // Sequences are allocated in the producer's transaction: gap-free, in
 // commit order (producers of one key wait for each other), none for a
 // rolled-back transaction or a duplicate; producers of other keys never
@@ -293,14 +304,7 @@ func TestOrderedDeliveryAcrossDispatchersAndKills(t *testing.T) {
 func TestOrderingKeySequences(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	keyed := func(i int, key, dedupe string) outbox.Message {
-		m := msg(i)
-		m.OrderingKey = key
-		if dedupe != "" {
-			m.DedupeKey = outbox.Key(dedupe)
-		}
-		return m
-	}
+	keyed := orderedMsg
 	// A holds key k's sequence in an open transaction: a producer of
 	// another key goes on at once; one of k waits until A ends.
 	txA, err := pool.Begin(ctx)
@@ -426,14 +430,7 @@ func TestOrderingKeySequences(t *testing.T) {
 func TestBatchWritesEachKeysSequenceOnce(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	ordered := func(i int, key, dedupe string) outbox.Message {
-		m := msg(i)
-		m.OrderingKey = key
-		if dedupe != "" {
-			m.DedupeKey = outbox.Key(dedupe)
-		}
-		return m
-	}
+	ordered := orderedMsg
 	// Key a has events already (sequences 1 and 2, the second a dedupe key
 	// the batch repeats); key b is new.
 	for i, dedupe := range []string{"", "taken"} {
