@@ -518,6 +518,65 @@ func TestBatchWritesEachKeysSequenceOnce(t *testing.T) {
 	}
 }
 
+// A batch with ordering keys and no dedupe key inserts its events in one
+// statement (migration 0037): each key's events are numbered in batch order
+// from the key's last sequence, the key's row written once, and a key's
+// first event of the batch is held only while the event before it is
+// undelivered; the rest are held behind the batch's own.
+func TestBatchWithoutDedupeKeysNumbersEachKeysEvents(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	// Key a has a pending event (sequence 1); key b is new.
+	if _, err := client.Enqueue(ctx, pool, orderedMsg(0, "a", "")); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []outbox.Message
+	for i := range 90 {
+		switch i % 3 {
+		case 0:
+			msgs = append(msgs, orderedMsg(100+i, "a", ""))
+		case 1:
+			msgs = append(msgs, orderedMsg(100+i, "b", ""))
+		default:
+			msgs = append(msgs, msg(100+i))
+		}
+	}
+	res, err := client.EnqueueBatch(ctx, pool, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := map[string]int64{"a": 2, "b": 1}
+	for i, m := range msgs {
+		e := get(t, client, res[i].ID)
+		if res[i].AlreadyEnqueued || e.OrderingKey != m.OrderingKey {
+			t.Fatalf("batch event %d: %+v, key %q; want a new event of key %q", i, res[i], e.OrderingKey, m.OrderingKey)
+		}
+		if m.OrderingKey == "" {
+			if e.Sequence != 0 {
+				t.Fatalf("batch event %d, without a key: sequence %d", i, e.Sequence)
+			}
+			continue
+		}
+		if e.Sequence != next[m.OrderingKey] {
+			t.Fatalf("batch event %d: key %q sequence %d, want %d", i, m.OrderingKey, e.Sequence, next[m.OrderingKey])
+		}
+		next[m.OrderingKey]++
+	}
+	var heldA, heldB, lastA, lastB int64
+	if err := pool.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM modkit_outbox_events WHERE ordering_key = 'a' AND held),
+			(SELECT count(*) FROM modkit_outbox_events WHERE ordering_key = 'b' AND held),
+			(SELECT last_seq FROM modkit_outbox_sequences WHERE ordering_key = 'a'),
+			(SELECT last_seq FROM modkit_outbox_sequences WHERE ordering_key = 'b')`).Scan(&heldA, &heldB, &lastA, &lastB); err != nil {
+		t.Fatal(err)
+	}
+	// a: 31 events, every one after the pending first held; b: 30, the
+	// first free.
+	if heldA != 30 || heldB != 29 || lastA != 31 || lastB != 30 {
+		t.Fatalf("held a %d, b %d; last sequences a %d, b %d; want 30, 29, 31, 30", heldA, heldB, lastA, lastB)
+	}
+}
+
 func TestDatabaseHoldsOneEventPerKeyAndSequence(t *testing.T) {
 	client, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
