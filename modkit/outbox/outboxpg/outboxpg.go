@@ -938,47 +938,61 @@ func (s *store) Migrate(ctx context.Context) error {
 	return nil
 }
 
-// schemaClosedVersion is the migration that refuses a schema where roles
-// other than its owner may create objects (0028).
-const schemaClosedVersion = 28
-
-// checkSchemaClosed refuses, before any migration runs, a schema that
-// migration 0028 would refuse: one where PUBLIC or an outbox role may
-// create objects. 0028 refused it only after 0001–0027 had created the
-// outbox's tables and functions there. A schema that has 0028 applied, or
-// does not exist yet, is not checked.
+// checkSchemaClosed refuses, before any migration runs, a schema where
+// roles other than the migrating one may create objects: PUBLIC, or a login
+// role that is not a superuser and cannot act as the migrating role (who
+// owns the outbox's functions). The functions run as their owner, and a
+// function created in their schema whose argument types match exactly wins
+// over pg_catalog's: such a role could run its code as the owner. Migration
+// 0028 refuses PUBLIC and the outbox's own roles only, and only when it
+// runs; this check covers every role, and runs at every Migrate: with
+// migrations to apply it refuses (nothing is migrated), and on a schema
+// already up to date it logs a warning rather than stop an application
+// that runs today.
 func (s *store) checkSchemaClosed(ctx context.Context, m *db.Migrator) error {
+	var schema string
+	var open *string
+	if err := s.pool.QueryRow(ctx, qSchemaOpenTo, s.opts.Schema).Scan(&schema, &open); err != nil {
+		return fmt.Errorf("outboxpg: look up who may create objects in schema %q: %w", s.opts.Schema, err)
+	}
+	if open == nil {
+		return nil
+	}
 	status, err := m.Status(ctx)
 	if err != nil {
 		return err
 	}
-	for _, st := range status {
-		if st.Version == schemaClosedVersion && st.Applied {
-			return nil
-		}
+	pending := slices.ContainsFunc(status, func(st db.MigrationStatus) bool { return !st.Applied })
+	why := fmt.Sprintf("schema %s lets %s create objects in it, whose functions the outbox's functions (which run as "+
+		"their owner) could be made to call: REVOKE CREATE ON SCHEMA %s FROM %s (PostgreSQL 15's default for public), "+
+		"or give the outbox a schema of its own", schema, *open, schema, *open)
+	if pending {
+		return fmt.Errorf("outboxpg: %s; nothing was migrated", why)
 	}
-	var schema string
-	var open *string
-	if err := s.pool.QueryRow(ctx, qSchemaOpenTo, s.opts.Schema, Roles).Scan(&schema, &open); err != nil {
-		return fmt.Errorf("outboxpg: look up who may create objects in schema %q: %w", s.opts.Schema, err)
-	}
-	if open != nil {
-		return fmt.Errorf("outboxpg: schema %s lets %s create objects in it, whose functions the outbox's functions could then "+
-			"run as their owner: REVOKE CREATE ON SCHEMA %s FROM %s (PostgreSQL 15's default for public), or migrate the outbox "+
-			"into a schema of its own; nothing was migrated", schema, *open, schema, *open)
+	if s.opts.Logger != nil {
+		s.opts.Logger.Warn("outbox: " + why)
 	}
 	return nil
 }
 
-// qSchemaOpenTo returns schema $1's name as SQL writes it and who, of
-// PUBLIC and the outbox roles ($2), may create objects in it (NULL for
-// nobody, or no such schema), as migration 0028 does.
-const qSchemaOpenTo = `SELECT quote_ident($1), string_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, ', '
-		ORDER BY CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE r.rolname END)
+// qSchemaOpenTo returns schema $1's name as SQL writes it and who, other
+// than the current role, may create objects in it (NULL for nobody, or no
+// such schema): PUBLIC alone when it may; otherwise each login role, not a
+// superuser, that may (itself or through a role it inherits from, as the
+// database's owner does through pg_database_owner) and is not a member of
+// the current role (a member may act as it anyway).
+const qSchemaOpenTo = `SELECT quote_ident($1), (
+	SELECT CASE WHEN EXISTS (
+			SELECT 1 FROM pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
+			WHERE a.grantee = 0 AND a.privilege_type = 'CREATE')
+		THEN 'PUBLIC' ELSE (
+			SELECT string_agg(quote_ident(r.rolname), ', ' ORDER BY r.rolname)
+			FROM pg_catalog.pg_roles r
+			WHERE r.rolcanlogin AND NOT r.rolsuper
+			  AND pg_catalog.has_schema_privilege(r.oid, n.oid, 'CREATE')
+			  AND NOT pg_catalog.pg_has_role(r.oid, current_user, 'MEMBER')) END
 	FROM pg_catalog.pg_namespace n
-	CROSS JOIN LATERAL pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
-	LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-	WHERE n.nspname = $1 AND a.privilege_type = 'CREATE' AND (a.grantee = 0 OR r.rolname = ANY($2))`
+	WHERE n.nspname = $1)`
 
 // RecordedOutcomes implements driver.OutcomeFinder from the attempts
 // ledger (migration 0035; before it, an error, and the dispatcher reports

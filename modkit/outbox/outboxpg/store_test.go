@@ -2,7 +2,9 @@ package outboxpg_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -10,9 +12,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/migrations"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
@@ -669,5 +673,77 @@ func TestMigrateRefusesAnOpenSchemaBeforeMigrating(t *testing.T) {
 	}
 	if err := st.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate once PUBLIC may no longer create in the schema: %v", err)
+	}
+}
+
+// Migrate refuses a schema in which any login role other than the migrating
+// one (not a superuser, not able to act as the migrating role) may create
+// objects, not only PUBLIC and the outbox's roles: such a role could create
+// a function the outbox's functions would call as their owner. Refused
+// before anything is migrated; on a schema already migrated, Migrate (with
+// nothing to apply) warns instead of failing an application that runs.
+func TestMigrateRefusesASchemaAnotherRoleMayCreateIn(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	var other string
+	if err := tdb.LoginAs(t, "").QueryRow(ctx, "SELECT current_user").Scan(&other); err != nil {
+		t.Fatal(err)
+	}
+	grant := func(verb string) {
+		t.Helper()
+		q := fmt.Sprintf("GRANT CREATE ON SCHEMA mk_open_role TO %s", other)
+		if verb == "REVOKE" {
+			q = fmt.Sprintf("REVOKE CREATE ON SCHEMA mk_open_role FROM %s", other)
+		}
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA mk_open_role"); err != nil {
+		t.Fatal(err)
+	}
+	// Before the role is dropped (cleanups run last first), which its grant
+	// would prevent.
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, "REVOKE CREATE ON SCHEMA mk_open_role FROM "+other) })
+	grant("GRANT")
+	var logs strings.Builder
+	st := open(t, pool, driver.Options{Schema: "mk_open_role", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	err := st.Migrate(ctx)
+	if err == nil || !strings.Contains(err.Error(), "lets "+other+" create objects") || !strings.Contains(err.Error(), "nothing was migrated") {
+		t.Fatalf("Migrate of a schema %s may create in: %v, want it refused before migrating", other, err)
+	}
+	var functions int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'mk_open_role'`).Scan(&functions); err != nil || functions != 0 {
+		t.Fatalf("%d functions created in the refused schema (%v), want none", functions, err)
+	}
+	grant("REVOKE")
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate once only the migrating role may create in the schema: %v", err)
+	}
+	grant("GRANT")
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate of an up-to-date schema that was opened later: %v, want a warning only", err)
+	}
+	if !strings.Contains(logs.String(), "lets "+other+" create objects") {
+		t.Fatalf("no warning for an up-to-date schema %s may create in; log:\n%s", other, logs.String())
+	}
+	// Another tool's run of migration 0038 refuses it too.
+	file, err := migrations.FS.ReadFile("0038_outbox_schema_closed_to_every_other_role.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path = mk_open_role"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, string(file))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+other+" create objects") {
+		t.Fatalf("migration 0038 on a schema %s may create in: %v, want it refused (42501)", other, err)
 	}
 }
