@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -79,32 +78,20 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	case "up":
 		// Through Client.Migrate, as an app migrates: it refuses a schema
 		// others may create objects in before migrating anything, and warns
-		// (on stderr) when the role may not create the outbox's roles.
-		before, err := m.Status(ctx)
-		if err != nil {
-			return err
-		}
-		client, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: f.schema,
-			Logger: slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		// (on stderr) when the role may not create the outbox's roles. The
+		// migrations this process applied are the ones its migrator
+		// reports: another process migrating the schema at the same time
+		// applies the rest, and says so itself.
+		applied := &appliedPrinter{out: e.stdout, next: slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}),
+			count: new(int)}
+		client, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: f.schema, Logger: slog.New(applied)})
 		if err != nil {
 			return usageErr("%v", err)
 		}
-		migErr := client.Migrate(ctx)
-		after, err := m.Status(ctx)
-		if err != nil {
-			return errors.Join(migErr, err)
+		if err := client.Migrate(ctx); err != nil {
+			return err
 		}
-		applied := 0
-		for i, st := range after {
-			if st.Applied && !before[i].Applied {
-				fmt.Fprintf(e.stdout, "applied %04d_%s\n", st.Version, st.Name)
-				applied++
-			}
-		}
-		if migErr != nil {
-			return migErr
-		}
-		if applied == 0 {
+		if *applied.count == 0 {
 			fmt.Fprintf(e.stdout, "schema %s is up to date\n", f.schema)
 		}
 	case "down":
@@ -170,4 +157,47 @@ func printMigrations(e env, format, dir string) error {
 		fmt.Fprint(e.stdout, f.body)
 	}
 	return nil
+}
+
+// appliedPrinter is the slog handler of migrate up: it prints each
+// migration the migrator reports applied (its "migration up" records) as
+// "applied NNNN_name" and counts them, and hands records of level Warn and
+// above to next. Records come from one goroutine (Client.Migrate's).
+type appliedPrinter struct {
+	out   io.Writer
+	next  slog.Handler
+	count *int
+}
+
+func (h *appliedPrinter) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *appliedPrinter) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "migration up" {
+		var version int64
+		var name string
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "version":
+				version = a.Value.Int64()
+			case "name":
+				name = a.Value.String()
+			}
+			return true
+		})
+		fmt.Fprintf(h.out, "applied %04d_%s\n", version, name)
+		*h.count++
+		return nil
+	}
+	if r.Level < slog.LevelWarn {
+		return nil
+	}
+	return h.next.Handle(ctx, r)
+}
+
+func (h *appliedPrinter) WithAttrs(as []slog.Attr) slog.Handler {
+	return &appliedPrinter{out: h.out, next: h.next.WithAttrs(as), count: h.count}
+}
+
+func (h *appliedPrinter) WithGroup(name string) slog.Handler {
+	return &appliedPrinter{out: h.out, next: h.next.WithGroup(name), count: h.count}
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 
@@ -147,6 +148,29 @@ func TestMigrateCommands(t *testing.T) {
 		t.Fatalf("status after down:\n%s", s)
 	}
 	cli(t, f.dsn, "migrate", "down", "--steps", "0", "--yes").must(t, exitUsage)
+
+	// Three processes migrating one schema at once: each migration is
+	// applied once, and only the process that applied it says so. Each
+	// said it applied every migration (it compared the schema's status
+	// before and after its run).
+	var wg sync.WaitGroup
+	outs := make([]result, 3)
+	for i := range outs {
+		wg.Add(1)
+		go func() { defer wg.Done(); outs[i] = cli(t, f.dsn, "migrate", "up", "--schema", "ops_concurrent") }()
+	}
+	wg.Wait()
+	said := 0
+	for _, r := range outs {
+		if r.code != exitOK {
+			t.Fatalf("concurrent migrate up: exit %d\n%s", r.code, r.stderr)
+		}
+		said += strings.Count(r.stdout, "applied ")
+	}
+	if said != len(known) {
+		t.Fatalf("concurrent migrate up said it applied %d migrations in all, want %d:\n%s\n%s\n%s",
+			said, len(known), outs[0].stdout, outs[1].stdout, outs[2].stdout)
+	}
 
 	// A schema others may create objects in is refused before anything is
 	// migrated, and the advice is about the schema, not about the reader
