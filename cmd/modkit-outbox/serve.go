@@ -122,7 +122,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 	srv := &http.Server{Handler: hostGuard(allowed, ui), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:    slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		BaseContext: func(net.Listener) context.Context { return reqCtx }}
-	fmt.Fprintf(e.stdout, "dashboard on http://%s/ — %s\n", ln.Addr(), mode)
+	fmt.Fprintf(e.stdout, "dashboard on http://%s/ (schema %s) — %s\n", ln.Addr(), f.schema, mode)
 	if s, ok := e.stdout.(interface{ Sync() error }); ok {
 		_ = s.Sync()
 	}

@@ -73,7 +73,8 @@ func TestServeAsDatabaseRoles(t *testing.T) {
 	out, ended, stop := background(t, readerDSN, "serve", "--addr", "127.0.0.1:0", "--token", token, "--show-payloads")
 	out.waitFor(t, "dashboard on", ended)
 	banner := out.String()
-	if !strings.Contains(banner, "read-only: database role "+reader+" may not replay") || !strings.Contains(banner, "payloads hidden") {
+	if !strings.Contains(banner, "read-only: database role "+reader+" may not replay") || !strings.Contains(banner, "payloads hidden") ||
+		!strings.Contains(banner, "(schema public)") {
 		t.Fatalf("the reader's banner: %s", banner)
 	}
 	base := regexp.MustCompile(`http://\S+/`).FindString(banner)

@@ -51,10 +51,15 @@ func (a *Admin) wrapErr(err error, format string, args ...any) error {
 		err = &notMigratedError{schema: a.c.cfg.Schema, err: err}
 	}
 	if pgCode(err) == privilegeDenied {
-		return fmt.Errorf("outbox: "+format+": %w (%s)", append(args, err, privilegeHint(roleReaders))...)
+		return fmt.Errorf("outbox: "+format+": %w (schema %s: %s)", append(args, err, a.c.cfg.Schema, privilegeHint(roleReaders))...)
 	}
 	return fmt.Errorf("outbox: "+format+": %w", append(args, err)...)
 }
+
+// Schema is the schema of the outbox this Admin reads (Config.Schema), for
+// tools that show it: two outboxes in one database can have the same
+// topics.
+func (a *Admin) Schema() string { return a.c.cfg.Schema }
 
 // Event is a full outbox row, as Admin returns it.
 type Event struct {

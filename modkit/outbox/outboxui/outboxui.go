@@ -343,6 +343,7 @@ func (h *handler) isOperator(r *http.Request, browser string) bool {
 // page is what every template gets.
 type page struct {
 	Title      string
+	Schema     string // the outbox's schema: two outboxes of one database can have the same topics
 	Root       string // relative path to the dashboard's root, ending in /
 	CSRF       string
 	Operator   bool
@@ -358,7 +359,7 @@ func (h *handler) newPage(w http.ResponseWriter, r *http.Request, title string, 
 	if depth > 0 {
 		root = strings.Repeat("../", depth)
 	}
-	return page{Title: title, Root: root, CSRF: h.sign("csrf", browser), Operator: h.isOperator(r, browser),
+	return page{Title: title, Schema: h.admin.Schema(), Root: root, CSRF: h.sign("csrf", browser), Operator: h.isOperator(r, browser),
 		CanOperate: h.opts.OperatorToken != "", Flash: h.flash(r, browser), Data: data}
 }
 

@@ -446,6 +446,12 @@ func TestDashboardGuards(t *testing.T) {
 	if body, _ := get(t, jar, base+"events?since=1h&namespace=shop"); strings.Count(body, `<tr data-id=`) != 2 { // the delivered one was purged
 		t.Fatalf("shop events of the last hour:\n%s", body)
 	}
+	// Every page names the outbox's schema: two outboxes in one database
+	// can have the same topics.
+	if body, _ := get(t, jar, base+"events?since=1h"); !strings.Contains(body, `<span class="schema" id="schema" title="the outbox's schema">public</span>`) ||
+		!strings.Contains(body, "<title>Events · public · modkit outbox</title>") {
+		t.Fatalf("the events page does not name the schema:\n%s", body)
+	}
 	// A range the form does not offer stays selected, so that the next
 	// submission keeps it.
 	if body, _ := get(t, jar, base+"events?since=2h"); !strings.Contains(body, `<option value="2h" selected>`) {
