@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/modkit-go/modkit/migrations"
@@ -96,7 +97,22 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		}
 	case "down":
 		if !*yes {
-			if err := confirm(e, fmt.Sprintf("Revert the newest %d migration(s) of schema %s? Their tables and events are dropped.", *steps, f.schema)); err != nil {
+			st, err := m.Status(ctx)
+			if err != nil {
+				return err
+			}
+			var names []string
+			for i := len(st) - 1; i >= 0 && len(names) < *steps; i-- {
+				if st[i].Applied {
+					names = append(names, fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name))
+				}
+			}
+			if len(names) == 0 {
+				fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
+				return nil
+			}
+			if err := confirm(e, fmt.Sprintf("Revert %s in schema %s? A migration that created tables drops them, with their events.",
+				strings.Join(names, ", "), f.schema)); err != nil {
 				return err
 			}
 		}

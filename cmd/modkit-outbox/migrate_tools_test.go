@@ -137,7 +137,11 @@ func TestMigrateCommands(t *testing.T) {
 		t.Fatalf("status after up:\n%s", s)
 	}
 	sameSchema(t, f, "ops")
-	cli(t, f.dsn, "migrate", "down", "--schema", "ops").must(t, exitAborted)
+	// The prompt names what it would revert (its answer, empty here, is no).
+	if r := cli(t, f.dsn, "migrate", "down", "--schema", "ops").must(t, exitAborted); !strings.Contains(r.stderr+r.stdout,
+		fmt.Sprintf("Revert %04d_%s in schema ops?", last.Version, last.Name)) {
+		t.Fatalf("the prompt of migrate down:\n%s%s", r.stdout, r.stderr)
+	}
 	out := cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "1", "--yes").must(t, exitOK).stdout
 	if out != fmt.Sprintf("reverted %04d_%s\n", last.Version, last.Name) {
 		t.Fatalf("down 1:\n%s", out)
