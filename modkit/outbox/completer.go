@@ -398,8 +398,10 @@ func (d *Dispatcher) record(r result, o Outcome) {
 	attrs := []any{"namespace", m.Namespace, "topic", m.Topic, "event_id", m.ID, "attempt", m.Attempt}
 	switch {
 	case o.LeaseLost:
-		d.log.Warn("lease lost before the outcome was recorded (it expired, and the event may already be reclaimed); outcome dropped",
-			append(attrs, "publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))...)
+		if r.err != nil {
+			attrs = append(attrs, "publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
+		}
+		d.log.Warn("lease lost before the outcome was recorded (it expired, and the event may already be reclaimed); outcome dropped", attrs...)
 	case o.Abandoned:
 		d.log.Debug("abandoned event given back", attrs...)
 	case o.Released:

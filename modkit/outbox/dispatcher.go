@@ -633,9 +633,11 @@ func (d *Dispatcher) abandonedPublish(c claimed, p *Publisher, paused, atStop bo
 
 // abandonedReturned reports an abandoned publish that finally returned.
 func (d *Dispatcher) abandonedReturned(c claimed, r result) {
-	d.log.Warn("an abandoned publish returned; its result is ignored (the event was given back and is delivered again)",
-		"namespace", c.d.Namespace, "topic", c.d.Topic, "event_id", c.d.ID, "elapsed", r.elapsed,
-		"publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
+	attrs := []any{"namespace", c.d.Namespace, "topic", c.d.Topic, "event_id", c.d.ID, "elapsed", r.elapsed}
+	if r.err != nil {
+		attrs = append(attrs, "publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
+	}
+	d.log.Warn("an abandoned publish returned; its result is ignored (the event was given back and is delivered again)", attrs...)
 }
 
 // setOutcomeFailing records whether the last outcome write failed.

@@ -894,7 +894,14 @@ func TestReliabilityAbandonedPublish(t *testing.T) {
 			}
 
 			close(unstall)
-			logA.waitForMsg(t, "an abandoned publish returned; its result is ignored (the event was given back and is delivered again)", 1)
+			returnedMsg := "an abandoned publish returned; its result is ignored (the event was given back and is delivered again)"
+			logA.waitForMsg(t, returnedMsg, 1)
+			// Its error, when it returned one, and no empty one otherwise.
+			for _, r := range logA.records() {
+				if _, has := r.Attrs["publish_error"]; r.Msg == returnedMsg && has != (tc.result != nil) {
+					t.Errorf("the warning of the abandoned publish that returned %v: %v", tc.result, r.Attrs)
+				}
+			}
 			if err := a.Stop(ctx); err != nil {
 				t.Fatal(err)
 			}
