@@ -748,11 +748,10 @@ func movingAverage(avg, sample time.Duration) time.Duration {
 	return avg + (sample-avg)/8
 }
 
-// publish runs one publisher call, isolating panics.
-// publish calls the event's publisher and returns the result. When the
-// publisher ends the goroutine instead of returning (runtime.Goexit, as
-// t.Fatal does), exited gets the result, a failed attempt, as the
-// goroutine unwinds.
+// publish calls the event's publisher, isolating panics, and returns the
+// result. When the publisher ends the goroutine instead of returning
+// (runtime.Goexit, as t.Fatal does), exited gets the result, a failed
+// attempt, as the goroutine unwinds.
 func (d *Dispatcher) publish(ctx context.Context, c claimed, exited func(result)) result {
 	m := c.d
 	res := result{c: c, started: time.Now()}
