@@ -376,16 +376,21 @@ func (t *Task) Stop(ctx context.Context) (StopReason, error) {
 	}
 	already := r.stopping
 	r.stopping = true
+	deadline := time.Now().Add(t.cfg.StopTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	// Cancelled before the status says Stopping, so that whoever sees
+	// Stopping (a dispatcher's Health, say) knows the run's context has
+	// ended. Cancelling runs no code of the task's: it closes the
+	// context's channel and starts its AfterFuncs on goroutines of their
+	// own.
+	r.cancel(&stopCause{deadline: deadline})
 	t.status = Stopping
 	t.mu.Unlock()
 	if !already {
 		t.log.Debug("task stopping")
 	}
-	deadline := time.Now().Add(t.cfg.StopTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	r.cancel(&stopCause{deadline: deadline})
 
 	timer := time.NewTimer(t.cfg.StopTimeout)
 	defer timer.Stop()
