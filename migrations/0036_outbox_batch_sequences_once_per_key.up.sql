@@ -1,5 +1,5 @@
 -- A batch's events of one ordering key take their sequences with one write
--- of the key's row, not one a event.
+-- of the key's row, not one an event.
 --
 -- modkit_outbox_enqueue_many enqueued a batch's events with ordering keys
 -- one at a time through modkit_outbox_enqueue, and each updated its key's
@@ -10,10 +10,14 @@
 -- 8,000 took 4.7 s, and 50,000 did not finish in 40 s (a trial's, and
 -- psql's, figures), where 8,000 events without a key took 0.13 s.
 --
--- The batch now locks each key's row once (FOR UPDATE, which writes no
--- version), numbers the key's events in batch order as it inserts them,
--- and writes the key's last sequence once at the end of the key. What a
--- batch does is unchanged: keys are locked in (namespace, topic, key)
+-- A batch without dedupe keys (no event of it can be a duplicate, so each
+-- takes a sequence) now locks and advances each key's row once, by its
+-- count of events, and inserts all its events in one INSERT … SELECT,
+-- numbering each key's in batch order. A batch with dedupe keys locks each
+-- key's row once (FOR UPDATE, which writes no version), numbers the key's
+-- events in batch order as it inserts them one at a time (a duplicate
+-- takes none), and writes the key's last sequence once at the end of the
+-- key. What a batch does is unchanged: keys are locked in (namespace, topic, key)
 -- order, so two batches never deadlock on them; a duplicate (an existing
 -- dedupe key) takes no sequence, and sequences stay gap-free; an event
 -- waits (held) while the one before it is undelivered. Events without an
@@ -65,11 +69,75 @@ DECLARE
     v_last bigint;
     v_start bigint;
     v_seq bigint;
+    -- The keys of a batch without dedupe keys: names, the last sequence
+    -- before the batch's, stream.
+    v_key_ns text[] := '{}';
+    v_key_topics text[] := '{}';
+    v_key_okeys text[] := '{}';
+    v_key_starts bigint[] := '{}';
+    v_key_streams bigint[] := '{}';
 BEGIN
+    IF p_ordering_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_ordering_keys) AS k WHERE k IS NOT NULL)
+        AND NOT EXISTS (SELECT 1 FROM unnest(p_keys) AS k WHERE k IS NOT NULL) THEN
+        -- With ordering keys and no dedupe key, nothing can conflict, so
+        -- every event takes a sequence: each key's row is locked and
+        -- advanced by its count of events, in key order (so two batches
+        -- never deadlock), and the events are inserted in one statement,
+        -- each key's numbered in batch order from the row's last sequence
+        -- (BENCHMARKS.md, "Batches of one ordering key").
+        FOR r IN
+            SELECT i.namespace, i.topic, i.okey, count(*) AS n
+            FROM unnest(p_namespaces, p_topics, p_ordering_keys) AS i(namespace, topic, okey)
+            WHERE i.okey IS NOT NULL
+            GROUP BY i.namespace, i.topic, i.okey
+            ORDER BY i.namespace, i.topic, i.okey
+        LOOP
+            UPDATE @s.modkit_outbox_sequences AS q SET last_seq = q.last_seq + r.n
+            WHERE q.namespace = r.namespace AND q.topic = r.topic AND q.ordering_key = r.okey
+            RETURNING q.last_seq - r.n, q.stream_id INTO v_start, v_stream;
+            IF NOT FOUND THEN
+                INSERT INTO @s.modkit_outbox_sequences AS q (namespace, topic, ordering_key, last_seq)
+                VALUES (r.namespace, r.topic, r.okey, r.n)
+                ON CONFLICT (namespace, topic, ordering_key) DO UPDATE SET last_seq = q.last_seq + r.n
+                RETURNING q.last_seq - r.n, q.stream_id INTO v_start, v_stream;
+            END IF;
+            v_key_ns := v_key_ns || r.namespace;
+            v_key_topics := v_key_topics || r.topic;
+            v_key_okeys := v_key_okeys || r.okey;
+            v_key_starts := v_key_starts || v_start;
+            v_key_streams := v_key_streams || v_stream;
+        END LOOP;
+        INSERT INTO @s.modkit_outbox_events AS e (id, namespace, topic, tenant_id, dedupe_key, payload, headers,
+            ordering_key, ordering_seq, ordering_stream, held)
+        SELECT n.id, n.namespace, n.topic, n.tenant_id, NULL, n.payload, n.headers, n.okey, n.seq, n.stream,
+            -- The first of a key's events waits while the event before it
+            -- is undelivered, as modkit_outbox_enqueue decides; the rest
+            -- wait behind the batch's own; an event without a key never.
+            coalesce(n.seq > 1 AND (n.seq > n.start + 1 OR EXISTS (
+                SELECT 1 FROM @s.modkit_outbox_events p
+                WHERE p.ordering_stream = n.stream
+                  AND p.ordering_seq = n.seq - 1
+                  AND (p.status IN ('pending', 'processing') OR (p.status = 'dead' AND NOT p.head_skipped)))), false)
+        FROM (
+            SELECT i.id, i.namespace, i.topic, i.tenant_id, i.payload, i.headers, i.okey, i.ord, k.start, k.stream,
+                k.start + pg_catalog.row_number() OVER (PARTITION BY i.namespace, i.topic, i.okey ORDER BY i.ord) AS seq
+            FROM unnest(p_ids, p_namespaces, p_topics, p_tenants, p_payloads,
+                    coalesce(p_headers, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])), p_ordering_keys)
+                WITH ORDINALITY AS i(id, namespace, topic, tenant_id, payload, headers, okey, ord)
+            LEFT JOIN unnest(v_key_ns, v_key_topics, v_key_okeys, v_key_starts, v_key_streams)
+                AS k(namespace, topic, okey, start, stream)
+                ON k.namespace = i.namespace AND k.topic = i.topic AND k.okey = i.okey) n
+        ORDER BY n.ord;
+        IF p_notify IS NOT NULL THEN
+            PERFORM pg_catalog.pg_notify(@channel, t) FROM unnest(p_notify) AS t;
+        END IF;
+        RETURN;
+    END IF;
     IF p_ordering_keys IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(p_ordering_keys) AS k WHERE k IS NOT NULL) THEN
-        -- With ordering keys, one row at a time, taking the keys' sequence
-        -- locks in key order (so two batches never deadlock) and each
-        -- key's sequences in batch order.
+        -- With ordering keys and dedupe keys, one row at a time, taking the
+        -- keys' sequence locks in key order (so two batches never
+        -- deadlock) and each key's sequences in batch order: a duplicate
+        -- takes no sequence.
         FOR r IN
             SELECT i.* FROM unnest(p_ids, p_namespaces, p_topics, p_tenants, p_keys, p_payloads,
                     coalesce(p_headers, array_fill(NULL::jsonb, ARRAY[cardinality(p_ids)])), p_ordering_keys)

@@ -519,7 +519,7 @@ func TestBatchWritesEachKeysSequenceOnce(t *testing.T) {
 }
 
 // A batch with ordering keys and no dedupe key inserts its events in one
-// statement (migration 0037): each key's events are numbered in batch order
+// statement (migration 0036): each key's events are numbered in batch order
 // from the key's last sequence, the key's row written once, and a key's
 // first event of the batch is held only while the event before it is
 // undelivered; the rest are held behind the batch's own.

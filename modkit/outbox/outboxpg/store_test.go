@@ -728,8 +728,8 @@ func TestMigrateRefusesASchemaAnotherRoleMayCreateIn(t *testing.T) {
 	if !strings.Contains(logs.String(), "lets "+other+" create objects") {
 		t.Fatalf("no warning for an up-to-date schema %s may create in; log:\n%s", other, logs.String())
 	}
-	// Another tool's run of migration 0038 refuses it too.
-	file, err := migrations.FS.ReadFile("0038_outbox_schema_closed_to_every_other_role.up.sql")
+	// Another tool's run of migration 0037 refuses it too.
+	file, err := migrations.FS.ReadFile("0037_outbox_schema_closed_to_every_other_role.up.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -744,6 +744,6 @@ func TestMigrateRefusesASchemaAnotherRoleMayCreateIn(t *testing.T) {
 	_, err = tx.Exec(ctx, string(file))
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+other+" create objects") {
-		t.Fatalf("migration 0038 on a schema %s may create in: %v, want it refused (42501)", other, err)
+		t.Fatalf("migration 0037 on a schema %s may create in: %v, want it refused (42501)", other, err)
 	}
 }

@@ -1,2 +1,0 @@
--- Migration 0038 only checked the schema; there is nothing to undo.
-SELECT 1;
