@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -92,7 +93,17 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		if err := client.Migrate(ctx); err != nil {
 			return err
 		}
-		if *applied.count == 0 {
+		st, err := m.Status(ctx)
+		if err != nil {
+			return err
+		}
+		newer := slices.DeleteFunc(st, func(s db.MigrationStatus) bool { return !s.Unknown })
+		switch {
+		case len(newer) > 0:
+			last := newer[len(newer)-1]
+			fmt.Fprintf(e.stdout, "schema %s has every migration of this modkit-outbox, and %d newer ones it does not know, up to %04d_%s: "+
+				"a newer version applied them; use that version's modkit-outbox for this schema\n", f.schema, len(newer), last.Version, last.Name)
+		case *applied.count == 0:
 			fmt.Fprintf(e.stdout, "schema %s is up to date\n", f.schema)
 		}
 	case "down":
@@ -101,19 +112,23 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			if err != nil {
 				return err
 			}
-			var names []string
-			for i := len(st) - 1; i >= 0 && len(names) < *steps; i-- {
-				if st[i].Applied {
-					names = append(names, fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name))
+			// With a newer version's migrations applied, Down refuses and
+			// names them: nothing to confirm.
+			if !slices.ContainsFunc(st, func(s db.MigrationStatus) bool { return s.Unknown }) {
+				var names []string
+				for i := len(st) - 1; i >= 0 && len(names) < *steps; i-- {
+					if st[i].Applied {
+						names = append(names, fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name))
+					}
 				}
-			}
-			if len(names) == 0 {
-				fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
-				return nil
-			}
-			if err := confirm(e, fmt.Sprintf("Revert %s in schema %s? A migration that created tables drops them, with their events.",
-				strings.Join(names, ", "), f.schema)); err != nil {
-				return err
+				if len(names) == 0 {
+					fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
+					return nil
+				}
+				if err := confirm(e, fmt.Sprintf("Revert %s in schema %s? A migration that created tables drops them, with their events.",
+					strings.Join(names, ", "), f.schema)); err != nil {
+					return err
+				}
 			}
 		}
 		reverted, err := m.Down(ctx, *steps)
@@ -138,7 +153,11 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			if s.Applied {
 				applied = s.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
 			}
-			fmt.Fprintf(tw, "%04d\t%s\t%s\n", s.Version, s.Name, applied)
+			name := s.Name
+			if s.Unknown {
+				name += " (newer than this modkit-outbox)"
+			}
+			fmt.Fprintf(tw, "%04d\t%s\t%s\n", s.Version, name, applied)
 		}
 		return tw.Flush()
 	}

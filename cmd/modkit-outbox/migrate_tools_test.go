@@ -136,6 +136,26 @@ func TestMigrateCommands(t *testing.T) {
 	if s := status(); strings.Contains(s, " no\n") {
 		t.Fatalf("status after up:\n%s", s)
 	}
+	// A schema a newer version migrated further: up says so (it said "up
+	// to date"), status marks the migration, and down refuses without
+	// asking first.
+	if _, err := f.pool.Exec(bg, "INSERT INTO ops.modkit_schema_migrations (version, name) VALUES (9999, 'from_the_future')"); err != nil {
+		t.Fatal(err)
+	}
+	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out,
+		"1 newer ones it does not know, up to 9999_from_the_future") || strings.Contains(out, "up to date") {
+		t.Fatalf("up on a schema a newer version migrated:\n%s", out)
+	}
+	if s := status(); !strings.Contains(s, "from_the_future (newer than this modkit-outbox)") {
+		t.Fatalf("status of a schema a newer version migrated:\n%s", s)
+	}
+	if r := cli(t, f.dsn, "migrate", "down", "--schema", "ops").must(t, exitFailure); !strings.Contains(r.stderr, "9999_from_the_future") ||
+		strings.Contains(r.stdout+r.stderr, "Revert") {
+		t.Fatalf("down on a schema a newer version migrated:\n%s%s", r.stdout, r.stderr)
+	}
+	if _, err := f.pool.Exec(bg, "DELETE FROM ops.modkit_schema_migrations WHERE version = 9999"); err != nil {
+		t.Fatal(err)
+	}
 	sameSchema(t, f, "ops")
 	// The prompt names what it would revert (its answer, empty here, is no).
 	if r := cli(t, f.dsn, "migrate", "down", "--schema", "ops").must(t, exitAborted); !strings.Contains(r.stderr+r.stdout,

@@ -108,6 +108,11 @@ type MigrationStatus struct {
 	Name      string
 	Applied   bool
 	AppliedAt time.Time // zero when not applied
+	// Unknown marks a migration the migrations table records but the set
+	// does not have: one newer than the set's newest, applied by a newer
+	// program (Up leaves it alone, Down refuses to go past it). Its Name
+	// is the one recorded, and Applied is true.
+	Unknown bool
 }
 
 // Migrator applies and reverts the versioned SQL files in a schema. Every
@@ -233,7 +238,10 @@ func (m Migration) UpSQL() string { return m.up }
 func (m Migration) DownSQL() string { return m.down }
 
 // Up applies every migration not yet applied, in version order, and returns
-// the ones it applied. Running it again applies nothing.
+// the ones it applied. Running it again applies nothing. Migrations the
+// table records that are newer than the set's newest (a newer program
+// applied them) are left alone; Up logs them at Info, and Status lists
+// them as Unknown.
 func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 	var applied []Migration
 	err := m.locked(ctx, true, func(conn *pgx.Conn) error {
@@ -243,6 +251,12 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 		}
 		if err := m.checkRecorded(done, false); err != nil {
 			return err
+		}
+		if newer := m.newer(done); len(newer) > 0 {
+			last, ours := newer[len(newer)-1], m.migrations[len(m.migrations)-1]
+			m.logger.Info("the schema has migrations newer than this program's, applied by a newer version; left alone",
+				"schema", m.schema, "newest_recorded", fmt.Sprintf("%04d_%s", last.Version, last.Name),
+				"newest_known", fmt.Sprintf("%04d_%s", ours.Version, ours.Name), "count", len(newer))
 		}
 		for _, mig := range m.migrations {
 			if _, ok := done[mig.Version]; ok {
@@ -290,7 +304,9 @@ func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 	return reverted, err
 }
 
-// Status reports every known migration and whether it has been applied.
+// Status reports every known migration and whether it has been applied,
+// in version order, followed by the migrations the table records that are
+// newer than the set's newest (Unknown: a newer program applied them).
 func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
 	var out []MigrationStatus
 	err := m.withConn(ctx, func(conn *pgx.Conn) error {
@@ -305,6 +321,7 @@ func (m *Migrator) Status(ctx context.Context) ([]MigrationStatus, error) {
 			rec, ok := done[mig.Version]
 			out = append(out, MigrationStatus{Version: mig.Version, Name: mig.Name, Applied: ok, AppliedAt: rec.at})
 		}
+		out = append(out, m.newer(done)...)
 		return nil
 	})
 	return out, err
@@ -439,6 +456,19 @@ func (m *Migrator) appliedVersions(ctx context.Context, conn *pgx.Conn) (map[int
 		return nil, fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
 	}
 	return done, nil
+}
+
+// newer returns, in version order, the recorded migrations newer than the
+// set's newest (a set has at least one migration: NewMigrator refuses an
+// empty one).
+func (m *Migrator) newer(done map[int64]recorded) []MigrationStatus {
+	var out []MigrationStatus
+	for _, v := range slices.Sorted(maps.Keys(done)) {
+		if v > m.migrations[len(m.migrations)-1].Version {
+			out = append(out, MigrationStatus{Version: v, Name: done[v].name, Applied: true, AppliedAt: done[v].at, Unknown: true})
+		}
+	}
+	return out
 }
 
 // checkRecorded checks the migrations table against the set: every version

@@ -311,8 +311,33 @@ func TestMigratorConflicts(t *testing.T) {
 	if !tableExists(t, pool, "mk_conflict.orders") || !tableExists(t, pool, "mk_conflict.lines") {
 		t.Fatal("the refused Down reverted something")
 	}
-	if _, err := older.Up(ctx); err != nil { // nothing to apply: the newer one's are left alone
-		t.Fatalf("Up by the older program: %v", err)
+	// Up by the older program applies nothing, leaves the newer one's
+	// migration alone and says so; Status lists it as Unknown.
+	var logs strings.Builder
+	older = func() *db.Migrator {
+		m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_conflict", FS: set("orders"), Table: "shared_migrations",
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}()
+	if applied, err := older.Up(ctx); err != nil || len(applied) != 0 {
+		t.Fatalf("Up by the older program: applied %d, %v", len(applied), err)
+	}
+	if !strings.Contains(logs.String(), "newer than this program") || !strings.Contains(logs.String(), "newest_recorded=0002_lines") {
+		t.Fatalf("Up by the older program logged:\n%s", logs.String())
+	}
+	st, err := older.Status(ctx)
+	if err != nil || len(st) != 2 {
+		t.Fatalf("Status by the older program: %+v, %v", st, err)
+	}
+	if st[0].Version != 1 || st[0].Unknown || !st[0].Applied ||
+		st[1].Version != 2 || st[1].Name != "lines" || !st[1].Unknown || !st[1].Applied || st[1].AppliedAt.IsZero() {
+		t.Fatalf("Status by the older program: %+v, want 0001_orders applied, then 0002_lines applied and unknown", st)
+	}
+	if st, err := first.Status(ctx); err != nil || len(st) != 2 || st[1].Unknown {
+		t.Fatalf("Status by the program that applied both: %+v, %v", st, err)
 	}
 }
 
