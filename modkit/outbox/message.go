@@ -52,8 +52,13 @@ type Message struct {
 	// never do. Two transactions that each enqueue several keys can
 	// therefore deadlock when they take them in opposite orders; the one
 	// PostgreSQL aborts gets ErrConflict, so enqueue a transaction's keys
-	// in one order (sorted, say). At most 256 bytes of UTF-8. Events
-	// without a key are not ordered (see the package documentation).
+	// in one order (sorted, say). Many events of one key in one
+	// transaction go faster through one EnqueueBatch, which takes the key's
+	// sequence once: each Enqueue takes it again, and a transaction's
+	// repeated writes of one row slow each other down (about 0.5 s for
+	// 1,000 Enqueues of one key in one transaction, 3 s for 4,000). At most
+	// 256 bytes of UTF-8. Events without a key are not ordered (see the
+	// package documentation).
 	OrderingKey string
 	// Headers is optional metadata carried to the publisher unchanged in
 	// Delivery.Headers (correlation ids, content types): at most 64
