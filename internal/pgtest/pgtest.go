@@ -153,11 +153,15 @@ func NewDB(t testing.TB) *DB {
 	return d
 }
 
+// ErrNoMain is Open's error when Main did not run: the test binary's
+// TestMain must call it.
+var ErrNoMain = errors.New("pgtest: call pgtest.Main(m) from TestMain")
+
 // Open creates a migrated database outside a test (for Example functions);
 // Close drops it. Tests use NewDB.
 func Open() (*DB, error) {
 	if adminDSN == "" {
-		return nil, errors.New("pgtest: call pgtest.Main(m) from TestMain")
+		return nil, ErrNoMain
 	}
 	ctx := context.Background()
 	templateOnce.Do(func() { templateErr = createTemplate(ctx) })

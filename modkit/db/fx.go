@@ -20,14 +20,14 @@ var Module = fx.Module("modkit-db",
 	fx.Provide(newFx),
 )
 
-// FxParams is what Module needs from the graph.
-type FxParams struct {
+// fxParams is what Module needs from the graph.
+type fxParams struct {
 	fx.In
 	Config    Config
 	Lifecycle fx.Lifecycle
 }
 
-func newFx(p FxParams) (*Provider, error) {
+func newFx(p fxParams) (*Provider, error) {
 	// pgxpool connects lazily, so building it does no I/O; the ping runs in
 	// OnStart where fx's start context bounds it.
 	prov, err := open(context.Background(), p.Config)

@@ -96,18 +96,18 @@ type MigratorConfig struct {
 
 // Migration is one versioned pair of SQL files.
 type Migration struct {
-	Version int64
-	Name    string
+	Version int64  // the file names' number: 7 for 0007_name.up.sql
+	Name    string // the file names' name: "name" for 0007_name.up.sql
 	up      string
 	down    string
 }
 
 // MigrationStatus tells whether one migration has run.
 type MigrationStatus struct {
-	Version   int64
-	Name      string
-	Applied   bool
-	AppliedAt time.Time // zero when not applied
+	Version   int64     // as Migration.Version
+	Name      string    // as Migration.Name
+	Applied   bool      // recorded in the migrations table
+	AppliedAt time.Time // when it was recorded; zero when not applied
 	// Unknown marks a migration the migrations table records but the set
 	// does not have: one newer than the set's newest, applied by a newer
 	// program (Up leaves it alone, Down refuses to go past it). Its Name

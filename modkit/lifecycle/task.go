@@ -45,6 +45,7 @@ const (
 	Stopping
 )
 
+// String returns the status in lower case: "stopped", "starting", …
 func (s Status) String() string {
 	switch s {
 	case Stopped:
@@ -78,6 +79,7 @@ const (
 	Failed
 )
 
+// String returns the reason in words: "not running", …
 func (r StopReason) String() string {
 	switch r {
 	case NotRunning:
@@ -118,6 +120,11 @@ type Config struct {
 	// that was started successfully returns an error on its own, that is,
 	// not because Stop cancelled it. Failures are logged either way.
 	OnFailure func(name string, err error)
+	// NotReadyCause, if set, is asked when Start's context ends before the
+	// run is ready, for what holds the run back (the last error of
+	// something it retries, say; nil when it does not know). Its error is
+	// added to Start's, which then matches both.
+	NotReadyCause func() error
 }
 
 // Task runs a RunFunc in the background under a start/stop contract: the
@@ -271,10 +278,19 @@ func (t *Task) Start(ctx context.Context) error {
 		return fmt.Errorf("%w (task %q)", ErrExitedBeforeReady, t.cfg.Name)
 	case <-ctx.Done():
 		notReady := fmt.Errorf("lifecycle: task %q was not ready before the start context ended: %w", t.cfg.Name, context.Cause(ctx))
+		var why error
+		if t.cfg.NotReadyCause != nil {
+			why = t.cfg.NotReadyCause()
+		}
 		// Logged as well as returned: fx reports its start timeout as
 		// soon as it passes, without waiting for this hook's error, which
 		// names the task and says how its stop went.
-		t.log.Error("task not ready before the start context ended; stopping it", "err", context.Cause(ctx))
+		if why != nil {
+			notReady = fmt.Errorf("lifecycle: task %q was not ready before the start context ended (%w): %w", t.cfg.Name, context.Cause(ctx), why)
+			t.log.Error("task not ready before the start context ended; stopping it", "err", context.Cause(ctx), "not_ready_because", why)
+		} else {
+			t.log.Error("task not ready before the start context ended; stopping it", "err", context.Cause(ctx))
+		}
 		// The stop's own error says whether the run is gone (a timeout
 		// leaves it running, and fx runs no stop hook for a failed start)
 		// or how it failed.

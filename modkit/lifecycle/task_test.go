@@ -200,6 +200,27 @@ func TestStartContextEndsBeforeReady(t *testing.T) {
 	}
 }
 
+// NotReadyCause's answer joins Start's error when its context ends first:
+// what holds the run back, which the context's error does not say.
+func TestStartContextEndsBeforeReadyWithACause(t *testing.T) {
+	refused := errors.New("connection refused")
+	task := newTask(t, lifecycle.Config{AwaitReady: true, NotReadyCause: func() error { return refused }},
+		func(ctx context.Context, ready func()) error {
+			<-ctx.Done() // never ready
+			return ctx.Err()
+		})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := task.Start(ctx); !errors.Is(err, context.Canceled) || !errors.Is(err, refused) {
+		t.Fatalf("start = %v, want context.Canceled and the cause", err)
+	}
+	none := newTask(t, lifecycle.Config{AwaitReady: true, NotReadyCause: func() error { return nil }},
+		func(ctx context.Context, ready func()) error { <-ctx.Done(); return ctx.Err() })
+	if err := none.Start(ctx); !errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "(") {
+		t.Fatalf("start without a cause = %v, want context.Canceled alone", err)
+	}
+}
+
 // A Stop while the task is starting ends its Start with an error that
 // says it was stopped; it said the task failed ("failed before it was
 // ready: context canceled"). The Stop reports the run cancelled.

@@ -43,15 +43,26 @@ func (s Status) valid() bool {
 // Get it from Client.Admin. Its calls run on the client's own connections.
 type Admin struct{ c *Client }
 
-// wrapErr prefixes err with what failed (format and args), and makes an
-// error that says the outbox's objects are missing match ErrNotMigrated,
-// as the client's and the dispatcher's do.
+// wrapErr prefixes err, a read's, with what failed (format and args), and
+// makes an error that says the outbox's objects are missing match
+// ErrNotMigrated, as the client's and the dispatcher's do.
 func (a *Admin) wrapErr(err error, format string, args ...any) error {
+	return a.wrapErrFor(roleReaders, err, format, args...)
+}
+
+// wrapWriteErr is wrapErr for the writes, which only the operator role may
+// make.
+func (a *Admin) wrapWriteErr(err error, format string, args ...any) error {
+	return a.wrapErrFor(roleOperator, err, format, args...)
+}
+
+// wrapErrFor is wrapErr, whose privilege hint names role.
+func (a *Admin) wrapErrFor(role string, err error, format string, args ...any) error {
 	if notMigrated(err) {
 		err = &notMigratedError{schema: a.c.cfg.Schema, err: err}
 	}
 	if pgCode(err) == privilegeDenied {
-		return fmt.Errorf("outbox: "+format+": %w (schema %s: %s)", append(args, err, a.c.cfg.Schema, privilegeHint(roleReaders))...)
+		return fmt.Errorf("outbox: "+format+": %w (schema %s: %s)", append(args, err, a.c.cfg.Schema, privilegeHint(role))...)
 	}
 	return fmt.Errorf("outbox: "+format+": %w", append(args, err)...)
 }
@@ -63,20 +74,36 @@ func (a *Admin) Schema() string { return a.c.cfg.Schema }
 
 // Event is a full outbox row, as Admin returns it.
 type Event struct {
-	ID            uuid.UUID
-	Namespace     string
-	Topic         string
-	TenantID      *uuid.UUID
-	DedupeKey     *string
-	Payload       []byte
-	Status        Status
-	Attempts      int
+	ID        uuid.UUID // time-ordered (UUIDv7), made at enqueue
+	Namespace string
+	Topic     string
+	TenantID  *uuid.UUID // nil without a tenant
+	// DedupeKey as stored: with a tenant, prefixed with the tenant's id
+	// and "/" (see Message.DedupeKey); nil without a key.
+	DedupeKey *string
+	// Payload as stored (jsonb's normal form: see Message.Payload); nil
+	// when the database role may not read payloads (the reader role).
+	Payload []byte
+	Status  Status
+	// Attempts counts the publishes tried (claims, each of which used an
+	// attempt); a replay resets it to 0.
+	Attempts int
+	// NextAttemptAt is when a pending event is due: its enqueue time, or
+	// its retry's backoff.
 	NextAttemptAt time.Time
-	LockedBy      *uuid.UUID
-	LockedUntil   *time.Time
-	LastError     *string
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// LockedBy and LockedUntil are the worker holding the lease of a
+	// processing event and the lease's end; nil otherwise.
+	LockedBy    *uuid.UUID
+	LockedUntil *time.Time
+	// LastError is the last failed publish's error (sanitised, see
+	// SanitizeError); nil when none failed. A replay keeps it.
+	LastError *string
+	// CreatedAt is the enqueue time by the database's clock (now(): the
+	// start of the producer's transaction).
+	CreatedAt time.Time
+	// UpdatedAt is when the event last changed: its last claim, outcome
+	// or operator action.
+	UpdatedAt time.Time
 	// Headers as enqueued; nil when there are none, or when the database
 	// role may not read payloads (the reader role).
 	Headers map[string]string
@@ -148,8 +175,10 @@ type BlockedKey struct {
 	Head         uuid.UUID
 	HeadSequence int64
 	// Waiting counts the key's later events that are pending or leased.
-	Waiting   int64
+	Waiting int64
+	// LastError is the error the head died with.
 	LastError string
+	// DeadSince is when the head died.
 	DeadSince time.Time
 }
 
@@ -194,12 +223,25 @@ func (a *Admin) SkipHead(ctx context.Context, by string, id uuid.UUID) error {
 	}
 	ok, err := a.c.store.SkipHead(ctx, id, sanitizeError(by, replayByMaxLen))
 	if err != nil {
-		return a.wrapErr(err, "skip head %s", id)
+		return a.wrapWriteErr(err, "skip head %s", id)
 	}
-	if !ok {
-		return fmt.Errorf("%w: %s is not the dead head of an ordering key (a dead event before it must be skipped first; see BlockedKeys)", ErrNotFound, id)
+	if ok {
+		return nil
 	}
-	return nil
+	// Why not, read afterwards for the message only (it may have changed
+	// since; the skip changed nothing either way).
+	ev, err := a.Get(ctx, id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return fmt.Errorf("%w: SkipHead: no event has id %s", ErrNotFound, id)
+	case err == nil && ev.Status != StatusDead:
+		return fmt.Errorf("%w: SkipHead: event %s is %s, not dead; only a dead event holds its ordering key back", ErrNotFound, id, ev.Status)
+	case err == nil && ev.OrderingKey == "":
+		return fmt.Errorf("%w: SkipHead: event %s has no ordering key, so it holds nothing back; use PurgeDead or ReplayDead for it",
+			ErrNotFound, id)
+	}
+	return fmt.Errorf("%w: SkipHead: event %s is not the dead head of its ordering key: it was skipped already, or a dead event "+
+		"before it must be skipped first (see BlockedKeys)", ErrNotFound, id)
 }
 
 // Get returns one event by id, or an error matching ErrNotFound.
@@ -480,7 +522,7 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 	}
 	replayed, err := a.c.store.Replay(ctx, p)
 	if err != nil {
-		return nil, a.wrapErr(err, "replay dead")
+		return nil, a.wrapWriteErr(err, "replay dead")
 	}
 	return replayed, nil
 }
@@ -507,7 +549,7 @@ func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...
 	}
 	purged, err := a.c.store.PurgeDead(ctx, p)
 	if err != nil {
-		return nil, a.wrapErr(err, "purge dead")
+		return nil, a.wrapWriteErr(err, "purge dead")
 	}
 	return purged, nil
 }
@@ -563,7 +605,7 @@ func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...To
 	}
 	res, err := a.c.store.Purge(ctx, driver.PurgeParams{Topics: keys, Retention: retention, Limit: purgeBatch, Recorded: true})
 	if err != nil {
-		return res.Purged, a.wrapErr(err, "purge delivered")
+		return res.Purged, a.wrapWriteErr(err, "purge delivered")
 	}
 	return res.Purged, nil
 }

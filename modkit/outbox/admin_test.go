@@ -278,6 +278,9 @@ func TestListAndReplayDead(t *testing.T) {
 			t.Fatalf("event %d: %+v", i, e)
 		}
 	}
+	if err := c.Admin().SkipHead(ctx, "test", all[0].ID); !errors.Is(err, outbox.ErrNotFound) || !strings.Contains(err.Error(), "has no ordering key") {
+		t.Fatalf("SkipHead of a dead event without an ordering key: %v, want ErrNotFound saying it has no key", err)
+	}
 	byTenant, err := c.Admin().List(ctx, outbox.EventFilter{Status: outbox.StatusDead, TenantID: &tenant})
 	if err != nil || len(byTenant.Events) != 3 || byTenant.NextPage != "" {
 		t.Fatalf("tenant filter: %d events, %v", len(byTenant.Events), err)
@@ -285,8 +288,22 @@ func TestListAndReplayDead(t *testing.T) {
 	if page, err := c.Admin().List(ctx, outbox.EventFilter{Status: outbox.StatusDead, Namespace: "nope"}); err != nil || len(page.Events) != 0 {
 		t.Fatalf("namespace filter ignored: %d events, %v", len(page.Events), err)
 	}
-	if _, err := c.Admin().List(ctx, outbox.EventFilter{After: "garbage!"}); !errors.Is(err, outbox.ErrInvalidCursor) {
-		t.Fatalf("bad cursor: %v", err)
+	if _, err := c.Admin().List(ctx, outbox.EventFilter{After: "garbage!"}); !errors.Is(err, outbox.ErrInvalidCursor) || !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("bad cursor: %v, want ErrInvalidCursor matching ErrInvalidConfig", err)
+	}
+	// A bad cursor is a bad argument of the writes too (their refusals
+	// match ErrInvalidConfig, as documented), and changes nothing.
+	for name, call := range map[string]func(outbox.EventFilter) ([]uuid.UUID, error){
+		"ReplayDead": func(f outbox.EventFilter) ([]uuid.UUID, error) { return c.Admin().ReplayDead(ctx, "test", f) },
+		"PurgeDead":  func(f outbox.EventFilter) ([]uuid.UUID, error) { return c.Admin().PurgeDead(ctx, "test", f) },
+	} {
+		if ids, err := call(outbox.EventFilter{Status: outbox.StatusDead, After: "garbage!"}); !errors.Is(err, outbox.ErrInvalidConfig) ||
+			!errors.Is(err, outbox.ErrInvalidCursor) || len(ids) != 0 {
+			t.Fatalf("%s with a bad cursor: %v, %v; want ErrInvalidConfig and ErrInvalidCursor", name, ids, err)
+		}
+	}
+	if page, err := c.Admin().List(ctx, outbox.EventFilter{Status: outbox.StatusDead}); err != nil || len(page.Events) == 0 {
+		t.Fatalf("dead events after the refused calls: %d, %v", len(page.Events), err)
 	}
 	for _, limit := range []int{-1, 1001, 5000} {
 		if _, err := c.Admin().List(ctx, outbox.EventFilter{Limit: limit}); !errors.Is(err, outbox.ErrInvalidConfig) {

@@ -46,7 +46,9 @@ type Config struct {
 	// a database-wide lock from just before its commit until after it, so
 	// notifying commits are serialised; a busy producer therefore announces
 	// a burst once rather than per event, and a woken dispatcher keeps
-	// re-checking for DispatcherConfig.WakeWindow (which must exceed this).
+	// re-checking for DispatcherConfig.WakeWindow (which must exceed this,
+	// or events may wait for the dispatcher's poll; NewDispatcher warns
+	// when its client's NotifyInterval is not below it).
 	// Events of a transaction that commits long after its enqueue, or after
 	// a rolled-back transaction took the NOTIFY slot, may wait for the
 	// dispatcher's poll (an enqueue that failed, or found only duplicates,
@@ -458,6 +460,7 @@ const (
 	roleProducer   = "modkit_outbox_producer"
 	roleDispatcher = "modkit_outbox_dispatcher"
 	roleReaders    = "modkit_outbox_reader (to read) or modkit_outbox_operator (to read, replay, purge and skip)"
+	roleOperator   = "modkit_outbox_operator (the reader role may only read)"
 )
 
 // fatalHint says what to check about an error the driver calls fatal, for

@@ -415,6 +415,12 @@ func (d *Dispatcher) record(r result, o Outcome) {
 	}
 }
 
+// errHandlerEndedTx is the failed attempt of a HandleTx that committed or
+// rolled back its transaction itself.
+var errHandlerEndedTx = errors.New("outbox: HandleTx committed or rolled back tx itself, so the event could not be marked " +
+	"delivered in it: leave tx open and return; the dispatcher commits it with the delivered mark when HandleTx returns nil " +
+	"(and rolls it back when it returns an error)")
+
 // handleTx runs a transactional handler and the fenced delivered mark in
 // one transaction. A lost lease rolls the handler's writes back. An outcome
 // recorded this way (or refused for its lease) is an outcome write that
@@ -424,15 +430,26 @@ func (d *Dispatcher) record(r result, o Outcome) {
 func (d *Dispatcher) handleTx(ctx context.Context, p *Publisher, m Delivery, exited func(error)) (resultKind, error) {
 	kind := published
 	err := d.callSafely(p, m, exited, func() error {
-		return d.c.store.InTx(ctx, func(ctx context.Context, tx any) error {
-			if err := p.HandleTx(ctx, tx.(pgx.Tx), m); err != nil {
-				return err
+		var handlerErr error
+		err := d.c.store.InTx(ctx, func(ctx context.Context, tx any) error {
+			if handlerErr = p.HandleTx(ctx, tx.(pgx.Tx), m); handlerErr != nil {
+				return handlerErr
 			}
 			// Fails with driver.ErrLeaseLost (and aborts the
 			// transaction) when the lease is no longer ours.
 			_, err := d.c.store.Complete(ctx, tx, d.cfg.WorkerID, []driver.Outcome{{ID: m.ID, LeaseToken: m.leaseToken, Kind: deliveredKind(p)}})
 			return err
 		})
+		if errors.Is(err, pgx.ErrTxClosed) && !errors.Is(handlerErr, pgx.ErrTxClosed) {
+			// The handler ended the transaction: say so in its terms (the
+			// store's InTx blamed "the function" of an InTx it never
+			// called).
+			if handlerErr != nil {
+				return fmt.Errorf("%w (and the handler committed or rolled back tx itself first: what it committed stays)", handlerErr)
+			}
+			return errHandlerEndedTx
+		}
+		return err
 	})
 	switch {
 	case err == nil:

@@ -86,7 +86,8 @@ type DispatcherConfig struct {
 	// WakeWindow: after a wake-up, and after any claim that found events,
 	// the dispatcher keeps re-checking for this long, because producers
 	// announce a burst with one NOTIFY per Config.NotifyInterval rather
-	// than one per event. Keep it above the producers' NotifyInterval.
+	// than one per event. Keep it above the producers' NotifyInterval
+	// (NewDispatcher warns when it is not above its own client's).
 	// Default 50ms.
 	WakeWindow time.Duration
 	// WakeRecheck is the first re-check interval inside the wake window; it
@@ -270,11 +271,20 @@ func (c *Client) NewDispatcher(cfg DispatcherConfig, pubs ...Publisher) (*Dispat
 	d := &Dispatcher{c: c, cfg: cfg, reg: reg}
 	d.log = cfg.Logger.With("component", "outbox-dispatcher", "worker_id", cfg.WorkerID.String())
 	d.warnSmallPool()
+	if !cfg.PollOnly && !c.cfg.DisableNotify && cfg.WakeWindow <= c.cfg.NotifyInterval {
+		// Events of a burst enqueued after its NOTIFY would wait for the
+		// poll. Only this client's setting is known here; producers in
+		// other processes have their own.
+		d.log.Warn(fmt.Sprintf("DispatcherConfig.WakeWindow (%v) is not above this client's Config.NotifyInterval (%v): events "+
+			"enqueued in a burst after its NOTIFY may wait for the poll (PollInterval %v); raise WakeWindow above the producers' NotifyInterval",
+			cfg.WakeWindow, c.cfg.NotifyInterval, cfg.PollInterval))
+	}
 	if d.metrics, err = newMetrics(d); err != nil {
 		return nil, err
 	}
 	d.task, err = lifecycle.New(lifecycle.Config{
 		Name: "outbox-dispatcher", AwaitReady: true, StopTimeout: cfg.StopTimeout, Logger: cfg.Logger,
+		NotReadyCause: d.lastClaimErr,
 	}, d.run)
 	if err != nil {
 		return nil, err
@@ -338,6 +348,17 @@ func (d *Dispatcher) abandonGrace() time.Duration {
 	return min(d.cfg.LeaseHeadroom/4, time.Second)
 }
 
+// lastClaimErr is the error of the last claim while claims fail (nil after
+// a success), for Start's error when it gives up waiting.
+func (d *Dispatcher) lastClaimErr() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.claimErr == nil {
+		return nil
+	}
+	return fmt.Errorf("the last claim failed: %w", d.claimErr)
+}
+
 // Config returns the configuration in force, defaults filled in.
 func (d *Dispatcher) Config() DispatcherConfig { return d.cfg }
 
@@ -351,7 +372,7 @@ func (d *Dispatcher) Task() *lifecycle.Task { return d.task }
 // schema not migrated, missing privileges, a database that does not exist,
 // a login the server refuses (a password being rotated included: start
 // again once it works). A server that cannot be reached is retried until
-// ctx ends; give ctx a deadline. Once ready, every database error is
+// ctx ends (give ctx a deadline); the error then includes the last claim's. Once ready, every database error is
 // retried. Starting a running dispatcher is an error; a stopped one can be
 // started again.
 func (d *Dispatcher) Start(ctx context.Context) error { return d.task.Start(ctx) }

@@ -552,6 +552,38 @@ func TestNewDispatcherWarnsOfASmallPoolForHandleTx(t *testing.T) {
 	}
 }
 
+// A WakeWindow not above the client's NotifyInterval draws a warning (the
+// docs said it must exceed it, and nothing said so when it did not).
+func TestNewDispatcherWarnsOfAWakeWindowBelowNotifyInterval(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	for _, tc := range []struct {
+		name   string
+		client outbox.Config
+		cfg    outbox.DispatcherConfig
+		warns  bool
+	}{
+		{"defaults", outbox.Config{}, outbox.DispatcherConfig{}, false},
+		{"NotifyInterval 100ms, WakeWindow default", outbox.Config{NotifyInterval: 100 * time.Millisecond}, outbox.DispatcherConfig{}, true},
+		{"NotifyInterval 100ms, WakeWindow 200ms", outbox.Config{NotifyInterval: 100 * time.Millisecond},
+			outbox.DispatcherConfig{WakeWindow: 200 * time.Millisecond}, false},
+		{"NotifyInterval 100ms, DisableNotify", outbox.Config{NotifyInterval: 100 * time.Millisecond, DisableNotify: true},
+			outbox.DispatcherConfig{}, false},
+		{"NotifyInterval 100ms, PollOnly", outbox.Config{NotifyInterval: 100 * time.Millisecond}, outbox.DispatcherConfig{PollOnly: true}, false},
+	} {
+		logs := newLogCapture(slog.LevelWarn)
+		tc.cfg.Logger = logs.logger()
+		if _, err := clientOn(t, tdb.Provider.Pool, tc.client).NewDispatcher(tc.cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish}); err != nil {
+			t.Fatal(err)
+		}
+		warned := slices.ContainsFunc(logs.records(), func(r logRecord) bool {
+			return strings.Contains(r.Msg, "is not above this client's Config.NotifyInterval")
+		})
+		if warned != tc.warns {
+			t.Errorf("%s: warned %v, want %v (log: %v)", tc.name, warned, tc.warns, logs.records())
+		}
+	}
+}
+
 // A StopTimeout as long as a time.Duration holds ("wait as long as it
 // takes") gives in-flight publishes all that time; the stages' arithmetic
 // does not overflow into a stop that cancels them at once.
@@ -692,6 +724,40 @@ func TestTransactionalHandler(t *testing.T) {
 		}
 		if n != 1 {
 			t.Fatalf("event %s consumed %d times, want exactly once", id, n)
+		}
+	}
+}
+
+// A HandleTx that ends its transaction itself fails its attempt with an
+// error saying so in HandleTx's terms; it blamed "the function" of an InTx
+// the user never called. The next attempt, which leaves tx open, delivers.
+func TestHandleTxThatEndsItsTransaction(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	ids := enqueueN(t, client, tdb.Provider.Pool, 2)
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic,
+		HandleTx: func(ctx context.Context, tx pgx.Tx, d outbox.Delivery) error {
+			switch {
+			case d.Attempt > 1:
+				return nil
+			case d.ID == ids[0]:
+				return tx.Commit(ctx)
+			default:
+				if err := tx.Rollback(ctx); err != nil {
+					return err
+				}
+				return errors.New("handler failed")
+			}
+		}})
+	var byID map[uuid.UUID][]outbox.Outcome
+	log.waitFor(t, "both delivered on their second attempt", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		byID = maps.Clone(m)
+		return finalCount(outbox.StatusDelivered, 2)(m)
+	})
+	for i, want := range []string{"HandleTx committed or rolled back tx itself", "handler failed (and the handler committed or rolled back tx itself first"} {
+		outs := byID[ids[i]]
+		if len(outs) != 2 || outs[0].Status != outbox.StatusPending || !strings.Contains(outs[0].Error, want) || strings.Contains(outs[0].Error, "InTx") {
+			t.Fatalf("event %d: outcomes %+v; want a retry whose error says %q and does not name InTx", i, outs, want)
 		}
 	}
 }
@@ -989,6 +1055,50 @@ func TestRecheckBesideAHungryLane(t *testing.T) {
 	wait(delivered, "the first idle event")
 	enqueueTopic(t, producer, pool, idle, 1) // within NotifyInterval: not announced
 	wait(delivered, "the second idle event (found by a re-check)")
+}
+
+// A server that cannot be reached is retried until Start's context ends;
+// Start's error then carries the last claim's error, which says why (it
+// said only that the context ended, the cause being in Health and the log).
+func TestDispatcherStartOnAnUnreachableServerSaysWhy(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	cfg := tdb.Provider.Pool.Config().Copy()
+	cfg.ConnConfig.Host = t.TempDir() // a socket directory with no server
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	d, err := clientOn(t, pool, outbox.Config{}).NewDispatcher(outbox.DispatcherConfig{Logger: quietLog},
+		outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Start's context ends once a claim has failed.
+	startCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // polls Health; the guard ends a hang, and the assertion below fails
+		defer cancel()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		hang := time.After(guard)
+		for d.Health().ClaimError == nil {
+			select {
+			case <-tick.C:
+			case <-hang:
+				return
+			}
+		}
+	}()
+	err = d.Start(startCtx)
+	var connErr *pgconn.ConnectError
+	if !errors.Is(err, context.Canceled) || !errors.As(err, &connErr) || !strings.Contains(err.Error(), "the last claim failed") {
+		t.Fatalf("start: %v; want the start's end and the last claim's connect error", err)
+	}
+	if err := d.Stop(ctx); err != nil {
+		t.Fatalf("stop after the failed start: %v", err)
+	}
 }
 
 // A pool whose database does not exist (or whose login the server refuses)

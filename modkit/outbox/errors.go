@@ -14,8 +14,9 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // The specific validation failures; each also matches ErrInvalidMessage.
 var (
-	// ErrInvalidNamespace: Namespace is empty, too long or has characters
-	// outside lower-case ASCII letters, digits, '.', '_' and '-'.
+	// ErrInvalidNamespace: Namespace is empty, longer than 128 bytes, has
+	// characters outside lower-case ASCII letters, digits, '.', '_' and
+	// '-', or does not start with a letter or digit.
 	ErrInvalidNamespace = errors.New("outbox: invalid namespace")
 	// ErrInvalidTopic: Topic breaks the same rule as a namespace.
 	ErrInvalidTopic = errors.New("outbox: invalid topic")
@@ -32,9 +33,12 @@ var (
 	// ErrInvalidOrderingKey: the key is blank, longer than 256 bytes, not
 	// UTF-8 or holds a NUL byte.
 	ErrInvalidOrderingKey = errors.New("outbox: invalid ordering key")
-	// ErrInvalidHeaders: a header name is empty, too long or not a token
-	// of printable ASCII, a value is not UTF-8 or holds a NUL byte, or the
-	// headers exceed 64 entries or 16 KiB.
+	// ErrInvalidHeaders: a header name is empty, too long, or has a
+	// character that is not printable ASCII or is a space (other
+	// punctuation, such as ':' or '/', is allowed here, though a broker
+	// adapter may refuse it: see the README's adapter table), a value is
+	// not UTF-8 or holds a NUL byte, or the headers exceed 64 entries or
+	// 16 KiB.
 	ErrInvalidHeaders = errors.New("outbox: invalid headers")
 	// ErrInvalidTenant: TenantID is the nil UUID.
 	ErrInvalidTenant = errors.New("outbox: invalid tenant id")
@@ -86,8 +90,10 @@ var ErrNotFound = errors.New("outbox: event not found")
 // ErrInvalidCursor is returned by Admin.List (and by ReplayDead and
 // PurgeDead by filter) for an EventFilter.After, and by Admin.SettledPage
 // for a SettledQuery.After, that the same call did not produce (a List
-// cursor is not a SettledPage cursor, nor the reverse).
-var ErrInvalidCursor = errors.New("outbox: invalid page cursor: pass EventPage.NextPage unchanged")
+// cursor is not a SettledPage cursor, nor the reverse). It also matches
+// ErrInvalidConfig, as the Admin methods' other refusals of bad arguments
+// do.
+var ErrInvalidCursor = fmt.Errorf("%w: invalid page cursor: pass EventPage.NextPage unchanged", ErrInvalidConfig)
 
 // ErrLeaseLost: an outcome was not recorded because the event is no longer
 // leased to this dispatcher under the claim's token (the lease expired, and

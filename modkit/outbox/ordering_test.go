@@ -680,8 +680,14 @@ func TestDeadHeadBlocksItsKey(t *testing.T) {
 	if err := client.Admin().SkipHead(ctx, "alice", ids["a"][0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := client.Admin().SkipHead(ctx, "alice", ids["b"][0]); !errors.Is(err, outbox.ErrNotFound) {
-		t.Fatalf("skipping a delivered event: %v, want ErrNotFound", err)
+	if err := client.Admin().SkipHead(ctx, "alice", ids["b"][0]); !errors.Is(err, outbox.ErrNotFound) || !strings.Contains(err.Error(), "is delivered, not dead") {
+		t.Fatalf("skipping a delivered event: %v, want ErrNotFound saying it is delivered", err)
+	}
+	if err := client.Admin().SkipHead(ctx, "alice", uuid.New()); !errors.Is(err, outbox.ErrNotFound) || !strings.Contains(err.Error(), "no event has id") {
+		t.Fatalf("skipping an unknown id: %v, want ErrNotFound saying no event has it", err)
+	}
+	if err := client.Admin().SkipHead(ctx, "alice", ids["a"][0]); !errors.Is(err, outbox.ErrNotFound) || !strings.Contains(err.Error(), "skipped already") {
+		t.Fatalf("skipping a skipped head again: %v, want ErrNotFound", err)
 	}
 	poison.Delete(ids["c"][0])
 	if _, err := client.Admin().ReplayDead(ctx, "bob", outbox.EventFilter{}, ids["c"][0]); err != nil {
@@ -737,7 +743,7 @@ func TestSkipHeadOnlyTheKeysHead(t *testing.T) {
 		}
 	}
 	heads(ids[0])
-	if err := admin.SkipHead(ctx, "alice", ids[1]); !errors.Is(err, outbox.ErrNotFound) {
+	if err := admin.SkipHead(ctx, "alice", ids[1]); !errors.Is(err, outbox.ErrNotFound) || !strings.Contains(err.Error(), "must be skipped first") {
 		t.Fatalf("skipping the dead event behind the key's dead head: %v, want ErrNotFound", err)
 	}
 	if h, err := admin.History(ctx, ids[1]); err != nil || len(h) != 0 {

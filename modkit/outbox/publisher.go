@@ -23,6 +23,9 @@ type Topic struct {
 	Topic     string
 }
 
+// String returns "namespace/topic", as errors, logs and the dashboard
+// write a topic. (The database, notifications, span names and the keys of
+// Admin.Unserved's and Backlog's topics write "namespace:topic".)
 func (t Topic) String() string { return t.Namespace + "/" + t.Topic }
 
 // compareTopics orders topics by namespace, then topic, byte by byte.

@@ -93,7 +93,8 @@ func TestEnqueueInFailedTransactionSaysRollBack(t *testing.T) {
 // A login role refused a privilege (SQLSTATE 42501, still matched by
 // errors.As) is told which outbox role to grant it: the producer role for
 // an enqueue, the dispatcher role for a dispatcher's start, the reader or
-// operator role for Admin. The hints asked whether the role "may read and
+// operator role for Admin's reads, the operator role for its writes. The
+// hints asked whether the role "may read and
 // write the outbox tables", which the outbox's roles never may.
 func TestPrivilegeErrorsNameTheRoleToGrant(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{})
@@ -113,6 +114,14 @@ func TestPrivilegeErrorsNameTheRoleToGrant(t *testing.T) {
 	producer := clientOn(t, tdb.LoginAs(t, "modkit_outbox_producer"), outbox.Config{Logger: quietLog})
 	_, err = producer.Admin().Stats(ctx)
 	want("stats by the producer role", err, "modkit_outbox_reader")
+
+	// The reader may read; a write it tries names the operator role only.
+	reader := clientOn(t, tdb.LoginAs(t, "modkit_outbox_reader"), outbox.Config{Logger: quietLog})
+	_, err = reader.Admin().ReplayDead(ctx, "test", outbox.EventFilter{Status: outbox.StatusDead})
+	want("a replay by the reader role", err, "modkit_outbox_operator")
+	if err != nil && strings.Contains(err.Error(), "modkit_outbox_reader (to read)") {
+		t.Errorf("a replay by the reader role: %v; it suggests the reader role, which the login has", err)
+	}
 
 	cfg := testConfig(newOutcomeLog())
 	d, err := producer.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})

@@ -23,7 +23,7 @@ import (
 // check them with c.Admin(). Other topics' events are left alone.
 //
 // It looks again after each outcome its dispatcher records, and every
-// drainRecheck besides, for events that another dispatcher (the module's
+// 100ms besides, for events that another dispatcher (the module's
 // own, in an fx test) or the sweeper settles. It fails t if the dispatcher
 // cannot start or the topics are not drained within WaitTimeout, naming
 // some of the events left and their last errors. Two kinds of event keep a topic from draining, so a

@@ -2,6 +2,7 @@ package outboxtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -48,8 +49,11 @@ type DB struct {
 func NewDB(t TB) *DB {
 	t.Helper()
 	d, err := pgtest.Open()
+	if errors.Is(err, pgtest.ErrNoMain) {
+		t.Fatalf("outboxtest: NewDB needs outboxtest.Main: add func TestMain(m *testing.M) { outboxtest.Main(m) } to the package's tests")
+	}
 	if err != nil {
-		t.Fatalf("outboxtest: %v (is outboxtest.Main(m) called from TestMain?)", err)
+		t.Fatalf("outboxtest: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := d.Close(); err != nil {

@@ -245,7 +245,11 @@ func checkTopic(t TB, what string, topic outbox.Topic) {
 // would blame the code under test for the test's typo.
 func checkMatchers(t TB, match []Matcher) {
 	t.Helper()
-	for _, m := range match {
+	for i, m := range match {
+		if m.match == nil {
+			fatal(t, "matcher %d is the zero outboxtest.Matcher, which matches nothing: build it with Payload, PayloadJSON, "+
+				"PayloadWhere, DedupeKey or Tenant", i)
+		}
 		if m.bad != "" {
 			fatal(t, "matcher %s: %s", m.desc, m.bad)
 		}

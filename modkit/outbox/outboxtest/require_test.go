@@ -297,3 +297,21 @@ func TestHelpersRefuseANilClient(t *testing.T) {
 		}
 	}
 }
+
+// The zero Matcher fails the assertion, saying how to build one: it
+// crashed the test binary with a nil pointer dereference.
+func TestHelpersRefuseTheZeroMatcher(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueue(t, c, pool, placed, `{"id":"o-1"}`)
+	for name, helper := range map[string]func(outboxtest.TB){
+		"RequireEnqueued":      func(t outboxtest.TB) { outboxtest.RequireEnqueued(t, c, placed, outboxtest.Matcher{}) },
+		"RequireEnqueuedTx":    func(t outboxtest.TB) { outboxtest.RequireEnqueuedTx(t, c, pool, placed, outboxtest.Matcher{}) },
+		"RequireNotEnqueued":   func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Matcher{}) },
+		"RequireNotEnqueuedTx": func(t outboxtest.TB) { outboxtest.RequireNotEnqueuedTx(t, c, pool, placed, outboxtest.Matcher{}) },
+	} {
+		if msg := failure(t, helper); !strings.Contains(msg, "zero outboxtest.Matcher") {
+			t.Errorf("%s with the zero Matcher: failed with %q; want it to say the matcher is the zero value", name, msg)
+		}
+	}
+}

@@ -105,13 +105,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
-// TokenMinLen is the shortest operator token New accepts.
+// TokenMinLen is the shortest operator token New accepts, in characters.
 const TokenMinLen = 16
 
 // ErrWeakToken is returned by New for an operator token shorter than
@@ -206,7 +207,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	if admin == nil {
 		return nil, errors.New("outboxui: New needs the Admin of an outbox client (client.Admin())")
 	}
-	if opts.OperatorToken != "" && len(opts.OperatorToken) < TokenMinLen {
+	if opts.OperatorToken != "" && utf8.RuneCountInString(opts.OperatorToken) < TokenMinLen { // characters, as documented, not bytes
 		return nil, ErrWeakToken
 	}
 	if opts.SigningKey != nil && len(opts.SigningKey) < SigningKeyMinLen {

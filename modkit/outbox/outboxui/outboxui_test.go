@@ -400,6 +400,10 @@ func TestDashboardGuards(t *testing.T) {
 	if _, err := outboxui.New(w.client.Admin(), outboxui.Options{OperatorToken: "short"}); !errors.Is(err, outboxui.ErrWeakToken) || !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("short token: %v, want ErrWeakToken matching outbox.ErrInvalidConfig", err)
 	}
+	// Characters count, not bytes: 9 characters of 2 bytes each are short.
+	if _, err := outboxui.New(w.client.Admin(), outboxui.Options{OperatorToken: "ééééééééé"}); !errors.Is(err, outboxui.ErrWeakToken) {
+		t.Fatalf("a token of 9 two-byte characters: %v, want ErrWeakToken", err)
+	}
 	if _, err := outboxui.New(nil, outboxui.Options{}); err == nil {
 		t.Fatal("New(nil) accepted")
 	}
