@@ -83,11 +83,13 @@ func ownTx(t *testing.T, tdb *pgtest.DB) pgx.Tx {
 	return tx
 }
 
-// A claim's update of an event, and an outcome that puts it back to pending
-// (a retry), are heap-only (HOT): no index reads a column they change, and
-// pages keep room for the new versions (migration 0014). A delivery is not:
-// the event leaves the claim index for the settled index.
-func TestClaimAndRetryAreHeapOnlyUpdates(t *testing.T) {
+// A claim's update of an event is heap-only (HOT): no index reads a column
+// it changes, and pages keep room for the new versions (migration 0014). A
+// delivery is not: the event leaves the claim index for the settled index.
+// Nor, since migration 0038, is a retry: the claim index reads
+// next_attempt_at, so that claims pass over waiting retries without reading
+// their rows (TestClaimPassesOverWaitingRetries).
+func TestClaimIsAHeapOnlyUpdate(t *testing.T) {
 	s, tdb := newStore(t)
 	if _, err := s.Insert(ctx, tdb.Provider.Pool, rows(100, "test", "events"), nil); err != nil {
 		t.Fatal(err)
@@ -143,9 +145,53 @@ func TestClaimAndRetryAreHeapOnlyUpdates(t *testing.T) {
 		t.Fatalf("settled %d of %d: %v", settled, claimed, err)
 	}
 	all, hot := updates()
-	if all != 2*claimed || hot != claimed+claimed/2 {
-		t.Fatalf("after %d retries and %d deliveries: %d updates, %d HOT; want %d and %d (the claim's and the retries')",
-			claimed/2, claimed/2, all, hot, 2*claimed, claimed+claimed/2)
+	if all != 2*claimed || hot != claimed {
+		t.Fatalf("after %d retries and %d deliveries: %d updates, %d HOT; want %d and %d (the claim's only)",
+			claimed/2, claimed/2, all, hot, 2*claimed, claimed)
+	}
+}
+
+// A claim passes over the events waiting for their retries inside the
+// claim index, reading neither their entries' rows nor counting them among
+// what it read (migration 0038): it read every one of them, so that a topic
+// whose retries piled up (a downstream outage) slowed every claim of every
+// topic in proportion (a trial: 40,000 waiting events, claims of 49,397
+// entries each, p50 from commit to publish 86 ms against 5.7 ms).
+func TestClaimPassesOverWaitingRetries(t *testing.T) {
+	for name, chains := range map[string][]int32{"without chains": nil, "with chains": {10}} {
+		t.Run(name, func(t *testing.T) { claimPassesOverWaitingRetries(t, chains) })
+	}
+}
+
+func claimPassesOverWaitingRetries(t *testing.T, chains []int32) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	const waiting, due = 2000, 5
+	if _, err := s.Insert(ctx, pool, rows(waiting, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	// As a retry's outcome leaves them: pending, due in an hour.
+	mustExec(t, pool, "UPDATE modkit_outbox_events SET attempts = 1, next_attempt_at = now() + interval '1 hour'")
+	if _, err := s.Insert(ctx, pool, rows(due, "test", "events"), nil); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, "VACUUM ANALYZE modkit_outbox_events")
+	tx := ownTx(t, tdb)
+	// The claim with chains plans each call for its arguments, and on a
+	// table this small may read it whole rather than walk an index (as it
+	// did before 0038); what is checked here is the walk.
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+		t.Fatal(err)
+	}
+	var claimed int64
+	err := tx.QueryRow(ctx, `SELECT count(*) FROM modkit_outbox_claim_chained($1, $2, 100, 3, '1 minute', NULL, $3)`,
+		uuid.New(), []string{topic}, chains).Scan(&claimed)
+	if err != nil || claimed != due {
+		t.Fatalf("claimed %d of the %d due events: %v", claimed, due, err)
+	}
+	if read := tableReads(t, tx, "modkit_outbox_events"); read > 10*due {
+		t.Fatalf("the claim of %d due events behind %d waiting retries read %d rows and index entries; want a few per claimed event",
+			due, waiting, read)
 	}
 }
 
