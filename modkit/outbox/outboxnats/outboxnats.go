@@ -12,7 +12,7 @@
 //
 // # Example
 //
-//	nc, _ := nats.Connect(url, nats.MaxReconnects(-1), nats.FlusherTimeout(5*time.Second))
+//	nc, _ := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectBufSize(-1), nats.FlusherTimeout(5*time.Second))
 //	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 //	pub, _ := outboxnats.New(js, outboxnats.Config{})
 //	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
@@ -40,6 +40,18 @@
 // publish then fails, and every event is dead-lettered after its attempts,
 // until the process restarts. New therefore refuses a connection that
 // would give up within an hour; connect with nats.MaxReconnects(-1).
+//
+// While the connection is down (reconnecting, or not connected yet with
+// nats.RetryOnFailedConnect), Publish sends nothing and fails at once with
+// ErrNotConnected, to retry. nats.go would otherwise keep the message in
+// its reconnect buffer (nats.ReconnectBufSize, 8 MB by default) and send
+// it once reconnected, whatever had become of the attempt meanwhile: timed
+// out and retried, or dead-lettered and purged as an event that must never
+// be published. A publish made just as the connection drops can still
+// land in that buffer and be sent later, like a publish whose ack was
+// lost; connect with nats.ReconnectBufSize(-1) to have nats.go refuse it
+// instead (it then refuses every publish on the connection while
+// reconnecting, which matters only to other users of the connection).
 //
 // nats.go writes to the socket without the publish's context: once its
 // buffer is full, a publish (and every other one on the connection) waits
@@ -110,6 +122,12 @@ const (
 // permanent.
 var ErrNotAcknowledged = errors.New("outboxnats: message not acknowledged by JetStream")
 
+// ErrNotConnected is returned (wrapped) when a publish found the NATS
+// connection down (reconnecting, not connected yet, draining or closed):
+// nothing was sent, and the publish is retried. The error names the
+// connection's status.
+var ErrNotConnected = errors.New("the NATS connection is down")
+
 // HeaderError is an event header that NATS cannot carry unchanged: a name
 // it refuses, or a value it would alter. Publish returns it wrapped in
 // outbox.Permanent without sending the message.
@@ -173,6 +191,7 @@ func isJetStreamHeader(name string) bool {
 // done.
 type Publisher struct {
 	js      jetstream.JetStream
+	nc      *nats.Conn // js's connection; nil if js does not tell
 	subject func(outbox.Delivery) string
 }
 
@@ -198,7 +217,7 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 	if cfg.Subject == nil {
 		cfg.Subject = DefaultSubject
 	}
-	return &Publisher{js: js, subject: cfg.Subject}, nil
+	return &Publisher{js: js, nc: js.Conn(), subject: cfg.Subject}, nil
 }
 
 // minReconnecting is how long a connection must keep trying to reconnect
@@ -246,15 +265,23 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	if err := ctx.Err(); err != nil { // a stopping dispatcher's: nothing to send
 		return fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, m.Subject, context.Cause(ctx))
 	}
+	// Not connected, nats.go would queue the message in its reconnect
+	// buffer and send it once reconnected, whatever became of this attempt
+	// meanwhile (timed out, retried, dead-lettered, purged): send nothing.
+	if p.nc != nil {
+		if st := p.nc.Status(); st != nats.CONNECTED {
+			return notConnected(m.Subject, st)
+		}
+	}
 	fut, err := p.js.PublishMsgAsync(m)
 	if err != nil {
-		return classify(m.Subject, err)
+		return p.classify(m.Subject, err)
 	}
 	select {
 	case <-fut.Ok():
 		return nil
 	case err := <-fut.Err():
-		return classify(m.Subject, err)
+		return p.classify(m.Subject, err)
 	case <-ctx.Done():
 		return fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, m.Subject, context.Cause(ctx))
 	}
@@ -272,7 +299,24 @@ func publishableSubject(s string) bool {
 	return true
 }
 
-func classify(subject string, err error) error {
+// notConnected is the error of a publish not sent because the connection's
+// status is st, not CONNECTED.
+func notConnected(subject string, st nats.Status) error {
+	var what string
+	switch st {
+	case nats.CLOSED:
+		what = "a closed connection never publishes again: close it only after the dispatcher has stopped"
+	case nats.DRAINING_SUBS, nats.DRAINING_PUBS:
+		what = "a draining connection is closing: drain it only after the dispatcher has stopped"
+	default:
+		what = "the attempt is retried after its backoff; check that the NATS server is up and reachable"
+	}
+	return fmt.Errorf("outboxnats: subject %q: %w (status %s): nothing was sent; %s", subject, ErrNotConnected, st, what)
+}
+
+// classify wraps the error of a message sent (or refused by nats.go) on
+// subject: permanent when no retry can change it.
+func (p *Publisher) classify(subject string, err error) error {
 	if errors.Is(err, jetstream.ErrNoStreamResponse) {
 		// The server answers "no responders" when no stream's subjects
 		// take the subject; retried, as the stream may be created.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -464,5 +466,103 @@ func TestPublishWithEndedContextSendsNothing(t *testing.T) {
 	}
 	if msgs := readAll(t, js, s); len(msgs) != 1 || msgs[0].Headers().Get(outboxnats.HeaderMsgID) != d2.ID.String() {
 		t.Fatalf("the stream holds %d message(s); want only the second publish", len(msgs))
+	}
+}
+
+// waitStatus receives from ch, a nc.StatusChanged channel, until want.
+func waitStatus(t *testing.T, ch chan nats.Status, want nats.Status) {
+	t.Helper()
+	failsafe := time.After(time.Minute) // a hang's bound, not a timing assertion
+	for {
+		select {
+		case st := <-ch:
+			if st == want {
+				return
+			}
+		case <-failsafe:
+			t.Fatalf("the connection never became %s", want)
+		}
+	}
+}
+
+// A publish while the connection is down sends nothing: it fails at once
+// with ErrNotConnected, to retry, and the stream does not hold the event
+// once the server is back. nats.go used to queue it in its reconnect
+// buffer and send it on reconnecting, after the attempt had failed on an
+// ack timeout, or after the event had been dead-lettered and purged.
+func TestPublishWhileDisconnectedSendsNothing(t *testing.T) {
+	dir := t.TempDir()
+	srv := startServer(t, func(o *server.Options) { o.StoreDir = dir })
+	port := srv.Addr().(*net.TCPAddr).Port
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	status := nc.StatusChanged(nats.RECONNECTING, nats.CONNECTED)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// On disk, to outlive the server's restart.
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: streamName, Subjects: []string{"test.>"}, Storage: jetstream.FileStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, js, outboxnats.Config{})
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Attempt: 1}
+	if err := p.Publish(ctx, d); err != nil { // the async reply subscription is made, as in a running dispatcher
+		t.Fatal(err)
+	}
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	waitStatus(t, status, nats.RECONNECTING)
+	lost := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Attempt: 1}
+	err = p.Publish(ctx, lost)
+	if !errors.Is(err, outboxnats.ErrNotConnected) || outbox.IsPermanent(err) ||
+		!strings.Contains(err.Error(), "RECONNECTING") || !strings.Contains(err.Error(), "nothing was sent") {
+		t.Errorf("publish while reconnecting: %v, want ErrNotConnected to retry, naming the status and saying nothing was sent", err)
+	}
+
+	startServer(t, func(o *server.Options) { o.StoreDir, o.Port = dir, port })
+	waitStatus(t, status, nats.CONNECTED)
+	// Acknowledged, this one is stored after anything the reconnect
+	// flushed before it on the same connection.
+	after := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Attempt: 1}
+	if err := p.Publish(ctx, after); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range readAll(t, js, stream) {
+		ids = append(ids, m.Headers().Get(outboxnats.HeaderMsgID))
+	}
+	if want := []string{d.ID.String(), after.ID.String()}; !slices.Equal(ids, want) {
+		t.Fatalf("the stream holds %v, want %v (the publish made while reconnecting is %s)", ids, want, lost.ID)
+	}
+}
+
+// A connection made with nats.RetryOnFailedConnect that has not connected
+// yet: a publish fails with ErrNotConnected, not with nats.go's "headers
+// not supported by this server" (it has no server INFO yet).
+func TestPublishBeforeFirstConnectSendsNothing(t *testing.T) {
+	srv := startServer(t)
+	url := srv.ClientURL()
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	nc, err := nats.Connect(url, nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, js, outboxnats.Config{})
+	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`), Attempt: 1})
+	if !errors.Is(err, outboxnats.ErrNotConnected) || outbox.IsPermanent(err) {
+		t.Fatalf("publish before the first connect: %v, want ErrNotConnected to retry", err)
 	}
 }
