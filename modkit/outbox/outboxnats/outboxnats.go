@@ -63,7 +63,9 @@
 // # Failures
 //
 // A subject no stream listens on, a full stream, a lost connection or a
-// missing ack are returned as errors to retry. A message over the server's
+// missing ack are returned as errors to retry; an error met while the
+// connection is down, or because it dropped, wraps ErrNotConnected and
+// says so. A message over the server's
 // maximum payload or its stream's maximum message size, or a subject that
 // NATS refuses, is returned wrapped in outbox.Permanent, since no retry
 // can change it. A subject with an empty token (the outbox's names may end
@@ -122,10 +124,11 @@ const (
 // permanent.
 var ErrNotAcknowledged = errors.New("outboxnats: message not acknowledged by JetStream")
 
-// ErrNotConnected is returned (wrapped) when a publish found the NATS
-// connection down (reconnecting, not connected yet, draining or closed):
-// nothing was sent, and the publish is retried. The error names the
-// connection's status.
+// ErrNotConnected is returned (wrapped) when the NATS connection is down
+// (reconnecting, not connected yet, draining or closed), to retry. Found
+// down before sending, Publish sends nothing; lost before JetStream's ack
+// came, the message may have been stored (the error then also wraps
+// ErrNotAcknowledged). The error names the connection's status.
 var ErrNotConnected = errors.New("the NATS connection is down")
 
 // HeaderError is an event header that NATS cannot carry unchanged: a name
@@ -314,6 +317,14 @@ func notConnected(subject string, st nats.Status) error {
 	return fmt.Errorf("outboxnats: subject %q: %w (status %s): nothing was sent; %s", subject, ErrNotConnected, st, what)
 }
 
+// status is the connection's status, CONNECTED if js does not tell.
+func (p *Publisher) status() nats.Status {
+	if p.nc == nil {
+		return nats.CONNECTED
+	}
+	return p.nc.Status()
+}
+
 // classify wraps the error of a message sent (or refused by nats.go) on
 // subject: permanent when no retry can change it.
 func (p *Publisher) classify(subject string, err error) error {
@@ -321,6 +332,14 @@ func (p *Publisher) classify(subject string, err error) error {
 		// The server answers "no responders" when no stream's subjects
 		// take the subject; retried, as the stream may be created.
 		err = fmt.Errorf("%w (does a stream capture this subject? check the streams' subjects, or Config.Subject)", err)
+	}
+	// An outage's errors ("server is disconnected", "outbound buffer limit
+	// exceeded", "timeout waiting for ack", …) say that it is one.
+	if st := p.status(); errors.Is(err, nats.ErrDisconnected) {
+		err = fmt.Errorf("%w (it dropped before JetStream's ack came, so the message may be stored, and JetStream drops "+
+			"the copy a retry sends within its duplicate window; status now %s): %w", ErrNotConnected, st, err)
+	} else if st != nats.CONNECTED {
+		err = fmt.Errorf("%w (status %s): %w", ErrNotConnected, st, err)
 	}
 	err = fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, subject, err)
 	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||

@@ -566,3 +566,36 @@ func TestPublishBeforeFirstConnectSendsNothing(t *testing.T) {
 		t.Fatalf("publish before the first connect: %v, want ErrNotConnected to retry", err)
 	}
 }
+
+// A publish whose ack was pending when the connection dropped fails with
+// an error, to retry, that says the connection is down (nats.go's own is
+// "server is disconnected").
+func TestAckLostToOutageSaysConnectionDown(t *testing.T) {
+	srv := startServer(t)
+	// A plain subscriber that never answers stands in for a stream whose
+	// ack the outage cuts off.
+	sub, err := nats.Connect(srv.ClientURL(), nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sub.Close)
+	received := make(chan struct{}, 1)
+	if _, err := sub.Subscribe("silent.events", func(*nats.Msg) { received <- struct{}{} }); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	p := newPublisher(t, connect(t, srv.ClientURL()), outboxnats.Config{})
+	done := make(chan error, 1)
+	go func() {
+		done <- p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "silent", Topic: "events", Payload: json.RawMessage(`{}`), Attempt: 1})
+	}()
+	<-received
+	srv.Shutdown()
+	err = <-done
+	if !errors.Is(err, outboxnats.ErrNotConnected) || !errors.Is(err, nats.ErrDisconnected) || outbox.IsPermanent(err) ||
+		!strings.Contains(err.Error(), "the NATS connection is down") {
+		t.Fatalf("ack lost to an outage: %v, want an error to retry saying the NATS connection is down", err)
+	}
+}
