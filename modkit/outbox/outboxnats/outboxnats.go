@@ -39,7 +39,9 @@
 // attempts (60 by default, two seconds apart) and is closed for good: each
 // publish then fails, and every event is dead-lettered after its attempts,
 // until the process restarts. New therefore refuses a connection that
-// would give up within an hour; connect with nats.MaxReconnects(-1).
+// would give up within an hour, or that limits its attempts and spaces
+// them with nats.CustomReconnectDelay (New cannot tell how long they
+// last); connect with nats.MaxReconnects(-1).
 //
 // While the connection is down (reconnecting, or not connected yet with
 // nats.RetryOnFailedConnect), Publish sends nothing and fails at once with
@@ -200,7 +202,9 @@ type Publisher struct {
 
 // New returns a Publisher that publishes through js. It refuses
 // (ErrInvalidConfig) a connection that is closed or that gives up
-// reconnecting within an hour: either would dead-letter every event.
+// reconnecting within an hour (or may: one whose nats.CustomReconnectDelay
+// spaces a limited number of attempts): either would dead-letter every
+// event.
 func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: outboxnats: the JetStream context is nil", outbox.ErrInvalidConfig)
@@ -211,16 +215,34 @@ func New(js jetstream.JetStream, cfg Config) (*Publisher, error) {
 				"(every event would be dead-lettered after its attempts): pass the JetStream context of an open connection, "+
 				"and close it after the dispatcher has stopped", outbox.ErrInvalidConfig)
 		}
-		if o := nc.Opts; !o.AllowReconnect || o.MaxReconnect >= 0 && time.Duration(o.MaxReconnect)*o.ReconnectWait < minReconnecting {
-			return nil, fmt.Errorf("%w: outboxnats: the NATS connection gives up reconnecting within an hour (reconnecting allowed: "+
-				"%v, %d attempts %v apart), and a closed connection never publishes again (every event would be dead-lettered "+
-				"after its attempts): connect with nats.MaxReconnects(-1)", outbox.ErrInvalidConfig, o.AllowReconnect, o.MaxReconnect, o.ReconnectWait)
+		if reason := givesUp(nc.Opts); reason != "" {
+			return nil, fmt.Errorf("%w: outboxnats: the NATS connection %s, and a closed connection never publishes again "+
+				"(every event would be dead-lettered after its attempts): connect with nats.MaxReconnects(-1)", outbox.ErrInvalidConfig, reason)
 		}
 	}
 	if cfg.Subject == nil {
 		cfg.Subject = DefaultSubject
 	}
 	return &Publisher{js: js, nc: js.Conn(), subject: cfg.Subject}, nil
+}
+
+// givesUp says how a connection with options o may give up reconnecting
+// within minReconnecting (and so be closed for good), or returns "".
+func givesUp(o nats.Options) string {
+	switch {
+	case !o.AllowReconnect:
+		return "does not reconnect (nats.NoReconnect)"
+	case o.MaxReconnect < 0:
+		return ""
+	case o.CustomReconnectDelayCB != nil:
+		// Its delays are the callback's: how long the attempts last cannot
+		// be told from here.
+		return fmt.Sprintf("gives up after %d reconnect attempts, spaced by its nats.CustomReconnectDelay callback, "+
+			"so New cannot tell whether it keeps trying for an hour", o.MaxReconnect)
+	case time.Duration(o.MaxReconnect)*o.ReconnectWait < minReconnecting:
+		return fmt.Sprintf("gives up reconnecting within an hour (%d attempts %v apart)", o.MaxReconnect, o.ReconnectWait)
+	}
+	return ""
 }
 
 // minReconnecting is how long a connection must keep trying to reconnect

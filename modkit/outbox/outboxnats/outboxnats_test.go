@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -412,6 +413,11 @@ func TestNewRefusesAConnectionThatGivesUp(t *testing.T) {
 		{"no reconnecting", []nats.Option{nats.NoReconnect()}, false},
 		{"for ever", []nats.Option{nats.MaxReconnects(-1)}, true},
 		{"two hours of attempts", []nats.Option{nats.MaxReconnects(3600), nats.ReconnectWait(2 * time.Second)}, true},
+		// The callback's delays cannot be known: New says so.
+		{"ten attempts a custom delay apart", []nats.Option{nats.MaxReconnects(10),
+			nats.CustomReconnectDelay(func(int) time.Duration { return time.Hour })}, false},
+		{"for ever, a custom delay apart", []nats.Option{nats.MaxReconnects(-1),
+			nats.CustomReconnectDelay(func(int) time.Duration { return time.Second })}, true},
 	} {
 		nc, err := nats.Connect(srv.ClientURL(), tc.opts...)
 		if err != nil {
@@ -428,6 +434,10 @@ func TestNewRefusesAConnectionThatGivesUp(t *testing.T) {
 		}
 		if !tc.ok && (!errors.Is(err, outbox.ErrInvalidConfig) || !strings.Contains(err.Error(), "nats.MaxReconnects(-1)")) {
 			t.Errorf("%s: %v, want ErrInvalidConfig saying to reconnect for ever", tc.name, err)
+		}
+		// What it says of the connection is true.
+		if custom := strings.Contains(tc.name, "custom"); !tc.ok && custom != strings.Contains(fmt.Sprint(err), "nats.CustomReconnectDelay") {
+			t.Errorf("%s: %v, want the custom delay named only when there is one", tc.name, err)
 		}
 	}
 
