@@ -73,7 +73,8 @@
 // can change it. A subject with an empty token (the outbox's names may end
 // in '.': "billing." / "x" gives "billing..x"), a wildcard token or white
 // space is refused before sending, permanently too: no stream could store
-// it, and the server's answer would be a timeout to retry.
+// it, and the server's answer would be a timeout to retry. So is a publish
+// to a sealed stream, which never takes a message again.
 //
 // # Headers
 //
@@ -368,5 +369,15 @@ func (p *Publisher) classify(subject string, err error) error {
 		errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrBadHeaderMsg) {
 		return outbox.Permanent(err)
 	}
+	if errors.Is(err, errStreamSealed) {
+		return outbox.Permanent(fmt.Errorf("%w (a sealed stream never stores a message again: have another stream capture "+
+			"the subject, once the sealed one is deleted, or map the event elsewhere with Config.Subject; then replay the "+
+			"dead event)", err))
+	}
 	return err
 }
+
+// errStreamSealed matches the JetStream API error of a publish to a sealed
+// stream (JSStreamSealedErr, "invalid operation on sealed stream"), which
+// jetstream does not export. A sealed stream cannot be unsealed.
+var errStreamSealed = &jetstream.APIError{ErrorCode: 10109}

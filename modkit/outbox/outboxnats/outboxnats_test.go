@@ -322,6 +322,18 @@ func TestFailures(t *testing.T) {
 			t.Errorf("subject of %s/%s: got %v, want a permanent ErrBadSubject", d.Namespace, d.Topic, err)
 		}
 	}
+	// A sealed stream never takes a message again (it cannot be unsealed):
+	// permanent. It was retried until dead.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEALED", Subjects: []string{"sealed.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: "SEALED", Subjects: []string{"sealed.>"}, Sealed: true}); err != nil {
+		t.Fatal(err)
+	}
+	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "sealed", Topic: "events", Payload: json.RawMessage(`{}`)})
+	if !outbox.IsPermanent(err) || !strings.Contains(err.Error(), "sealed") {
+		t.Errorf("a sealed stream: got %v, want a permanent error saying it is sealed", err)
+	}
 	wild := newPublisher(t, js, outboxnats.Config{Subject: func(outbox.Delivery) string { return "test.*" }})
 	if err := wild.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); !outbox.IsPermanent(err) {
 		t.Errorf("a wildcard subject: got %v, want a permanent error", err)
