@@ -285,8 +285,8 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 	}
 	m := p.Msg(d)
 	if !publishableSubject(m.Subject) {
-		return outbox.Permanent(fmt.Errorf("%w: subject %q: %w: an empty token, a wildcard or white space, which no stream "+
-			"can store (Config.Subject maps the event's names to it)", ErrNotAcknowledged, m.Subject, nats.ErrBadSubject))
+		return outbox.Permanent(fmt.Errorf("outboxnats: subject %q, not sent: %w: an empty token, a wildcard or white space, "+
+			"which no stream can store (Config.Subject maps the event's names to it)", m.Subject, nats.ErrBadSubject))
 	}
 	if err := ctx.Err(); err != nil { // a stopping dispatcher's: nothing to send
 		return fmt.Errorf("%w: subject %q: %w", ErrNotAcknowledged, m.Subject, context.Cause(ctx))
