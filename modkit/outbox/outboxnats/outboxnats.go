@@ -3,7 +3,12 @@
 // Each event becomes one JetStream message on a subject derived from its
 // namespace and topic ("<namespace>.<topic>" unless Config.Subject says
 // otherwise), with the payload as data, the event's headers as NATS
-// headers, and the event id as Nats-Msg-Id. JetStream drops a message whose
+// headers, and the event id as Nats-Msg-Id. Nothing else of the event
+// reaches the consumer: not its tenant, dedupe key, ordering key,
+// sequence or creation time; a consumer that needs one must have it put in
+// the headers or the payload when the event is enqueued. (Events of one
+// ordering key are published one at a time, in order, but the key is not
+// on the message.) JetStream drops a message whose
 // Nats-Msg-Id it has already stored within the stream's duplicate window
 // (Duplicates, two minutes by default), so an event that the outbox
 // delivers again after a crash or a lost outcome is stored once as long as
@@ -62,6 +67,24 @@
 // LeaseHeadroom, 25 s by default) if the network stalls. Give the
 // connection a shorter one (nats.FlusherTimeout(5*time.Second), say).
 //
+// # Outages
+//
+// An outage fails each attempt at once, and the outbox dead-letters an
+// event once its attempts are spent, however long the connection keeps
+// reconnecting: with the dispatcher's defaults (MaxAttempts 10, Retry's
+// BaseDelay 1s and MaxDelay 5m) the nine backoffs between them add up to
+// about 4 to 9 minutes. To ride out longer outages, raise
+// DispatcherConfig.MaxAttempts: each attempt past the tenth adds a
+// backoff of Retry.MaxDelay/2 to Retry.MaxDelay (2½ to 5 minutes by
+// default), so MaxAttempts 30 rides out at least 50 minutes; raising
+// Retry.MaxDelay lengthens those backoffs, not the first nine (at most
+// 256 s, under the default MaxDelay). Events dead-lettered by an outage
+// can be replayed once it is over (Admin.ReplayDead). The dispatcher's
+// Health does not report a broker outage: the failed publishes show in its
+// log, in the events' last_error (naming ErrNotConnected's "the NATS
+// connection is down") and in the outbox.events.retried and
+// outbox.events.dead metrics.
+//
 // # Failures
 //
 // A subject no stream listens on, a full stream, a lost connection or a
@@ -75,6 +98,11 @@
 // space is refused before sending, permanently too: no stream could store
 // it, and the server's answer would be a timeout to retry. So is a publish
 // to a sealed stream, which never takes a message again.
+//
+// A stream configured with NoAck stores messages without acknowledging
+// them: every publish to it waits for its PublishAsyncTimeout (or its
+// deadline) and fails, to be retried and in the end dead-lettered, though
+// the message is stored. Do not publish to such a stream.
 //
 // # Headers
 //
