@@ -105,7 +105,9 @@ func readAll(t testing.TB, js jetstream.JetStream, s jetstream.Stream) []jetstre
 	}
 	var out []jetstream.Msg
 	for uint64(len(out)) < info.State.Msgs {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		// As many as are left, so that it returns once they came rather
+		// than at FetchMaxWait.
+		batch, err := cons.Fetch(int(min(info.State.Msgs-uint64(len(out)), 1000)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
