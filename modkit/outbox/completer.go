@@ -42,11 +42,12 @@ type Outcome struct {
 	Status Status
 	// Released: the event went back unpublished, its attempt not counted
 	// (the dispatcher stopped, its deadline passed while queued, or its
-	// publish was abandoned).
+	// publish had not returned when a stop ran out of time).
 	Released bool
-	// Abandoned: the publish outlived its deadline, or had not returned
-	// when a stop ran out of time, and was given up on; Released is set
-	// too.
+	// Abandoned: the publish was given up on while it still ran. At its
+	// deadline, the attempt counts as failed (Status pending with RetryIn,
+	// or dead after the last attempt, as for a publish that returned an
+	// error); when a stop ran out of time, the event is Released.
 	Abandoned bool
 	// LeaseLost: the lease had expired before the outcome could be
 	// recorded; nothing was changed and the event will be delivered again.
@@ -158,6 +159,15 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	var out Outcome
 	fail := func(format string, err error) string {
 		return sanitizeError(fmt.Sprintf(format, m.Attempt, m.MaxAttempts, err), d.c.cfg.ErrorMaxLen)
+	}
+	if r.kind == abandoned && r.why == whyAbandoned {
+		// A publish abandoned at its deadline used its attempt, as one
+		// that returned its context's error at the deadline does: an event
+		// whose every publish hangs is dead-lettered after MaxAttempts,
+		// where it was claimed again for ever. (One abandoned because a
+		// stop ran out of time is given back below.)
+		r.kind, r.err = published, errPublishAbandoned
+		out.Abandoned = true
 	}
 	switch {
 	case r.kind != published:
@@ -414,6 +424,11 @@ func (d *Dispatcher) record(r result, o Outcome) {
 		d.log.Warn("publish failed; will retry", append(attrs, "error", o.Error, "retry_in", o.RetryIn)...)
 	}
 }
+
+// errPublishAbandoned is the failed attempt of a publish abandoned at its
+// deadline.
+var errPublishAbandoned = errors.New("the publish outlived its deadline and was abandoned: the publisher ignores its " +
+	"context (it must return when ctx ends)")
 
 // errHandlerEndedTx is the failed attempt of a HandleTx that committed or
 // rolled back its transaction itself.

@@ -649,7 +649,8 @@ func (d *Dispatcher) abandonedPublish(c claimed, p *Publisher, paused, atStop bo
 			"other topics go on, this one resumes when they return", attrs...)
 		return
 	}
-	d.log.Warn("publish outlived its deadline and was abandoned; the event goes back without using an attempt", attrs...)
+	d.log.Warn("publish outlived its deadline and was abandoned; the attempt counts as failed (retried with backoff, "+
+		"dead after the last)", attrs...)
 }
 
 // abandonedReturned reports an abandoned publish that finally returned.
@@ -658,7 +659,8 @@ func (d *Dispatcher) abandonedReturned(c claimed, r result) {
 	if r.err != nil {
 		attrs = append(attrs, "publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
 	}
-	d.log.Warn("an abandoned publish returned; its result is ignored (the event was given back and is delivered again)", attrs...)
+	d.log.Warn("an abandoned publish returned; its result is ignored (its attempt was recorded as failed, "+
+		"or the event given back at a stop, and the event is published again)", attrs...)
 }
 
 // setOutcomeFailing records whether the last outcome write failed.

@@ -84,8 +84,9 @@
 //     contexts end LeaseHeadroom before the lease.
 //   - Topic isolation: each topic has its own limit of publishes in flight
 //     (Publisher.Concurrency). A publish that outlives its deadline is
-//     abandoned: its slot is freed and its event goes back without using
-//     an attempt; a topic whose every slot is held by abandoned publishes is
+//     abandoned: its slot is freed and its attempt counts as failed (retried
+//     with backoff, so an event whose every publish hangs is dead-lettered
+//     after MaxAttempts); a topic whose every slot is held by abandoned publishes is
 //     paused until they return, and Dispatcher.Health reports it. Other
 //     topics are not affected by one topic's hang: it holds at most its own
 //     limit. The limits of all topics together may pass the dispatcher's
@@ -238,8 +239,9 @@
 //   - delivered, retried, dead: outcomes recorded (dead counts both events
 //     dead-lettered by a publish and those the maintenance sweep moved to
 //     dead after their last attempt). released: claimed events given back unpublished
-//     (stop, deadline passed while queued, publish abandoned), without using
-//     an attempt. lease_lost: outcomes refused because the lease had
+//     (stop, deadline passed while queued, a publish still running when a
+//     stop ran out of time), without using an attempt; a publish abandoned
+//     at its deadline counts as retried or dead. lease_lost: outcomes refused because the lease had
 //     expired (another dispatcher may publish the event again).
 //   - publish.abandoned: publish calls abandoned because they outlived their
 //     deadline (see Topic isolation) or had not returned when a stop ran

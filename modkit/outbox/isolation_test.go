@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,7 +94,7 @@ func TestStuckPublisherDoesNotStallOtherTopics(t *testing.T) {
 		t.Fatalf("%d of B's %d events are delivered in the table", n, nB)
 	}
 	if n := countRows(t, pool, "namespace = 'stuck' AND topic = 'a' AND (status = 'dead' OR attempts > 1)"); n != 0 {
-		t.Fatalf("%d of A's events died or used more than one attempt: a hung publish must not burn attempts", n)
+		t.Fatalf("%d of A's events died or used more than one attempt: the paused topic must claim nothing while it hangs", n)
 	}
 
 	// Stop returns within its timeout (ErrStopTimeout otherwise), although
@@ -277,4 +278,61 @@ func TestTopicsHungTogetherLeaveASlot(t *testing.T) {
 	if m := most.Load(); m != 7 {
 		t.Fatalf("at most %d of A's and B's publishes ran at once; want 7 (Concurrency 8, one slot kept for C)", m)
 	}
+}
+
+// An event whose every publish hangs, ignoring its context, is
+// dead-lettered after MaxAttempts: each abandoned publish counts as a
+// failed attempt. It went back without using one, so it was claimed again
+// for ever (Trial L: 49 claims in 25 minutes, attempts at 0-1), and no
+// operator command could remove a pending event.
+func TestAnEventWhosePublishAlwaysHangsIsDeadLettered(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	ids := enqueueN(t, c, tdb.Provider.Pool, 2)
+	poison := ids[0]
+	// The hung calls return once the dispatcher has stopped (cleanups run
+	// last first). Counted with an atomic, not a WaitGroup: a call's Add
+	// has no order with the test's Wait (an abandonment is timed, not
+	// signalled by the call), which the race detector reports.
+	release, returned := make(chan struct{}), make(chan struct{}, 16)
+	var hung atomic.Int64
+	t.Cleanup(func() {
+		close(release)
+		for range hung.Load() {
+			<-returned
+		}
+	})
+	log := newOutcomeLog()
+	cfg := testConfig(log)
+	cfg.LeaseDuration, cfg.LeaseHeadroom, cfg.PollInterval = time.Second, 500*time.Millisecond, 100*time.Millisecond
+	startDispatcher(t, c, cfg, outbox.Publisher{Topic: testTopic, Concurrency: 4, // room for the 3 abandoned calls: no pause
+		Publish: func(_ context.Context, d outbox.Delivery) error {
+			if d.ID == poison {
+				hung.Add(1)
+				defer func() { returned <- struct{}{} }()
+				<-release // deaf to ctx
+			}
+			return nil
+		}})
+	var outs []outbox.Outcome
+	log.waitFor(t, "the poison event dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		outs = slices.Clone(m[poison])
+		return len(outs) > 0 && outs[len(outs)-1].Status == outbox.StatusDead
+	})
+	if len(outs) != cfg.MaxAttempts {
+		t.Fatalf("outcomes of the poison event: %+v; want %d, one per attempt", outs, cfg.MaxAttempts)
+	}
+	for i, o := range outs {
+		if !o.Abandoned || o.Released || o.LeaseLost || !strings.Contains(o.Error, "outlived its deadline and was abandoned") ||
+			(i < len(outs)-1) != (o.Status == outbox.StatusPending && o.RetryIn > 0) {
+			t.Fatalf("outcome %d of the poison event: %+v; want an abandoned attempt that failed (retried, the last dead)", i+1, o)
+		}
+	}
+	if e := get(t, c, poison); e.Status != outbox.StatusDead || e.Attempts != cfg.MaxAttempts || e.LastError == nil ||
+		!strings.Contains(*e.LastError, "ignores its context") {
+		t.Fatalf("the poison event: %+v; want dead after %d attempts, saying its publisher ignores its context", e, cfg.MaxAttempts)
+	}
+	log.waitFor(t, "the other event delivered", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		o := m[ids[1]]
+		return len(o) > 0 && o[len(o)-1].Status == outbox.StatusDelivered
+	})
 }

@@ -278,7 +278,9 @@ func TestDispatcherMetrics(t *testing.T) {
 	log.waitFor(t, "1 dead", finalCount(outbox.StatusDead, 1))
 	log.waitFor(t, "1 retry", finalCount(outbox.StatusPending, 1))
 	stuckLog.waitFor(t, "an abandoned publish", func(m map[uuid.UUID][]outbox.Outcome) bool {
-		return slices.ContainsFunc(m[stuckID.ID], func(o outbox.Outcome) bool { return o.Abandoned && o.Released })
+		return slices.ContainsFunc(m[stuckID.ID], func(o outbox.Outcome) bool {
+			return o.Abandoned && !o.Released && o.Status == outbox.StatusPending // its attempt failed, to retry
+		})
 	})
 	ours, theirs := mtTopicAttrs(probe), mtTopicAttrs(stuck)
 	// The gauges, from the lease holder's maintenance: the retry is pending
@@ -314,12 +316,12 @@ func TestDispatcherMetrics(t *testing.T) {
 		t.Errorf("degraded of the healthy dispatcher: %v (%d points), want 0", got, points)
 	}
 	stuckRM := mtCollect(t, stuckReader)
-	for _, name := range []string{"outbox.publish.abandoned", "outbox.events.released"} {
+	for _, name := range []string{"outbox.publish.abandoned", "outbox.events.retried"} {
 		if got, _ := mtValue(stuckRM, name, theirs); got < 1 {
 			t.Errorf("%s of the stuck topic = %v, want at least 1", name, got)
 		}
 	}
-	for _, name := range []string{"outbox.events.delivered", "outbox.events.dead", "outbox.events.retried", "outbox.events.lease_lost"} {
+	for _, name := range []string{"outbox.events.delivered", "outbox.events.dead", "outbox.events.released", "outbox.events.lease_lost"} {
 		if got, _ := mtValue(stuckRM, name, theirs); got != 0 {
 			t.Errorf("%s of the stuck topic = %v, want 0", name, got)
 		}

@@ -79,8 +79,9 @@ type Publisher struct {
 	// Retry-After header, waits at least that long, at most 24h); an error
 	// wrapped with Permanent to dead-letter at once. ctx ends at the publish deadline, before the
 	// event's lease does: a publisher that respects it never outlives its
-	// lease. One that ignores it is abandoned at the deadline (see
-	// DispatcherConfig). Delivery is at least once: the same event (same ID
+	// lease. One that ignores it is abandoned at the deadline, its attempt
+	// counted as failed (see the package documentation, "Topic
+	// isolation"). Delivery is at least once: the same event (same ID
 	// and DedupeKey) can arrive again after a crash or a lost outcome, so
 	// the consumer must be idempotent.
 	Publish func(ctx context.Context, d Delivery) error

@@ -15,8 +15,8 @@ import (
 // so that a slow or hung topic cannot take another topic's workers.
 //
 // A publish that outlives its deadline is abandoned: its slot is freed, its
-// event goes back unpublished (the claim's attempt undone) and its
-// goroutine is left to return whenever it does, counted until then. A lane
+// attempt is recorded as failed (retried with backoff, dead after the last)
+// and its goroutine is left to return whenever it does, counted until then. A lane
 // whose abandoned publishes reach its limit is paused: it starts nothing
 // and claims nothing until some of them return, which bounds the
 // goroutines a publisher that ignores its context can pile up to twice its
