@@ -171,6 +171,7 @@ func (d *Dispatcher) maintenance(ctx context.Context) {
 		}
 	}()
 	d.warnMissingMigrations(ctx)
+	d.warnNoAutovacuum(ctx)
 	var retryIn time.Duration // the last wait after a failed election; 0 after one that worked
 	for {
 		// Passes start a SweepInterval apart (at once after one that
@@ -218,6 +219,30 @@ func (d *Dispatcher) warnMissingMigrations(ctx context.Context) {
 		d.log.Warn("the outbox schema lacks migrations of this build: run them (Client.Migrate, outbox.Module's "+
 			"migrations, or modkit-outbox migrate up); until then the database runs the functions of the migrations it has",
 			"schema", d.c.cfg.Schema, "missing", missing)
+	}
+}
+
+// warnNoAutovacuum logs a warning when automatic vacuum does not run on the
+// events table: each claim and outcome leaves a dead row version, which
+// only vacuum reclaims, and without it the table and its indexes grow and
+// claims slow down (a trial without it: 105,000 dead rows against 92,000
+// live ones within 6 minutes, and the table at 122 MB). Once a start; a
+// check that fails is logged at debug level only.
+func (d *Dispatcher) warnNoAutovacuum(ctx context.Context) {
+	vc, ok := d.c.store.(driver.VacuumChecker)
+	if !ok {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
+	defer cancel()
+	why, err := vc.AutovacuumOff(cctx)
+	switch {
+	case err != nil:
+		d.log.Debug("could not tell whether autovacuum runs on the outbox's tables", "schema", d.c.cfg.Schema, "error", err)
+	case why != "":
+		d.log.Warn("autovacuum does not run on the outbox's events ("+why+"): every claim and outcome leaves a dead row version "+
+			"that only vacuum reclaims, so the table grows and claims slow down; turn autovacuum on, or VACUUM the table "+
+			"often (every minute or so under load)", "schema", d.c.cfg.Schema)
 	}
 }
 

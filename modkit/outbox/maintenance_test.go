@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -395,6 +396,51 @@ func TestDispatcherWarnsOfMissingMigrations(t *testing.T) {
 			}
 			if tc.want == "" && len(got) > 0 || tc.want != "" && (len(got) != 1 || got[0] != tc.want) {
 				t.Fatalf("warnings of missing migrations: %q; want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A dispatcher whose events table autovacuum does not run on says so once
+// at start: without vacuum, the dead row versions that claims and outcomes
+// leave pile up (a trial: 105,000 dead against 92,000 live rows in 6
+// minutes), and nothing said so.
+func TestDispatcherWarnsWhenAutovacuumIsOff(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var serverOn bool
+	if err := pool.QueryRow(ctx, "SELECT current_setting('autovacuum')::bool").Scan(&serverOn); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, alter string
+		want        string // the reason logged; "" for no warning
+	}{
+		{"the table's parameter off", "SET (autovacuum_enabled = false)",
+			map[bool]string{true: "the table's autovacuum_enabled storage parameter is false", false: "the server's autovacuum setting is off"}[serverOn]},
+		{"the table's parameter reset", "RESET (autovacuum_enabled)",
+			map[bool]string{true: "", false: "the server's autovacuum setting is off"}[serverOn]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := pool.Exec(ctx, "ALTER TABLE modkit_outbox_events "+tc.alter); err != nil {
+				t.Fatal(err)
+			}
+			logs := newLogCapture(slog.LevelWarn)
+			cfg := testConfig(newOutcomeLog())
+			cfg.Logger = logs.logger()
+			d, passes := startMaintained(t, client, cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+			passes.waitPasses(t, 1) // the check runs before the first pass
+			if err := d.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range logs.records() {
+				if strings.HasPrefix(r.Msg, "autovacuum does not run on the outbox's events") {
+					got = append(got, r.Msg)
+				}
+			}
+			if tc.want == "" && len(got) > 0 || tc.want != "" && (len(got) != 1 || !strings.Contains(got[0], "("+tc.want+")")) {
+				t.Fatalf("autovacuum warnings: %q; want one saying %q", got, tc.want)
 			}
 		})
 	}

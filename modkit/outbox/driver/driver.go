@@ -203,6 +203,16 @@ type MigrationChecker interface {
 	MissingMigrations(ctx context.Context) ([]string, error)
 }
 
+// VacuumChecker is implemented by a Store that can tell whether its
+// engine's automatic vacuum is off for the outbox's tables. It is
+// optional: a dispatcher asks once a start and logs a warning when it is,
+// since every claim and outcome leaves a dead row version behind.
+type VacuumChecker interface {
+	// AutovacuumOff says why automatic vacuum does not run on the outbox's
+	// events ("" when it does, or when nothing can be told).
+	AutovacuumOff(ctx context.Context) (string, error)
+}
+
 // OutcomeFinder is implemented by a Store that can tell which outcomes a
 // worker recorded under the lease tokens it presented. It is optional: an
 // outcome write whose commit went through while its answer was lost (the

@@ -1023,6 +1023,25 @@ func (s *store) RecordedOutcomes(ctx context.Context, worker uuid.UUID, outcomes
 // PoolSize implements driver.PoolSizer: the pool's MaxConns.
 func (s *store) PoolSize() int { return int(s.pool.Config().MaxConns) }
 
+// AutovacuumOff implements driver.VacuumChecker: the server's autovacuum
+// setting, and the events table's autovacuum_enabled storage parameter.
+func (s *store) AutovacuumOff(ctx context.Context) (string, error) {
+	var server, table bool
+	err := s.pool.QueryRow(ctx, `SELECT current_setting('autovacuum')::bool,
+		coalesce((SELECT o.option_value::bool FROM pg_catalog.pg_class c, pg_catalog.pg_options_to_table(c.reloptions) o
+			WHERE c.oid = to_regclass($1) AND o.option_name = 'autovacuum_enabled'), true)`,
+		pgx.Identifier{s.opts.Schema, "modkit_outbox_events"}.Sanitize()).Scan(&server, &table)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("outboxpg: read the autovacuum settings: %w", err)
+	case !server:
+		return "the server's autovacuum setting is off", nil
+	case !table:
+		return "the table's autovacuum_enabled storage parameter is false", nil
+	}
+	return "", nil
+}
+
 // MissingMigrations implements driver.MigrationChecker from the migrations
 // table the modkit migrator keeps in the schema (db.MigrationsTable). A
 // schema migrated by another tool (golang-migrate, goose, psql) has no such
