@@ -15,7 +15,12 @@ import (
 // at once. The pool is closed in the stop hook, which returns when fx's stop
 // timeout is up even while a component still holds a connection (the pool
 // then closes once it is returned). It is the only module that
-// provides the pool: other modules take a *Provider.
+// provides the pool: other modules take a *Provider. An app whose graph
+// fails to build after the Provider was made (another constructor's error)
+// runs no hook, so nothing closes the pool: it holds no connection (it
+// connects lazily), but its background goroutines stay until the process
+// exits, and a test that checks for leaked goroutines (goleak, as
+// outboxtest.Main does) reports them besides the app's error.
 var Module = fx.Module("modkit-db",
 	fx.Provide(newFx),
 )
