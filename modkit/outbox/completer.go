@@ -173,6 +173,12 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	case r.kind != published:
 		o.Kind, out.Status, out.Released, out.Abandoned = driver.Release, StatusPending, true, r.kind == abandoned
 		o.Error = r.why
+		if stopReason(r.why) {
+			d.givenBackAtStop.Add(1)
+			if r.kind == abandoned {
+				d.abandonedAtStop.Add(1)
+			}
+		}
 	case r.err == nil:
 		o.Kind, out.Status = deliveredKind(r.pub), StatusDelivered
 	case IsPermanent(r.err):
@@ -423,6 +429,12 @@ func (d *Dispatcher) record(r result, o Outcome) {
 	default:
 		d.log.Warn("publish failed; will retry", append(attrs, "error", o.Error, "retry_in", o.RetryIn)...)
 	}
+}
+
+// stopReason reports whether why, an event's reason for going back
+// unpublished, is a stop's.
+func stopReason(why string) bool {
+	return why == whyStopped || why == whyStopLate || why == whyCutByStop || why == whyClaimAfter
 }
 
 // errPublishAbandoned is the failed attempt of a publish abandoned at its

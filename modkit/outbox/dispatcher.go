@@ -226,6 +226,10 @@ type Dispatcher struct {
 	// unrecordedAtStop counts the outcomes a run's stop gave up recording
 	// (the database did not answer before the stop's time ran out).
 	unrecordedAtStop atomic.Int64
+	// givenBackAtStop and abandonedAtStop count the events a run's stop
+	// gave back unpublished, and those of them whose publish was still
+	// running, for the stop's summary.
+	givenBackAtStop, abandonedAtStop atomic.Int64
 	// onMaintenance, if set, is called after each maintenance pass with
 	// the roles held and whether the pass finished before its deadline
 	// (tests).
@@ -404,6 +408,8 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	defer cancelRun()
 	d.hardStop.Store(false)
 	d.unrecordedAtStop.Store(0)
+	d.givenBackAtStop.Store(0)
+	d.abandonedAtStop.Store(0)
 	results := make(chan result, d.cfg.Concurrency+2*d.cfg.BatchSize)
 	wake := make(chan struct{}, 1)
 
@@ -476,6 +482,10 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	close(results)
 	<-completerDone
 	helpers.Wait()
+	if n := d.givenBackAtStop.Load(); n > 0 {
+		d.log.Info("stopped: events given back unpublished, for this or another dispatcher to publish", "given_back", n,
+			"of_them_abandoned", d.abandonedAtStop.Load(), "stop_took", time.Since(stopStarted).Round(time.Millisecond))
+	}
 	if n := d.unrecordedAtStop.Load(); n > 0 && err == nil {
 		err = fmt.Errorf("outbox dispatcher stopped with %d outcome(s) not recorded: the database did not answer before the stop's time ran out; "+
 			"their events will be published again when their leases end", n)

@@ -350,6 +350,8 @@ func TestStopReleasesUnstartedEvents(t *testing.T) {
 	log := newOutcomeLog()
 	cfg := testConfig(log)
 	cfg.Concurrency, cfg.BatchSize = 1, 10
+	logs := newLogCapture(slog.LevelInfo)
+	cfg.Logger = logs.logger()
 	entered, release := make(chan uuid.UUID, 1), make(chan struct{})
 	d, err := client.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: func(ctx context.Context, d outbox.Delivery) error {
 		entered <- d.ID
@@ -392,6 +394,16 @@ func TestStopReleasesUnstartedEvents(t *testing.T) {
 	}
 	if e := get(t, client, inFlight); e.Status != outbox.StatusDelivered {
 		t.Fatalf("in-flight publish not recorded on stop: %+v", e)
+	}
+	// The stop sums up what it gave back, in one line.
+	var summary []logRecord
+	for _, r := range logs.records() {
+		if strings.HasPrefix(r.Msg, "stopped: events given back unpublished") {
+			summary = append(summary, r)
+		}
+	}
+	if len(summary) != 1 || summary[0].Attrs["given_back"] != "9" || summary[0].Attrs["of_them_abandoned"] != "0" {
+		t.Fatalf("the stop's summary: %+v; want one saying 9 given back, none abandoned", summary)
 	}
 }
 
