@@ -173,12 +173,6 @@ func (d *Dispatcher) decide(r result) (driver.Outcome, Outcome) {
 	case r.kind != published:
 		o.Kind, out.Status, out.Released, out.Abandoned = driver.Release, StatusPending, true, r.kind == abandoned
 		o.Error = r.why
-		if stopReason(r.why) {
-			d.givenBackAtStop.Add(1)
-			if r.kind == abandoned {
-				d.abandonedAtStop.Add(1)
-			}
-		}
 	case r.err == nil:
 		o.Kind, out.Status = deliveredKind(r.pub), StatusDelivered
 	case IsPermanent(r.err):
@@ -406,6 +400,12 @@ func (d *Dispatcher) record(r result, o Outcome) {
 	if d.cfg.OnOutcome != nil {
 		defer d.cfg.OnOutcome(r.c.d, o)
 	}
+	if o.Released && stopReason(r.why) { // for the stop's summary
+		d.givenBackAtStop.Add(1)
+		if o.Abandoned {
+			d.abandonedAtStop.Add(1)
+		}
+	}
 	quiet := !o.LeaseLost && !o.Abandoned && (o.Released || o.Status == StatusDelivered)
 	if quiet && !d.log.Enabled(context.Background(), slog.LevelDebug) {
 		return // the hot path: nothing to log, no attributes to build
@@ -418,8 +418,10 @@ func (d *Dispatcher) record(r result, o Outcome) {
 			attrs = append(attrs, "publish_error", SanitizeError(r.err, d.c.cfg.ErrorMaxLen))
 		}
 		d.log.Warn("lease lost before the outcome was recorded (it expired, and the event may already be reclaimed); outcome dropped", attrs...)
-	case o.Abandoned:
+	case o.Abandoned && o.Released:
 		d.log.Debug("abandoned event given back", attrs...)
+	case o.Abandoned && o.Status == StatusPending: // warned of when it was abandoned
+		d.log.Debug("abandoned publish's attempt recorded as failed; will retry", append(attrs, "retry_in", o.RetryIn)...)
 	case o.Released:
 		d.log.Debug("event released", attrs...)
 	case o.Status == StatusDelivered:

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -304,6 +305,8 @@ func TestAnEventWhosePublishAlwaysHangsIsDeadLettered(t *testing.T) {
 	log := newOutcomeLog()
 	cfg := testConfig(log)
 	cfg.LeaseDuration, cfg.LeaseHeadroom, cfg.PollInterval = time.Second, 500*time.Millisecond, 100*time.Millisecond
+	logs := newLogCapture(slog.LevelWarn)
+	cfg.Logger = logs.logger()
 	startDispatcher(t, c, cfg, outbox.Publisher{Topic: testTopic, Concurrency: 4, // room for the 3 abandoned calls: no pause
 		Publish: func(_ context.Context, d outbox.Delivery) error {
 			if d.ID == poison {
@@ -335,4 +338,11 @@ func TestAnEventWhosePublishAlwaysHangsIsDeadLettered(t *testing.T) {
 		o := m[ids[1]]
 		return len(o) > 0 && o[len(o)-1].Status == outbox.StatusDelivered
 	})
+	// Its death is logged as an error, as any dead-lettering is (it was
+	// logged at debug level as "given back").
+	if !slices.ContainsFunc(logs.records(), func(r logRecord) bool {
+		return r.Msg == "event dead-lettered" && r.Attrs["event_id"] == poison.String()
+	}) {
+		t.Fatalf("no error logged for the poison event's death: %v", logs.records())
+	}
 }
