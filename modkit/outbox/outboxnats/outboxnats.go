@@ -176,7 +176,7 @@ type HeaderError struct {
 // instead. It leaves the value out, which may be confidential.
 func (e *HeaderError) Error() string {
 	return fmt.Sprintf("outboxnats: header %q: %s; the outbox carries headers unchanged, so the event is not published: "+
-		"enqueue it with the header changed or encoded (base64, say)", e.Name, e.Reason)
+		"enqueue it with the header renamed, or its value encoded (base64, say)", e.Name, e.Reason)
 }
 
 // headerNameRefused lists the printable ASCII characters that nats.go
@@ -195,7 +195,7 @@ func checkHeaders(h map[string]string) error {
 		var reason string
 		switch {
 		case strings.ContainsAny(k, headerNameRefused):
-			reason = "NATS refuses header names with any of " + headerNameRefused
+			reason = "NATS refuses header names with any of these characters: " + strings.Join(strings.Split(headerNameRefused, ""), " ")
 		case strings.ContainsAny(v, "\r\n"):
 			reason = "NATS would turn the CR and LF characters in its value into spaces"
 		case v != "" && (isSpaceOrTab(v[0]) || isSpaceOrTab(v[len(v)-1])):

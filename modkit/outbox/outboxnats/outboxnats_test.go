@@ -310,8 +310,9 @@ func TestFailures(t *testing.T) {
 	// same way on every attempt: permanent.
 	err = p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`),
 		Headers: map[string]string{"x/trace": "1"}})
-	if !outbox.IsPermanent(err) {
-		t.Errorf("a header name NATS refuses: got %v, want a permanent error", err)
+	if !outbox.IsPermanent(err) || !strings.Contains(err.Error(), `any of these characters: " ( ) / ,`) ||
+		!strings.Contains(err.Error(), "header renamed") {
+		t.Errorf("a header name NATS refuses: got %v, want a permanent error listing the characters one by one", err)
 	}
 	// Subjects no stream can store (the server would not answer: a
 	// timeout, retried until dead): permanent, before sending.
