@@ -196,7 +196,10 @@
 // with messaging.system, messaging.operation.type and
 // messaging.destination.name ("namespace:topic"), which a sampler sees; a
 // span that records also gets messaging.message.id and
-// modkit_outbox.attempt.
+// modkit_outbox.attempt. The broker adapters send Delivery.Headers as they
+// are, so the traceparent a consumer reads is the enqueue's (the message's
+// creation context, as OpenTelemetry's messaging conventions have it): its
+// span is a sibling of the publish spans, not a child of one.
 //
 // # Metrics
 //
