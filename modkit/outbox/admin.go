@@ -152,7 +152,9 @@ type Attempt struct {
 
 // History returns an event's attempts ledger, oldest first. History is
 // kept after the event itself is purged; an id with no history returns an
-// empty slice.
+// empty slice. An id used again after its event was purged (the library
+// never does; a producer's own SQL may) holds both events' entries, each
+// numbered from 1, by number and then by time.
 func (a *Admin) History(ctx context.Context, id uuid.UUID) ([]Attempt, error) {
 	rows, err := a.c.store.History(ctx, id)
 	if err != nil {

@@ -3,7 +3,9 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -146,4 +148,52 @@ func TestLedgerEightDispatchers(t *testing.T) {
 			delivered, n, retries, failed.Load(), total, attempts)
 	}
 	t.Logf("%d events, %d failed publishes retried, %d ledger entries", n, retries, total)
+}
+
+// An event id used again after its event was delivered and purged (the
+// producer role may insert any id) is delivered again, and the dispatchers
+// go on: the second event's ledger rows took the numbers of the first
+// one's, its outcome write failed with a unique violation, and so did
+// every claim of its topics once its lease expired, so nothing of them was
+// delivered until the owner repaired the ledger by hand (a security
+// review, with the producer role's rights; migration 0039).
+func TestAnIDUsedAgainAfterItsEventWasPurged(t *testing.T) {
+	client, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	reused := uuid.New()
+	insert := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "INSERT INTO modkit_outbox_events (id, namespace, topic, payload) VALUES ($1, $2, $3, '{}')",
+			reused, testTopic.Namespace, testTopic.Topic); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert()
+	log := newOutcomeLog()
+	startDispatcher(t, client, testConfig(log), outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	delivered := func(id uuid.UUID, n int) func(map[uuid.UUID][]outbox.Outcome) bool {
+		return func(m map[uuid.UUID][]outbox.Outcome) bool {
+			return len(slices.DeleteFunc(slices.Clone(m[id]), func(o outbox.Outcome) bool { return o.Status != outbox.StatusDelivered })) >= n
+		}
+	}
+	log.waitFor(t, "the first event delivered", delivered(reused, 1))
+	if n, err := client.Admin().Purge(ctx, 0, testTopic); err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+	insert()
+	other := enqueueN(t, client, pool, 1)[0]
+	log.waitFor(t, "the second event of the id delivered, and another event", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		return delivered(reused, 2)(m) && delivered(other, 1)(m)
+	})
+	h, err := client.Admin().History(ctx, reused)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []string
+	for _, a := range h {
+		outcomes = append(outcomes, fmt.Sprintf("%d %s", a.No, a.Outcome))
+	}
+	if want := []string{"1 delivered", "1 delivered", "2 purged"}; !slices.Equal(outcomes, want) {
+		t.Fatalf("history of the id: %v; want both events' entries, by number then time: %v", outcomes, want)
+	}
 }
