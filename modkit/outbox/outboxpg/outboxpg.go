@@ -979,8 +979,10 @@ func (s *store) checkSchemaClosed(ctx context.Context, m *db.Migrator) error {
 // than the current role, may create objects in it (NULL for nobody, or no
 // such schema): PUBLIC alone when it may; otherwise each login role, not a
 // superuser, that may (itself or through a role it inherits from, as the
-// database's owner does through pg_database_owner) and is not a member of
-// the current role (a member may act as it anyway).
+// database's owner does through pg_database_owner), or that is a member of
+// a role that may, even without inheriting its rights (NOINHERIT: it may
+// still SET ROLE to it), and is not a member of the current role (a member
+// may act as it anyway).
 const qSchemaOpenTo = `SELECT quote_ident($1), (
 	SELECT CASE WHEN EXISTS (
 			SELECT 1 FROM pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) a
@@ -989,7 +991,9 @@ const qSchemaOpenTo = `SELECT quote_ident($1), (
 			SELECT string_agg(quote_ident(r.rolname), ', ' ORDER BY r.rolname)
 			FROM pg_catalog.pg_roles r
 			WHERE r.rolcanlogin AND NOT r.rolsuper
-			  AND pg_catalog.has_schema_privilege(r.oid, n.oid, 'CREATE')
+			  AND (pg_catalog.has_schema_privilege(r.oid, n.oid, 'CREATE') OR EXISTS (
+				SELECT 1 FROM pg_catalog.aclexplode(coalesce(n.nspacl, pg_catalog.acldefault('n', n.nspowner))) g
+				WHERE g.privilege_type = 'CREATE' AND g.grantee <> 0 AND pg_catalog.pg_has_role(r.oid, g.grantee, 'MEMBER')))
 			  AND NOT pg_catalog.pg_has_role(r.oid, current_user, 'MEMBER')) END
 	FROM pg_catalog.pg_namespace n
 	WHERE n.nspname = $1)`

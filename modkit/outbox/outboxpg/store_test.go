@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -745,5 +746,54 @@ func TestMigrateRefusesASchemaAnotherRoleMayCreateIn(t *testing.T) {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+other+" create objects") {
 		t.Fatalf("migration 0037 on a schema %s may create in: %v, want it refused (42501)", other, err)
+	}
+}
+
+// A login role that is a NOINHERIT member of a role that may create objects
+// in the schema has no such right of its own, yet may SET ROLE to that role
+// and create there a function the outbox's functions would call as their
+// owner (a security review did, past the check above): Migrate refuses
+// such a schema too, and so does migration 0040 run by another tool.
+func TestMigrateRefusesASchemaANoinheritMemberMayCreateIn(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	suffix := strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	creator, member := "mk_creator_"+suffix, "mk_noinherit_"+suffix
+	for _, q := range []string{
+		"CREATE ROLE " + creator + " NOLOGIN",
+		"CREATE ROLE " + member + " LOGIN NOINHERIT IN ROLE " + creator,
+		"CREATE SCHEMA mk_noinherit",
+		"GRANT CREATE ON SCHEMA mk_noinherit TO " + creator,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(ctx, "REVOKE CREATE ON SCHEMA mk_noinherit FROM "+creator)
+		_, _ = pool.Exec(ctx, "DROP ROLE IF EXISTS "+member)
+		_, _ = pool.Exec(ctx, "DROP ROLE IF EXISTS "+creator)
+	})
+	st := open(t, pool, driver.Options{Schema: "mk_noinherit", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	err := st.Migrate(ctx)
+	if err == nil || !strings.Contains(err.Error(), "lets "+member+" create objects") || !strings.Contains(err.Error(), "nothing was migrated") {
+		t.Fatalf("Migrate of a schema a NOINHERIT member of %s may create in: %v, want it refused, naming %s", creator, err, member)
+	}
+	file, err := migrations.FS.ReadFile("0040_outbox_schema_closed_to_noinherit_members.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path = mk_noinherit"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, string(file))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+member+" create objects") {
+		t.Fatalf("migration 0040 on a schema a NOINHERIT member may create in: %v, want it refused (42501)", err)
 	}
 }

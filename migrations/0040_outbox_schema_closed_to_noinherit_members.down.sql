@@ -1,0 +1,2 @@
+-- Migration 0040 only checked the schema; there is nothing to undo.
+SELECT 1;
