@@ -112,19 +112,21 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			if err != nil {
 				return err
 			}
-			// With a newer version's migrations applied, Down refuses and
-			// names them: nothing to confirm.
-			if !slices.ContainsFunc(st, func(s db.MigrationStatus) bool { return s.Unknown }) {
-				var names []string
-				for i := len(st) - 1; i >= 0 && len(names) < *steps; i-- {
-					if st[i].Applied {
-						names = append(names, fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name))
-					}
+			// A newer version's migrations (Status lists them last) make
+			// Down refuse, naming them: nothing to confirm.
+			newer := len(st) > 0 && st[len(st)-1].Unknown
+			var names []string
+			for i := len(st) - 1; i >= 0 && len(names) < *steps && !newer; i-- {
+				if st[i].Applied {
+					names = append(names, fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name))
 				}
-				if len(names) == 0 {
-					fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
-					return nil
-				}
+			}
+			switch {
+			case newer:
+			case len(names) == 0:
+				fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
+				return nil
+			default:
 				if err := confirm(e, fmt.Sprintf("Revert %s in schema %s? A migration that created tables drops them, with their events.",
 					strings.Join(names, ", "), f.schema)); err != nil {
 					return err

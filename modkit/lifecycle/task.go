@@ -278,19 +278,17 @@ func (t *Task) Start(ctx context.Context) error {
 		return fmt.Errorf("%w (task %q)", ErrExitedBeforeReady, t.cfg.Name)
 	case <-ctx.Done():
 		notReady := fmt.Errorf("lifecycle: task %q was not ready before the start context ended: %w", t.cfg.Name, context.Cause(ctx))
-		var why error
+		attrs := []any{"err", context.Cause(ctx)}
 		if t.cfg.NotReadyCause != nil {
-			why = t.cfg.NotReadyCause()
+			if why := t.cfg.NotReadyCause(); why != nil {
+				notReady = fmt.Errorf("lifecycle: task %q was not ready before the start context ended (%w): %w", t.cfg.Name, context.Cause(ctx), why)
+				attrs = append(attrs, "not_ready_because", why)
+			}
 		}
 		// Logged as well as returned: fx reports its start timeout as
 		// soon as it passes, without waiting for this hook's error, which
 		// names the task and says how its stop went.
-		if why != nil {
-			notReady = fmt.Errorf("lifecycle: task %q was not ready before the start context ended (%w): %w", t.cfg.Name, context.Cause(ctx), why)
-			t.log.Error("task not ready before the start context ended; stopping it", "err", context.Cause(ctx), "not_ready_because", why)
-		} else {
-			t.log.Error("task not ready before the start context ended; stopping it", "err", context.Cause(ctx))
-		}
+		t.log.Error("task not ready before the start context ended; stopping it", attrs...)
 		// The stop's own error says whether the run is gone (a timeout
 		// leaves it running, and fx runs no stop hook for a failed start)
 		// or how it failed.

@@ -376,9 +376,9 @@ func (d *Dispatcher) Task() *lifecycle.Task { return d.task }
 // schema not migrated, missing privileges, a database that does not exist,
 // a login the server refuses (a password being rotated included: start
 // again once it works). A server that cannot be reached is retried until
-// ctx ends (give ctx a deadline); the error then includes the last claim's. Once ready, every database error is
-// retried. Starting a running dispatcher is an error; a stopped one can be
-// started again.
+// ctx ends (give ctx a deadline); the error then includes the last claim's.
+// Once ready, every database error is retried. Starting a running
+// dispatcher is an error; a stopped one can be started again.
 func (d *Dispatcher) Start(ctx context.Context) error { return d.task.Start(ctx) }
 
 // Stop stops claiming, gives queued events back, lets in-flight publishes

@@ -730,7 +730,16 @@ func TestMigrateRefusesASchemaAnotherRoleMayCreateIn(t *testing.T) {
 		t.Fatalf("no warning for an up-to-date schema %s may create in; log:\n%s", other, logs.String())
 	}
 	// Another tool's run of migration 0037 refuses it too.
-	file, err := migrations.FS.ReadFile("0037_outbox_schema_closed_to_every_other_role.up.sql")
+	requireFileRefuses(t, pool, "mk_open_role", "0037_outbox_schema_closed_to_every_other_role.up.sql", other)
+}
+
+// requireFileRefuses runs migration file name in schema, in a transaction
+// rolled back afterwards, as another migration tool would, and fails t
+// unless it refuses the schema (42501) naming role as one that may create
+// objects in it.
+func requireFileRefuses(t *testing.T, pool *pgxpool.Pool, schema, name, role string) {
+	t.Helper()
+	file, err := migrations.FS.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -739,13 +748,13 @@ func TestMigrateRefusesASchemaAnotherRoleMayCreateIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "SET LOCAL search_path = mk_open_role"); err != nil {
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path = "+schema); err != nil {
 		t.Fatal(err)
 	}
 	_, err = tx.Exec(ctx, string(file))
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+other+" create objects") {
-		t.Fatalf("migration 0037 on a schema %s may create in: %v, want it refused (42501)", other, err)
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+role+" create objects") {
+		t.Fatalf("%s on schema %s, which %s may create in: %v, want it refused (42501)", name, schema, role, err)
 	}
 }
 
@@ -779,21 +788,5 @@ func TestMigrateRefusesASchemaANoinheritMemberMayCreateIn(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lets "+member+" create objects") || !strings.Contains(err.Error(), "nothing was migrated") {
 		t.Fatalf("Migrate of a schema a NOINHERIT member of %s may create in: %v, want it refused, naming %s", creator, err, member)
 	}
-	file, err := migrations.FS.ReadFile("0040_outbox_schema_closed_to_noinherit_members.up.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, "SET LOCAL search_path = mk_noinherit"); err != nil {
-		t.Fatal(err)
-	}
-	_, err = tx.Exec(ctx, string(file))
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "lets "+member+" create objects") {
-		t.Fatalf("migration 0040 on a schema a NOINHERIT member may create in: %v, want it refused (42501)", err)
-	}
+	requireFileRefuses(t, pool, "mk_noinherit", "0040_outbox_schema_closed_to_noinherit_members.up.sql", member)
 }
