@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -187,6 +188,19 @@ func (l *logRecorder) withAttr(key, value string) map[string]string {
 		}
 	}
 	return nil
+}
+
+// count is the number of records whose message contains part.
+func (l *logRecorder) count(part string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.records {
+		if strings.Contains(r.Message, part) {
+			n++
+		}
+	}
+	return n
 }
 
 func attrs(r slog.Record) map[string]string {
@@ -1004,5 +1018,45 @@ func TestOverviewMarksTopicsNobodyServes(t *testing.T) {
 	}
 	if strings.Contains(rowOf("shop/orders"), "unserved") {
 		t.Errorf("shop/orders, whose maintenance lease is held, is marked as served by none:\n%s", rowOf("shop/orders"))
+	}
+}
+
+// Wrong operator tokens are limited per address: after ten, a sign-in is
+// refused with 429 and Retry-After, the right token too, and the log says
+// so once rather than once a try.
+func TestWrongOperatorTokensAreLimited(t *testing.T) {
+	w := newWorld(t)
+	log := newLogRecorder()
+	base := serve(t, w, outboxui.Options{OperatorToken: token, Logger: slog.New(log)})
+	jar := newJar()
+	_, csrf := get(t, jar, base)
+	for i := range 10 {
+		if code, body := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {"wrong-token-" + strconv.Itoa(i)}}, ""); code != http.StatusForbidden || !strings.Contains(body, "Wrong operator token.") {
+			t.Fatalf("wrong token %d: %d\n%s", i+1, code, body)
+		}
+	}
+	for _, tok := range []string{"yet another wrong one", token} {
+		req, err := http.NewRequest(http.MethodPost, base+"login", strings.NewReader(url.Values{"csrf": {csrf}, "token": {tok}}.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := jar.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if resp.StatusCode != http.StatusTooManyRequests || secs < 1 || secs > 6 || !strings.Contains(string(body), "Too many wrong operator tokens from your address") {
+			t.Fatalf("sign-in with %q after ten wrong tokens: %d, Retry-After %q\n%s", tok, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+	// Still not signed in: an operator action is refused.
+	if code, _ := post(t, jar, base+"replay", url.Values{"csrf": {csrf}, "id": {w.deadOrder.String()}}, ""); code != http.StatusForbidden {
+		t.Fatalf("replay after refused sign-ins: %d, want 403", code)
+	}
+	if n := log.count("too many wrong tokens"); n != 1 {
+		t.Fatalf("the log says %d times that the limit was reached, want once", n)
 	}
 }

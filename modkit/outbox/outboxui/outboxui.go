@@ -37,6 +37,10 @@
 //     was bound; the dashboard keeps no sessions, so a copy of a browser's
 //     two cookies taken before it signed out stays valid until the
 //     sign-in's time is up (change the key or the token to end it sooner).
+//     Wrong tokens are limited per remote address (the request's own, not
+//     a forwarded one): ten at once, then one each six seconds; beyond
+//     that its sign-ins get 429 with Retry-After, without the token being
+//     compared, and the log has one line each time the limit is reached.
 //   - The sign-in cookie, the CSRF tokens and the messages after an action
 //     are signed with a key that never leaves the process: by default a
 //     random one that New makes for its handler. Several replicas behind a
@@ -100,6 +104,7 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -200,6 +205,8 @@ type handler struct {
 	// the page loads that read the database at once (load.go).
 	series *seriesCache
 	reads  chan struct{}
+	// signIns limits wrong operator tokens per remote address (signin.go).
+	signIns *signInLimiter
 }
 
 // New returns the dashboard on admin.
@@ -220,7 +227,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 		opts.Logger = slog.Default()
 	}
 	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger,
-		reads: make(chan struct{}, maxConcurrentReads)}
+		reads: make(chan struct{}, maxConcurrentReads), signIns: newSignInLimiter(time.Now)}
 	h.series = &seriesCache{now: time.Now, read: func(ctx context.Context) (outbox.Series, error) {
 		return admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	}}
@@ -465,9 +472,22 @@ func (h *handler) redirectFor(w http.ResponseWriter, r *http.Request, browser, t
 }
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
+	host := hostOf(r.RemoteAddr)
+	if d := h.signIns.wait(host); d > 0 {
+		secs := int(math.Ceil(d.Seconds()))
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		h.fail(w, r, http.StatusTooManyRequests, fmt.Sprintf(
+			"Too many wrong operator tokens from your address: sign-ins from it are refused for %d s more.", secs))
+		return
+	}
 	tok := r.PostForm.Get("token")
 	if h.opts.OperatorToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(h.opts.OperatorToken)) != 1 {
-		h.log.Warn("outboxui: operator sign-in refused", "remote", r.RemoteAddr)
+		if h.signIns.failed(host) {
+			h.log.Warn("outboxui: operator sign-in refused; too many wrong tokens from this address, its next sign-ins are refused for a while",
+				"remote", r.RemoteAddr, "refill", signInRefill)
+		} else {
+			h.log.Warn("outboxui: operator sign-in refused", "remote", r.RemoteAddr)
+		}
 		h.fail(w, r, http.StatusForbidden, "Wrong operator token.")
 		return
 	}

@@ -33,3 +33,52 @@ func TestOperatorCookieExpires(t *testing.T) {
 		}
 	}
 }
+
+// Each address has its own allowance of wrong tokens, which refills at one
+// per signInRefill; addresses beyond signInHosts share one.
+func TestSignInLimiter(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	l := newSignInLimiter(func() time.Time { return now })
+	for i := range signInBurst {
+		if d := l.wait("a"); d != 0 {
+			t.Fatalf("wrong token %d of a: wait %v before it", i+1, d)
+		}
+		if last := l.failed("a"); last != (i == signInBurst-1) {
+			t.Fatalf("wrong token %d of a: last = %v", i+1, last)
+		}
+	}
+	if d := l.wait("a"); d != signInRefill {
+		t.Fatalf("a after %d wrong tokens: wait %v, want %v", signInBurst, d, signInRefill)
+	}
+	if d := l.wait("b"); d != 0 {
+		t.Fatalf("b, which tried nothing: wait %v", d)
+	}
+	now = now.Add(signInRefill / 2)
+	if d := l.wait("a"); d != signInRefill/2 {
+		t.Fatalf("a half a refill later: wait %v, want %v", d, signInRefill/2)
+	}
+	now = now.Add(signInRefill / 2)
+	if d := l.wait("a"); d != 0 {
+		t.Fatalf("a a refill later: wait %v, want 0", d)
+	}
+	if !l.failed("a") {
+		t.Fatal("a's one refilled try used: not reported as its last")
+	}
+
+	// A full map: recovered addresses are forgotten to make room, and
+	// while none has recovered, new ones share an allowance.
+	for i := len(l.hosts); i < signInHosts; i++ {
+		l.failed(strconv.Itoa(i))
+	}
+	for i := range signInBurst {
+		l.failed("new " + strconv.Itoa(i))
+	}
+	if d := l.wait("another new one"); d == 0 || len(l.hosts) != signInHosts+1 {
+		t.Fatalf("new addresses beyond a full map: wait %v with %d remembered, want them to share one spent allowance", d, len(l.hosts))
+	}
+	now = now.Add(signInBurst * signInRefill)
+	l.failed("c")
+	if d := l.wait("c"); d != 0 || len(l.hosts) > 3 {
+		t.Fatalf("c once the others recovered: wait %v with %d remembered, want 0 with the recovered forgotten", d, len(l.hosts))
+	}
+}
