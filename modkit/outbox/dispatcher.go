@@ -548,8 +548,9 @@ type Health struct {
 	// failed).
 	Starting bool
 	// Degraded: something keeps events from flowing normally (a paused
-	// topic, failing claims or outcome writes, a notification listener
-	// that cannot listen, failing maintenance); Problems says what. It is
+	// topic, a topic whose last publishes all failed, failing claims or
+	// outcome writes, a notification listener that cannot listen, failing
+	// maintenance); Problems says what. It is
 	// also set while starting, once a claim failed: the failing claims
 	// are what keeps the dispatcher from being ready (State still says
 	// "starting" then).
@@ -588,7 +589,9 @@ func (h Health) State() string {
 
 // Health reports whether the dispatcher is ready (its first claim
 // succeeded) and whether it is degraded: a topic has publishes that
-// outlived their deadline (the publisher ignores its context), claims are
+// outlived their deadline (the publisher ignores its context), a topic's
+// last three or more publishes in this process all failed (its broker or
+// endpoint is down, say; until one delivers), claims are
 // failing, outcome writes are (until one succeeds), the notification
 // listener cannot listen, or maintenance is failing (until a pass works: a
 // failed election is retried within seconds, with the claims' backoff, so
@@ -621,6 +624,11 @@ func (d *Dispatcher) Health() Health {
 		case l.abandoned > 0:
 			h.Problems = append(h.Problems, fmt.Sprintf("topic %s: %d publishes outlived their deadline and have not returned "+
 				"(the publisher ignores its context)", l.topic, l.abandoned))
+		}
+		if l.failed >= failingAfter {
+			h.Problems = append(h.Problems, fmt.Sprintf("topic %s: its last %d publishes failed, from %s to %s, and none delivered since "+
+				"(the errors are in the dispatcher's log and the events' history); its events are retried, then dead-lettered",
+				l.topic, l.failed, l.failedFirst.UTC().Format(time.RFC3339), l.failedLast.UTC().Format(time.RFC3339)))
 		}
 	}
 	if claimErr != nil {

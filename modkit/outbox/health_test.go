@@ -407,3 +407,48 @@ func TestHealthOfANilDispatcher(t *testing.T) {
 		t.Fatalf("health of a nil dispatcher: %+v, want the zero Health", h)
 	}
 }
+
+// A topic whose last publishes all failed (its broker or endpoint is
+// down, say) makes the dispatcher degraded once three in a row have
+// failed, naming the topic and when, until a publish delivers. Health
+// said nothing of it: the failures showed only in the log and the
+// events' history.
+func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	var failing atomic.Bool
+	failing.Store(true)
+	outcomes := newOutcomeLog()
+	d := startDispatcher(t, c, testConfig(outcomes), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
+		if failing.Load() {
+			return outbox.Permanent(errors.New("the endpoint is down"))
+		}
+		return nil
+	}})
+	problem := func() string {
+		for _, p := range d.Health().Problems {
+			if strings.Contains(p, "publishes failed") {
+				return p
+			}
+		}
+		return ""
+	}
+
+	enqueueN(t, c, pool, 2)
+	outcomes.waitFor(t, "two events dead", finalCount(outbox.StatusDead, 2))
+	if h := d.Health(); h.Degraded {
+		t.Fatalf("health after two failed publishes: %+v, want not degraded", h)
+	}
+	enqueueN(t, c, pool, 1)
+	outcomes.waitFor(t, "three events dead", finalCount(outbox.StatusDead, 3))
+	if p := problem(); !d.Health().Degraded || !strings.Contains(p, "topic "+testTopic.String()+": its last 3 publishes failed, from ") {
+		t.Fatalf("health after three failed publishes in a row: %+v, want the topic named", d.Health())
+	}
+
+	failing.Store(false)
+	enqueueN(t, c, pool, 1)
+	outcomes.waitFor(t, "an event delivered", finalCount(outbox.StatusDelivered, 1))
+	if h := d.Health(); h.Degraded || problem() != "" {
+		t.Fatalf("health once a publish delivered: %+v, want healthy", h)
+	}
+}

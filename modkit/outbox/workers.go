@@ -77,6 +77,31 @@ type lane struct {
 	waiting int
 	avg     time.Duration // moving average of publish durations; 0 before the first
 	keyed   bool          // an event with an ordering key was claimed for the lane
+	// failed counts the publishes that failed (returned an error or
+	// outlived their deadline) since the last that delivered, the first
+	// and last of them at failedFirst and failedLast (Dispatcher.Health).
+	failed                  int
+	failedFirst, failedLast time.Time
+}
+
+// failingAfter is how many publishes of a topic in a row must fail for
+// Dispatcher.Health to report it: one or two failures are everyday retries.
+const failingAfter = 3
+
+// notePublish counts a publish's end towards the lane's failures in a
+// row: a delivery ends them; an error or an abandonment adds one. Events
+// given back unpublished, and lost leases, say nothing of the publisher.
+func (l *lane) notePublish(r result, now time.Time) {
+	switch {
+	case delivered(r):
+		l.failed = 0
+	case (r.kind == published && r.err != nil) || r.kind == abandoned:
+		if l.failed == 0 {
+			l.failedFirst = now
+		}
+		l.failed++
+		l.failedLast = now
+	}
 }
 
 // paused: as many abandoned publishes as the lane's limit are still
@@ -514,6 +539,7 @@ func (p *workerPool) settled(k *call, res result) (next *call) {
 		if res.kind != released {
 			k.lane.avg = movingAverage(k.lane.avg, res.elapsed)
 		}
+		k.lane.notePublish(res, time.Now())
 		booked := p.reserveLocked()
 		p.mu.Unlock()
 		p.send(booked, res)
@@ -617,6 +643,9 @@ func (p *workerPool) abandon(k *call, atStop bool) {
 		why = whyStopLate
 	}
 	back := []result{{c: k.c, kind: abandoned, started: time.Now(), why: why}}
+	if !atStop {
+		k.lane.notePublish(back[0], back[0].started)
+	}
 	back = appendReleased(back, k.lane, k.rest, whyChain)
 	k.rest = nil
 	if paused { // nothing of this lane starts until an abandoned publish returns
@@ -727,16 +756,19 @@ func (p *workerPool) close() {
 
 // laneState is one lane's health, for Dispatcher.Health.
 type laneState struct {
-	topic     Topic
-	abandoned int
-	paused    bool
+	topic                   Topic
+	abandoned               int
+	paused                  bool
+	failed                  int // publishes in a row that failed
+	failedFirst, failedLast time.Time
 }
 
 func (p *workerPool) state() (lanes []laneState, abandoned int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, l := range p.lanes {
-		lanes = append(lanes, laneState{topic: l.topic, abandoned: l.abandoned, paused: l.paused()})
+		lanes = append(lanes, laneState{topic: l.topic, abandoned: l.abandoned, paused: l.paused(),
+			failed: l.failed, failedFirst: l.failedFirst, failedLast: l.failedLast})
 	}
 	return lanes, p.abandoned
 }

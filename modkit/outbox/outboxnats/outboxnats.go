@@ -80,10 +80,10 @@
 // Retry.MaxDelay lengthens those backoffs, not the first nine (at most
 // 256 s, under the default MaxDelay). Events dead-lettered by an outage
 // can be replayed once it is over (Admin.ReplayDead). The dispatcher's
-// Health does not report a broker outage: the failed publishes show in its
-// log, in the events' last_error (naming ErrNotConnected's "the NATS
-// connection is down") and in the outbox.events.retried and
-// outbox.events.dead metrics.
+// Health reports a topic whose last three or more publishes failed, and
+// the failed publishes show in its log, in the events' last_error (naming
+// ErrNotConnected's "the NATS connection is down") and in the
+// outbox.events.retried and outbox.events.dead metrics.
 //
 // # Failures
 //
