@@ -1021,7 +1021,7 @@ func TestReaderRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = cli(t, f.dsn, "stats", "--schema", "not_migrated").must(t, exitFailure)
-	if !strings.Contains(r.stderr, "modkit-outbox migrate up (with the same --schema)") {
+	if !strings.Contains(r.stderr, "schema not_migrated holds no outbox; schema public holds one") {
 		t.Fatalf("stats on a schema not migrated:\n%s", r.stderr)
 	}
 }

@@ -1,21 +1,27 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 )
+
+// schemaEnv is the environment variable whose value is --schema's default.
+const schemaEnv = "MODKIT_OUTBOX_SCHEMA"
 
 // errHelp: --help was asked for and printed.
 var errHelp = errors.New("help printed")
@@ -36,7 +42,7 @@ func newFlags(e env, name, usage, examples string) *cmdFlags {
 	// The default is read after parsing, so that --help never prints the
 	// URL (and its password).
 	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL or DSN (default $DATABASE_URL)")
-	f.StringVar(&f.schema, "schema", "public", "schema holding the outbox tables")
+	f.StringVar(&f.schema, "schema", "", "schema holding the outbox tables (default $"+schemaEnv+", else public)")
 	f.DurationVar(&f.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
 	return f
 }
@@ -66,6 +72,9 @@ func (f *cmdFlags) parse(e env, args []string) ([]string, error) {
 		}
 		args = f.Args()
 		if len(args) == 0 {
+			if !f.setFlags()["schema"] {
+				f.schema = cmp.Or(f.getenv(schemaEnv), "public")
+			}
 			return pos, nil
 		}
 		pos = append(pos, args[0])
@@ -137,12 +146,61 @@ func (f *cmdFlags) client(ctx context.Context) (*outbox.Client, *pgxpool.Pool, e
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := f.checkSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
 	c, err := outbox.New(outboxpg.New(pool), outbox.Config{Schema: f.schema})
 	if err != nil {
 		pool.Close()
 		return nil, nil, usageErr("%v", err)
 	}
 	return c, pool, nil
+}
+
+// qOutboxSchemas lists the schemas of the database that hold an outbox
+// (its events table), from the catalog, which every role may read.
+const qOutboxSchemas = `SELECT n.nspname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relname = 'modkit_outbox_events' AND c.relkind IN ('r', 'p')
+ORDER BY 1`
+
+// otherOutboxes returns the schemas other than --schema's that hold an
+// outbox, when --schema's holds none (nil otherwise).
+func (f *cmdFlags) otherOutboxes(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	rows, err := pool.Query(ctx, qOutboxSchemas)
+	if err != nil {
+		return nil, fmt.Errorf("look up the schemas that hold an outbox: %w", err)
+	}
+	schemas, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("look up the schemas that hold an outbox: %w", err)
+	}
+	if slices.Contains(schemas, f.schema) {
+		return nil, nil
+	}
+	return schemas, nil
+}
+
+// checkSchema refuses a --schema without an outbox when other schemas of
+// the database hold one: an operator who forgot --schema would otherwise
+// read an empty outbox, or be told to migrate one. With no outbox in any
+// schema, the command goes on and says the outbox is not migrated.
+func (f *cmdFlags) checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	others, err := f.otherOutboxes(ctx, pool)
+	if err != nil || len(others) == 0 {
+		return err
+	}
+	return fmt.Errorf("schema %s holds no outbox; %s: pass --schema %s (or set %s=%s)",
+		f.schema, elsewhere(others), others[0], schemaEnv, others[0])
+}
+
+// elsewhere says which schemas hold an outbox.
+func elsewhere(schemas []string) string {
+	if len(schemas) == 1 {
+		return "schema " + schemas[0] + " holds one"
+	}
+	return "schemas " + strings.Join(schemas, ", ") + " hold one each"
 }
 
 // filterFlags are the event filters shared by events list and dead replay.

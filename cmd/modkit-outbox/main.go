@@ -10,7 +10,8 @@
 //
 // and run `modkit-outbox help` for the commands. Every command that needs
 // the database takes --database-url (default: the DATABASE_URL
-// environment variable) and --schema (default public).
+// environment variable) and --schema (default: the MODKIT_OUTBOX_SCHEMA
+// environment variable, else public), before or after the command.
 //
 // Exit codes: 0 success; 1 the operation failed; 2 bad command line; 3 the
 // database cannot be reached; 4 an event was not found (for dead
@@ -25,6 +26,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -112,7 +114,9 @@ Commands:
 %s
 Every command but migrate sql (which prints the migrations without
 connecting) takes --database-url (default $DATABASE_URL) and --schema
-(default public). "modkit-outbox COMMAND --help" shows a command's flags
+(default $MODKIT_OUTBOX_SCHEMA, else public), before or after the
+command. A command on a schema that holds no outbox while another schema
+does is refused, naming that schema. "modkit-outbox COMMAND --help" shows a command's flags
 and examples.
 
 Examples:
@@ -155,6 +159,16 @@ func run(ctx context.Context, e env, args []string) int {
 		printMainUsage(e.stdout)
 		return exitOK
 	}
+	if strings.HasPrefix(args[0], "-") {
+		// The connection flags may come before the command too (as in
+		// modkit-outbox --schema shop stats): they go after it.
+		lead, rest, err := leadingFlags(args)
+		if err != nil {
+			fmt.Fprintf(e.stderr, "modkit-outbox: %v\n", err)
+			return exitUsage
+		}
+		args = append(rest[:1:1], append(rest[1:], lead...)...)
+	}
 	for _, c := range commands() {
 		if c.name == args[0] {
 			return report(e, c.name, c.run(ctx, e, args[1:]))
@@ -162,6 +176,31 @@ func run(ctx context.Context, e env, args []string) int {
 	}
 	fmt.Fprintf(e.stderr, "modkit-outbox: unknown command %q; run \"modkit-outbox help\" for the list\n", args[0])
 	return exitUsage
+}
+
+// leadingFlags splits a command line that starts with flags into those
+// flags and the rest, which starts with the command. Only the connection
+// flags every command takes may come first.
+func leadingFlags(args []string) (lead, rest []string, err error) {
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		if name != "database-url" && name != "schema" && name != "connect-timeout" {
+			return nil, nil, fmt.Errorf("%s before the command: only --database-url, --schema and --connect-timeout may come "+
+				"before it; put the others after it (modkit-outbox COMMAND [flags])", args[0])
+		}
+		n := 1
+		if !hasValue {
+			n = 2
+		}
+		if len(args) < n {
+			return nil, nil, fmt.Errorf("%s needs a value", args[0])
+		}
+		lead, args = append(lead, args[:n]...), args[n:]
+	}
+	if len(args) == 0 {
+		return nil, nil, errors.New("no command after the flags; run \"modkit-outbox help\" for the list")
+	}
+	return lead, args, nil
 }
 
 // report prints err, of the command cmd, and maps it to an exit code.

@@ -37,14 +37,15 @@ type result struct {
 // with stdin as a non-interactive input.
 func cli(t *testing.T, dsn string, args ...string) result {
 	t.Helper()
+	return cliEnv(t, map[string]string{"DATABASE_URL": dsn}, args...)
+}
+
+// cliEnv is cli with the environment variables vars.
+func cliEnv(t *testing.T, vars map[string]string, args ...string) result {
+	t.Helper()
 	var out, errOut bytes.Buffer
 	e := env{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut,
-		getenv: func(k string) string {
-			if k == "DATABASE_URL" {
-				return dsn
-			}
-			return ""
-		}}
+		getenv: func(k string) string { return vars[k] }}
 	code := run(bg, e, args)
 	return result{code, out.String(), errOut.String()}
 }

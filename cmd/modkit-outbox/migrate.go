@@ -29,7 +29,7 @@ schema of the search_path of the session that runs them.
 func runMigrate(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "migrate", "migrate up|down|status|sql [flags]", migrateExamples)
 	steps := f.Int("steps", 1, "down: how many migrations to revert, newest first")
-	yes := f.Bool("yes", false, "down: do not ask for confirmation")
+	yes := f.Bool("yes", false, "up, down: do not ask for confirmation")
 	format := f.String("format", "plain", "sql: golang-migrate, goose or plain")
 	out := f.String("out", "", "sql: write the files into this directory instead of printing them")
 	pos, err := f.parse(e, args)
@@ -46,9 +46,9 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	// A flag the subcommand does not use is refused, not ignored: a
 	// schema that sql ignored put the tables in another schema.
 	set := f.setFlags()
-	for name, subcommands := range map[string]string{"steps": "down", "yes": "down", "format": "sql", "out": "sql"} {
-		if set[name] && subcommands != pos[0] {
-			return usageErr("--%s is for migrate %s only", name, subcommands)
+	for name, subcommands := range map[string][]string{"steps": {"down"}, "yes": {"up", "down"}, "format": {"sql"}, "out": {"sql"}} {
+		if set[name] && !slices.Contains(subcommands, pos[0]) {
+			return usageErr("--%s is for migrate %s only", name, strings.Join(subcommands, " and "))
 		}
 	}
 	if pos[0] == "sql" {
@@ -61,6 +61,10 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			return usageErr("migrate sql does not take --schema: the files create the outbox in the first schema of the " +
 				"search_path of the session that runs them; run them with it set (PGOPTIONS='-c search_path=shop' psql …), " +
 				"or use migrate up --schema")
+		}
+		if v := e.getenv(schemaEnv); v != "" {
+			fmt.Fprintf(e.stderr, "modkit-outbox: note: migrate sql ignores %s=%s: the files create the outbox in the first schema "+
+				"of the search_path of the session that runs them\n", schemaEnv, v)
 		}
 		return printMigrations(e, *format, *out)
 	}
@@ -76,8 +80,21 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	// A schema without an outbox while others hold one: most likely
+	// --schema was forgotten, and migrate up would make a second, empty
+	// outbox that every later command without --schema reads.
+	others, err := f.otherOutboxes(ctx, pool)
+	if err != nil {
+		return err
+	}
 	switch pos[0] {
 	case "up":
+		if len(others) > 0 && !*yes {
+			if err := confirm(e, fmt.Sprintf("Schema %s holds no outbox, but %s (pass --schema %s to migrate that one). "+
+				"Create a second outbox in schema %s?", f.schema, elsewhere(others), others[0], f.schema)); err != nil {
+				return err
+			}
+		}
 		// Through Client.Migrate, as an app migrates: it refuses a schema
 		// others may create objects in before migrating anything, and warns
 		// (on stderr) when the role may not create the outbox's roles. The
@@ -161,7 +178,13 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			}
 			fmt.Fprintf(tw, "%04d\t%s\t%s\n", s.Version, name, applied)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if len(others) > 0 {
+			fmt.Fprintf(e.stderr, "modkit-outbox: note: schema %s holds no outbox, but %s: pass --schema %s for its status\n",
+				f.schema, elsewhere(others), others[0])
+		}
 	}
 	return nil
 }

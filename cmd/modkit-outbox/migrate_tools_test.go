@@ -127,7 +127,9 @@ func TestMigrateCommands(t *testing.T) {
 	if s := status(); strings.Count(s, " no\n") != len(known) {
 		t.Fatalf("status before up:\n%s", s)
 	}
-	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "applied 0001_outbox_events") {
+	// Public holds the fixture's outbox: a second one is made only when
+	// confirmed (TestSchemaWithoutAnOutbox).
+	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops", "--yes").must(t, exitOK).stdout; !strings.Contains(out, "applied 0001_outbox_events") {
 		t.Fatalf("up:\n%s", out)
 	}
 	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "up to date") {
@@ -181,7 +183,7 @@ func TestMigrateCommands(t *testing.T) {
 	outs := make([]result, 3)
 	for i := range outs {
 		wg.Add(1)
-		go func() { defer wg.Done(); outs[i] = cli(t, f.dsn, "migrate", "up", "--schema", "ops_concurrent") }()
+		go func() { defer wg.Done(); outs[i] = cli(t, f.dsn, "migrate", "up", "--schema", "ops_concurrent", "--yes") }()
 	}
 	wg.Wait()
 	said := 0
@@ -202,7 +204,7 @@ func TestMigrateCommands(t *testing.T) {
 	if _, err := f.pool.Exec(bg, "CREATE SCHEMA open_ops; GRANT CREATE ON SCHEMA open_ops TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
-	r := cli(t, f.dsn, "migrate", "up", "--schema", "open_ops").must(t, exitFailure)
+	r := cli(t, f.dsn, "migrate", "up", "--schema", "open_ops", "--yes").must(t, exitFailure)
 	if !strings.Contains(r.stderr, "REVOKE CREATE ON SCHEMA open_ops FROM PUBLIC") || !strings.Contains(r.stderr, "nothing was migrated") ||
 		strings.Contains(r.stderr, "modkit_outbox_reader") {
 		t.Fatalf("migrate up of a schema PUBLIC may create in:\n%s", r.stderr)
@@ -354,5 +356,60 @@ func TestMigrateSQLPlain(t *testing.T) {
 	out = cli(t, f.dsn, "migrate", "sql", "--format", "goose").must(t, exitOK).stdout
 	if strings.Count(out, "-- +goose Up\n") != len(knownMigrations(t)) || !strings.Contains(out, "-- ==== 0002_outbox_leaders.sql ====") {
 		t.Fatalf("goose to stdout:\n%s", out)
+	}
+}
+
+// A command on a schema without an outbox, while another schema holds
+// one, names that schema instead of reading an empty outbox or advising
+// migrate up, which made a second, empty outbox that every later command
+// without --schema read (a user trial: its dead events looked gone).
+// --schema may come before the command, and MODKIT_OUTBOX_SCHEMA gives
+// its default.
+func TestSchemaWithoutAnOutbox(t *testing.T) {
+	f := newFixture(t) // its outbox is in public
+	if _, err := f.pool.Exec(bg, "CREATE SCHEMA ops"); err != nil {
+		t.Fatal(err)
+	}
+	f.enqueue(t, orders, 1)
+	const refused = "schema ops holds no outbox; schema public holds one: pass --schema public (or set MODKIT_OUTBOX_SCHEMA=public)"
+	for _, args := range [][]string{{"stats", "--schema", "ops"}, {"--schema", "ops", "stats"}, {"--schema=ops", "events", "list"}} {
+		if r := cli(t, f.dsn, args...).must(t, exitFailure); !strings.Contains(r.stderr, refused) || strings.Contains(r.stderr, "migrate up") {
+			t.Fatalf("%v:\n%s", args, r.stderr)
+		}
+	}
+	env := map[string]string{"DATABASE_URL": f.dsn, "MODKIT_OUTBOX_SCHEMA": "ops"}
+	if r := cliEnv(t, env, "stats").must(t, exitFailure); !strings.Contains(r.stderr, refused) {
+		t.Fatalf("stats with MODKIT_OUTBOX_SCHEMA=ops:\n%s", r.stderr)
+	}
+	if r := cliEnv(t, env, "stats", "--schema", "public").must(t, exitOK); !strings.Contains(r.stdout, "order_paid") {
+		t.Fatalf("stats --schema public over MODKIT_OUTBOX_SCHEMA=ops:\n%s", r.stdout)
+	}
+	if r := cli(t, f.dsn, "--bogus", "stats").must(t, exitUsage); !strings.Contains(r.stderr, "only --database-url, --schema and --connect-timeout") {
+		t.Fatalf("an unknown flag before the command:\n%s", r.stderr)
+	}
+
+	// migrate status says where the outbox is; migrate up asks first.
+	if r := cli(t, f.dsn, "migrate", "status", "--schema", "ops").must(t, exitOK); !strings.Contains(r.stderr, "schema public holds one: pass --schema public") {
+		t.Fatalf("migrate status --schema ops:\n%s", r.stderr)
+	}
+	if r := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitAborted); !strings.Contains(r.stderr, "Create a second outbox in schema ops?") {
+		t.Fatalf("migrate up --schema ops without --yes:\n%s", r.stderr)
+	}
+	var made bool
+	if err := f.pool.QueryRow(bg, "SELECT to_regclass('ops.modkit_schema_migrations') IS NOT NULL").Scan(&made); err != nil || made {
+		t.Fatalf("migrate up refused, yet the schema has a migrations table (%v, %v)", made, err)
+	}
+	cliEnv(t, env, "migrate", "up", "--yes").must(t, exitOK)
+	if r := cliEnv(t, env, "stats").must(t, exitOK); strings.Contains(r.stdout, "order_paid") {
+		t.Fatalf("stats of the new, empty outbox in ops shows public's events:\n%s", r.stdout)
+	}
+
+	// With no outbox in any schema, the command says to migrate.
+	if _, err := f.pool.Exec(bg, `DROP SCHEMA ops CASCADE; CREATE SCHEMA ops;
+		ALTER TABLE public.modkit_outbox_events RENAME TO modkit_outbox_events_elsewhere`); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, f.dsn, "stats", "--schema", "ops").must(t, exitFailure); !strings.Contains(r.stderr, "modkit-outbox migrate up (with the same --schema)") {
+		t.Fatalf("stats with no outbox in any schema:\n%s", r.stderr)
 	}
 }
