@@ -18,7 +18,7 @@ import (
 const migrateExamples = `  modkit-outbox migrate up                        # apply what is missing
   modkit-outbox migrate status
   modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (drops its tables)
-  modkit-outbox migrate sql --format goose --out db/migrations
+  modkit-outbox migrate sql --format goose --out db/outbox   # then: goose -dir db/outbox -table outbox_goose_db_version …
   modkit-outbox migrate sql --format plain | psql -v ON_ERROR_STOP=1 "$DATABASE_URL"
 
 migrate sql connects to nothing, so it takes neither --database-url nor

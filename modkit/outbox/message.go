@@ -46,7 +46,12 @@ type Message struct {
 	// OrderingKey, when set, orders the event among the events of its
 	// (Namespace, Topic) with the same key (an account, a participant, an
 	// aggregate id): they are published one at a time, in the order their
-	// transactions committed, by a per-key sequence allocated in tx
+	// transactions committed. Only within one topic: events of another
+	// topic with the same key are not ordered against them, so that an
+	// order's order_paid may be published before its order_created. Give
+	// events that must stay in order one topic (a field of the payload, or
+	// a header, telling their kinds apart). The order comes from a per-key
+	// sequence allocated in tx
 	// (gap-free: a rolled-back transaction takes none). Producers of one
 	// key wait for each other's transactions; producers of different keys
 	// never do. Two transactions that each enqueue several keys can

@@ -923,6 +923,12 @@ func (s *store) Migrate(ctx context.Context) error {
 		return err
 	}
 	if _, err = m.Up(ctx); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			return fmt.Errorf("%w; this login may not migrate schema %s, which has migrations to apply (a login that "+
+				"holds only the outbox's roles may not): run them as the schema's owner before the application starts "+
+				"(modkit-outbox migrate up), or migrate with a login that may", err, s.opts.Schema)
+		}
 		return err
 	}
 	var missing []string

@@ -790,3 +790,24 @@ func TestMigrateRefusesASchemaANoinheritMemberMayCreateIn(t *testing.T) {
 	}
 	requireFileRefuses(t, pool, "mk_noinherit", "0040_outbox_schema_closed_to_noinherit_members.up.sql", member)
 }
+
+// A login that holds only the outbox's roles may keep migrating at start
+// (WithMigrations): on an up-to-date schema Migrate reads the migrations
+// table and does nothing. It failed with "permission denied for table
+// modkit_schema_migrations" (a user trial). With a migration to apply,
+// it fails saying that the owner must migrate.
+func TestMigrateAsARuntimeRole(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	for _, role := range []string{outboxpg.RoleProducer, outboxpg.RoleDispatcher, outboxpg.RoleOperator, outboxpg.RoleReader} {
+		if err := open(t, tdb.LoginAs(t, role), driver.Options{}).Migrate(ctx); err != nil {
+			t.Fatalf("Migrate of an up-to-date schema as a login in %s: %v", role, err)
+		}
+	}
+	mustExec(t, tdb.Provider.Pool, "DELETE FROM modkit_schema_migrations WHERE version = (SELECT max(version) FROM modkit_schema_migrations)")
+	err := open(t, tdb.LoginAs(t, outboxpg.RoleDispatcher), driver.Options{}).Migrate(ctx)
+	denied(t, "Migrate with a migration to apply, as a runtime login", err)
+	if !strings.Contains(err.Error(), "this login may not migrate schema public, which has migrations to apply") ||
+		!strings.Contains(err.Error(), "modkit-outbox migrate up") {
+		t.Fatalf("Migrate with a migration to apply, as a runtime login: %v, want it to say the owner must migrate", err)
+	}
+}
