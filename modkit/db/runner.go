@@ -258,7 +258,10 @@ func (r sqlRow) Scan(dest ...any) error {
 	if errors.Is(err, sql.ErrNoRows) {
 		return ErrNoRows
 	}
-	return err
+	if err != nil {
+		return notPgxStdlib(err)
+	}
+	return nil
 }
 
 type sqlRows struct{ *sql.Rows }

@@ -3,7 +3,10 @@ package db
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,7 +45,7 @@ func (s sqlRunner) Exec(ctx context.Context, query string, args ...any) (pgconn.
 	}
 	res, err := s.q.ExecContext(ctx, query, args...)
 	if err != nil {
-		return pgconn.CommandTag{}, err
+		return pgconn.CommandTag{}, notPgxStdlib(err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
@@ -58,9 +61,24 @@ func (s sqlRunner) Query(ctx context.Context, query string, args ...any) (pgx.Ro
 	}
 	rows, err := s.q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, err
+		return nil, notPgxStdlib(err)
 	}
 	return &sqlPgxRows{rows: rows}, nil
+}
+
+// notPgxStdlib adds to err, when it is a driver's refusal of an argument's
+// type, that the handle must be on pgx's stdlib driver: pgx's driver takes
+// every argument modkit passes, while lib/pq and bun's pgdriver refuse
+// pgx's array types ("unsupported type []pgtype.UUID") with an error that
+// names neither the driver nor the fix.
+func notPgxStdlib(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || !strings.Contains(err.Error(), "unsupported type") {
+		return err
+	}
+	return fmt.Errorf("%w (modkit/db.SQL: the handle's driver cannot take this argument: open it with pgx's "+
+		"database/sql driver, github.com/jackc/pgx/v5/stdlib, as db.Provider's SQL and Bun are; lib/pq and bun's "+
+		"pgdriver are not supported)", err)
 }
 
 func (s sqlRunner) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
