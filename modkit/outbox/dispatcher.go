@@ -334,10 +334,16 @@ func (d *Dispatcher) laneLimit(p *Publisher) int {
 	if p.Concurrency > 0 {
 		return p.Concurrency
 	}
-	if len(d.reg.topics) == 1 {
-		return d.cfg.Concurrency
+	limit := d.cfg.Concurrency
+	if len(d.reg.topics) > 1 {
+		limit = max(1, d.cfg.Concurrency/2)
 	}
-	return max(1, d.cfg.Concurrency/2)
+	// Each HandleTx call holds a pool connection: by default, no more at
+	// once than the pool has beside what the dispatcher itself uses.
+	if sizer, ok := d.c.store.(driver.PoolSizer); ok && p.HandleTx != nil {
+		limit = min(limit, max(1, sizer.PoolSize()-poolHeadroom))
+	}
+	return limit
 }
 
 // retention is a topic's retention.

@@ -540,19 +540,30 @@ func TestNewDispatcherWarnsOfASmallPoolForHandleTx(t *testing.T) {
 	client := clientOn(t, pool, outbox.Config{})
 	inTx := outbox.Publisher{Topic: testTopic, HandleTx: func(context.Context, pgx.Tx, outbox.Delivery) error { return nil }}
 	plain := outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error { return nil }}
+	inTx32 := inTx
+	inTx32.Concurrency = 32
 	for _, tc := range []struct {
 		name        string
 		concurrency int
 		pub         outbox.Publisher
 		warns       bool
+		lane        int // the topic's limit
 	}{
-		{"HandleTx, Concurrency 32", 32, inTx, true},
-		{"HandleTx, Concurrency 1", 1, inTx, false},
-		{"Publish, Concurrency 32", 32, plain, false},
+		{"HandleTx, Concurrency 32 set on the publisher", 32, inTx32, true, 32},
+		// By default a HandleTx topic runs no more calls than the pool
+		// has connections for beside the dispatcher's three: one here.
+		// It ran 32, and every start of such an app warned.
+		{"HandleTx, dispatcher Concurrency 32, the publisher's default", 32, inTx, false, 1},
+		{"HandleTx, Concurrency 1", 1, inTx, false, 1},
+		{"Publish, Concurrency 32", 32, plain, false, 32},
 	} {
 		logs := newLogCapture(slog.LevelWarn)
-		if _, err := client.NewDispatcher(outbox.DispatcherConfig{Concurrency: tc.concurrency, Logger: logs.logger()}, tc.pub); err != nil {
+		d, err := client.NewDispatcher(outbox.DispatcherConfig{Concurrency: tc.concurrency, Logger: logs.logger()}, tc.pub)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if got := outbox.LaneLimit(d, testTopic); got != tc.lane {
+			t.Errorf("%s: the topic runs %d publishes at once, want %d", tc.name, got, tc.lane)
 		}
 		warned := slices.ContainsFunc(logs.records(), func(r logRecord) bool {
 			return strings.Contains(r.Msg, "may run 32 transactions at once") && strings.Contains(r.Msg, "the pool opens at most 4") &&

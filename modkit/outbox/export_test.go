@@ -68,3 +68,6 @@ func OnClaimRound(d *Dispatcher, fn func(topics []string)) { d.onClaimRound = fn
 // OnDueWake sets a hook called when d's claimer wakes for a retry that
 // fell due; set it before Start.
 func OnDueWake(d *Dispatcher, fn func()) { d.onDueWake = fn }
+
+// LaneLimit is how many publishes of topic d runs at once at most.
+func LaneLimit(d *Dispatcher, topic Topic) int { return d.laneLimit(d.reg.byKey[topic.key()]) }

@@ -92,9 +92,12 @@ type Publisher struct {
 	// at all, so the effect is exactly once even though delivery is at
 	// least once. Return errors as for Publish; the transaction is then
 	// rolled back. Do not commit or roll back tx yourself. Each call holds
-	// one pool connection for its whole transaction: size the pool to the
-	// dispatcher's Concurrency plus three (NewDispatcher logs a warning
-	// when the pool is smaller than these publishers' limits plus three).
+	// one pool connection for its whole transaction, so such a topic's
+	// default Concurrency is also at most the pool's size less three (the
+	// dispatcher's claims, outcome writes and listener): 1 on pgx's default
+	// pool of 4 connections. For more at once, raise the pool's MaxConns
+	// (and set Concurrency); NewDispatcher logs a warning when the pool is
+	// smaller than these publishers' limits plus three.
 	HandleTx func(ctx context.Context, tx pgx.Tx, d Delivery) error
 	// Name says who registered it, for errors and logs. Default: the
 	// function's name.
@@ -102,7 +105,8 @@ type Publisher struct {
 	// Concurrency bounds this topic's publishes in flight, so that one slow
 	// or hung topic cannot take every worker of its dispatcher. Default:
 	// the dispatcher's Concurrency when it serves one topic, half of it
-	// (at least 1) when it serves several. At most the dispatcher's
+	// (at least 1) when it serves several; with HandleTx, at most what the
+	// pool has connections for (see HandleTx). At most the dispatcher's
 	// Concurrency. A topic's second and later publishes do not take the
 	// dispatcher's last free slot while another topic has no publish in
 	// flight: topics whose publishes hang, alone or together, leave that
