@@ -8,12 +8,40 @@
 //	webhook-timestamp: seconds since the Unix epoch when this attempt was signed
 //	webhook-signature: "v1," + base64(HMAC-SHA256(secret, id + "." + timestamp + "." + body))
 //
-// and the event's own headers (the W3C trace context among them), except
-// those that HTTP or the scheme reserve (Content-Type, Content-Length,
-// Host, hop-by-hop headers and webhook-*) and the credentials
-// (Authorization, Proxy-Authorization, Cookie): those of the endpoint
-// (the URL's user and password, say) are the Publisher's to send, not an
-// event's to replace or forward.
+// the event headers (see below), and the event's own headers (the W3C
+// trace context among them), except those that HTTP, the scheme or this
+// package reserve (Content-Type, Content-Length, Host, hop-by-hop headers,
+// webhook-* and outbox-*: an event's header of such a name is not sent)
+// and the credentials (Authorization, Proxy-Authorization, Cookie): those
+// of the endpoint (the URL's user and password, say) are the Publisher's
+// to send, not an event's to replace or forward.
+//
+// # Event headers
+//
+// So that one endpoint can receive several topics, and check per-key
+// order, every request also names its event:
+//
+//	outbox-namespace:    the event's namespace
+//	outbox-topic:        the event's topic
+//	outbox-tenant:       the tenant id (a UUID), when the event has one
+//	outbox-ordering-key: the ordering key, percent-encoded, when the event has one
+//	outbox-ordering-seq: the event's place among the key's events (1, 2, …), with the key
+//
+// The ordering key is percent-encoded (RFC 3986) so that any key arrives
+// unchanged: '%', space, control characters and every byte of a non-ASCII
+// character are sent as %XX, other characters as themselves (a key of
+// printable ASCII without '%' arrives as it is). Any percent-decoder
+// restores it (url.PathUnescape, JavaScript's decodeURIComponent, Python's
+// urllib.parse.unquote; not a form decoder, which reads '+' as a space).
+// EventOf reads all five back, decoded.
+//
+// These headers are NOT signed: the Standard Webhooks signature covers
+// webhook-id, webhook-timestamp and the body only, and stays so for
+// receivers using any Standard Webhooks library. A valid signature proves
+// the body came from the Publisher, not that these headers did: whoever
+// can send (or replay) a signed request can change them. A receiver that
+// must trust the tenant, the topic or the key should have them put in the
+// payload when enqueueing.
 //
 // # Example
 //
@@ -70,6 +98,23 @@ const (
 	HeaderID        = "webhook-id"
 	HeaderTimestamp = "webhook-timestamp"
 	HeaderSignature = "webhook-signature"
+)
+
+// The event headers, set on every request (see the package doc, "Event
+// headers"). They are not signed.
+const (
+	// HeaderNamespace carries the event's namespace.
+	HeaderNamespace = "outbox-namespace"
+	// HeaderTopic carries the event's topic.
+	HeaderTopic = "outbox-topic"
+	// HeaderTenant carries the event's tenant id, when it has one.
+	HeaderTenant = "outbox-tenant"
+	// HeaderOrderingKey carries the event's ordering key, percent-encoded,
+	// when it has one.
+	HeaderOrderingKey = "outbox-ordering-key"
+	// HeaderOrderingSeq carries the event's sequence among the events of
+	// its ordering key (1, 2, …), when it has a key.
+	HeaderOrderingSeq = "outbox-ordering-seq"
 )
 
 // idleConnsPerHost is how many idle connections the Publisher's own client
@@ -270,7 +315,7 @@ func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Reque
 		return nil, fmt.Errorf("outboxhttp: URL %q: %w", target, err)
 	}
 	for k, v := range d.Headers {
-		if lk := strings.ToLower(k); !reserved[lk] && !strings.HasPrefix(lk, "webhook-") {
+		if lk := strings.ToLower(k); !reserved[lk] && !strings.HasPrefix(lk, "webhook-") && !strings.HasPrefix(lk, "outbox-") {
 			if !sendableHeader(k, v) {
 				return nil, fmt.Errorf("outboxhttp: header %q of event %s cannot be sent over HTTP unchanged (its name must be a token, "+
 					"its value free of control characters and of spaces or tabs at either end; change or encode it, e.g. base64)", k, d.ID)
@@ -290,7 +335,38 @@ func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Reque
 	req.Header.Set(HeaderID, id)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
 	req.Header.Set(HeaderSignature, p.signer.Sign(id, ts, d.Payload))
+	setEventHeaders(req.Header, d)
 	return req, nil
+}
+
+// setEventHeaders names d's event in h (see the package doc, "Event
+// headers").
+func setEventHeaders(h http.Header, d outbox.Delivery) {
+	h.Set(HeaderNamespace, d.Namespace)
+	h.Set(HeaderTopic, d.Topic)
+	if d.TenantID != nil {
+		h.Set(HeaderTenant, d.TenantID.String())
+	}
+	if d.OrderingKey != "" {
+		h.Set(HeaderOrderingKey, encodeKey(d.OrderingKey))
+		h.Set(HeaderOrderingSeq, strconv.FormatInt(d.Sequence, 10))
+	}
+}
+
+// encodeKey percent-encodes the bytes of an ordering key that a header
+// value cannot carry unchanged (space, control characters, non-ASCII), and
+// '%' itself so that decoding is unambiguous.
+func encodeKey(k string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := range len(k) {
+		if c := k[i]; c == '%' || c <= ' ' || c >= 0x7f {
+			b.Write([]byte{'%', hex[c>>4], hex[c&0xf]})
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // Publish POSTs d and classifies the response (see the package doc).

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -399,5 +400,103 @@ func TestTimeout(t *testing.T) {
 	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)})
 	if !errors.Is(err, outboxhttp.ErrRequest) || !errors.Is(err, context.DeadlineExceeded) || outbox.IsPermanent(err) {
 		t.Fatalf("got %v, want ErrRequest with DeadlineExceeded, to retry", err)
+	}
+}
+
+// TestEventHeaders: every request names its event (namespace, topic, and
+// the tenant, ordering key and sequence when it has them), the ordering
+// key percent-encoded so that any key arrives (EventOf decodes it), and an
+// event's own outbox-* headers do not replace them.
+func TestEventHeaders(t *testing.T) {
+	rc, srv := newReceiver(t)
+	c, db := outboxtest.NewClient(t, outbox.Config{})
+	tenant := uuid.New()
+	const key = "clé 42\t%2F/+x\x01" // non-ASCII, space, tab, '%', '+', a control character
+	forged := map[string]string{"outbox-topic": "forged", "Outbox-Ordering-Seq": "999", "OUTBOX-TENANT": tenant.String() + "0",
+		"outbox-other": "reserved", "x-keep": "yes"}
+	want := map[uuid.UUID]outboxhttp.EventInfo{}
+	for _, m := range []outbox.Message{
+		{TenantID: &tenant, OrderingKey: key, Headers: forged},
+		{TenantID: &tenant, OrderingKey: key},
+		{Headers: forged},
+	} {
+		m.Namespace, m.Topic, m.Payload = "test", "events", json.RawMessage(`{}`)
+		res, err := c.Enqueue(ctx, db.Provider.Pool, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := outboxhttp.EventInfo{ID: res.ID, Namespace: "test", Topic: "events", TenantID: m.TenantID, OrderingKey: m.OrderingKey}
+		if m.OrderingKey != "" {
+			ev.Sequence = int64(len(want) + 1)
+		}
+		want[res.ID] = ev
+	}
+	outboxtest.Drain(t, c, newPublisher(t, outboxhttp.Config{Endpoint: srv.URL}).For(brokertest.Topic))
+
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.requests) != len(want) {
+		t.Fatalf("%d requests, want %d", len(rc.requests), len(want))
+	}
+	for _, r := range rc.requests {
+		h := r.Header
+		got, err := outboxhttp.EventOf(h)
+		if err != nil {
+			t.Fatalf("EventOf(%v): %v", h, err)
+		}
+		if w := want[got.ID]; !reflect.DeepEqual(got, w) {
+			t.Errorf("EventOf: %+v, want %+v", got, w)
+		}
+		if k := h.Get(outboxhttp.HeaderOrderingKey); got.OrderingKey != "" && k != "cl%C3%A9%2042%09%252F/+x%01" {
+			t.Errorf("%s: %q, want the key percent-encoded as documented", outboxhttp.HeaderOrderingKey, k)
+		}
+		if h.Get("outbox-other") != "" || len(h.Values(outboxhttp.HeaderTopic)) != 1 || len(h.Values(outboxhttp.HeaderTenant)) > 1 {
+			t.Errorf("an event's outbox-* header was sent: %v", h)
+		}
+		if got.OrderingKey == "" && (h.Get(outboxhttp.HeaderTenant) != "" || h.Get(outboxhttp.HeaderOrderingSeq) != "") {
+			t.Errorf("an event without tenant or key: %v, want no %s or %s", h, outboxhttp.HeaderTenant, outboxhttp.HeaderOrderingSeq)
+		}
+	}
+}
+
+// TestEventOfRefuses: EventOf refuses a request without the headers it
+// needs (ErrMissingHeader) or with values it cannot read
+// (ErrMalformedHeader), naming the header.
+func TestEventOfRefuses(t *testing.T) {
+	valid := func() http.Header {
+		h := http.Header{}
+		h.Set(outboxhttp.HeaderID, uuid.NewString())
+		h.Set(outboxhttp.HeaderNamespace, "test")
+		h.Set(outboxhttp.HeaderTopic, "events")
+		h.Set(outboxhttp.HeaderTenant, uuid.NewString())
+		h.Set(outboxhttp.HeaderOrderingKey, "a%20b")
+		h.Set(outboxhttp.HeaderOrderingSeq, "7")
+		return h
+	}
+	if ev, err := outboxhttp.EventOf(valid()); err != nil || ev.OrderingKey != "a b" || ev.Sequence != 7 {
+		t.Fatalf("EventOf: %+v, %v", ev, err)
+	}
+	for _, tc := range []struct {
+		header, value string
+		want          error
+	}{
+		{outboxhttp.HeaderID, "", outboxhttp.ErrMissingHeader},
+		{outboxhttp.HeaderNamespace, "", outboxhttp.ErrMissingHeader},
+		{outboxhttp.HeaderTopic, "", outboxhttp.ErrMissingHeader},
+		{outboxhttp.HeaderOrderingKey, "", outboxhttp.ErrMissingHeader},
+		{outboxhttp.HeaderOrderingSeq, "", outboxhttp.ErrMissingHeader},
+		{outboxhttp.HeaderID, "msg_1", outboxhttp.ErrMalformedHeader},
+		{outboxhttp.HeaderTenant, "acme", outboxhttp.ErrMalformedHeader},
+		{outboxhttp.HeaderOrderingKey, "100%", outboxhttp.ErrMalformedHeader},
+		{outboxhttp.HeaderOrderingKey, "%zz", outboxhttp.ErrMalformedHeader},
+		{outboxhttp.HeaderOrderingSeq, "0", outboxhttp.ErrMalformedHeader},
+		{outboxhttp.HeaderOrderingSeq, "x", outboxhttp.ErrMalformedHeader},
+	} {
+		h := valid()
+		h.Set(tc.header, tc.value)
+		_, err := outboxhttp.EventOf(h)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.header) {
+			t.Errorf("%s %q: got %v, want %v naming the header", tc.header, tc.value, err, tc.want)
+		}
 	}
 }
