@@ -52,6 +52,24 @@
 //	defer pub.Close()
 //	d, _ := client.NewDispatcher(outbox.DispatcherConfig{}, pub.For(outbox.Topic{Namespace: "billing", Topic: "invoice_paid"}))
 //
+// # Receiving
+//
+// A Verifier checks the signature on the receiving side (any Standard
+// Webhooks library does too): the three webhook-* headers present, the
+// timestamp within 5 minutes (VerifierConfig.Tolerance) of the receiver's
+// clock either way, one of the space-separated v1 signatures that of the
+// id, timestamp and body under one of its secrets (several during a
+// rotation), compared in constant time. Its Middleware does that for an
+// http.Handler and answers 401 with the reason otherwise (which the
+// Publisher takes as permanent); EventOf then reads the event headers:
+//
+//	v, err := outboxhttp.NewVerifier(outboxhttp.VerifierConfig{Secrets: []string{secret}})
+//	http.Handle("/hooks/shop", v.Middleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+//		ev, err := outboxhttp.EventOf(r.Header) // ev.ID to de-duplicate; ev.Topic, ev.OrderingKey, ev.Sequence
+//		body, _ := io.ReadAll(r.Body)           // the payload, verified
+//		…
+//	})))
+//
 // # Outcomes
 //
 // A 2xx response is a delivery. Any other status is a *StatusError: 4xx
@@ -221,13 +239,18 @@ func NewSigner(secret string) (*Signer, error) {
 // Sign returns the webhook-signature value of a message: "v1," and the
 // base64 HMAC-SHA256 of "id.timestamp.body".
 func (s *Signer) Sign(id string, timestamp int64, body []byte) string {
+	return "v1," + base64.StdEncoding.EncodeToString(s.mac(id, strconv.FormatInt(timestamp, 10), body))
+}
+
+// mac is the HMAC-SHA256 of "id.timestamp.body", timestamp as sent.
+func (s *Signer) mac(id, timestamp string, body []byte) []byte {
 	mac := hmac.New(sha256.New, s.key)
 	mac.Write([]byte(id))
 	mac.Write([]byte{'.'})
-	mac.Write([]byte(strconv.FormatInt(timestamp, 10)))
+	mac.Write([]byte(timestamp))
 	mac.Write([]byte{'.'})
 	mac.Write(body)
-	return "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	return mac.Sum(nil)
 }
 
 // Publisher POSTs outbox events as signed webhooks. It is safe for
