@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"reflect"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/modkit-go/modkit/modkit/db"
 )
 
@@ -21,6 +23,8 @@ import (
 //	OrderPlaced.Publisher(func(ctx context.Context, d outbox.TypedDelivery[OrderPlacedEvent]) error {
 //		return notifyWarehouse(ctx, d.Value.OrderID)
 //	})
+//
+// or, for an effect in the outbox's own database, TxPublisher (HandleTx).
 //
 // For a dedupe key or a tenant, build the Message with Message and set them
 // before enqueueing it. The zero TypedTopic has no topic: enqueues and
@@ -84,6 +88,43 @@ type TypedDelivery[T any] struct {
 // producers and publishers can add fields at different times. Where a
 // value must be present, check it in publish and return a Permanent error.
 func (tt TypedTopic[T]) Publisher(publish func(ctx context.Context, d TypedDelivery[T]) error) Publisher {
+	p, decode := tt.publisher()
+	if publish == nil {
+		return p // refused by NewDispatcher: neither Publish nor HandleTx
+	}
+	p.Publish = func(ctx context.Context, d Delivery) error {
+		td, err := decode(d)
+		if err != nil {
+			return err
+		}
+		return publish(ctx, td)
+	}
+	return p
+}
+
+// TxPublisher is Publisher for a handler that records its effect in the
+// outbox's database: handle runs as Publisher.HandleTx does, in tx, which
+// commits its writes and the event's delivery together (so each event's
+// effect happens once), with the payload decoded as Publisher decodes it.
+func (tt TypedTopic[T]) TxPublisher(handle func(ctx context.Context, tx pgx.Tx, d TypedDelivery[T]) error) Publisher {
+	p, decode := tt.publisher()
+	if handle == nil {
+		return p // refused by NewDispatcher: neither Publish nor HandleTx
+	}
+	p.HandleTx = func(ctx context.Context, tx pgx.Tx, d Delivery) error {
+		td, err := decode(d)
+		if err != nil {
+			return err
+		}
+		return handle(ctx, tx, td)
+	}
+	return p
+}
+
+// publisher returns the topic's Publisher without its call, and the
+// decoding of a Delivery into a TypedDelivery (see Publisher), whose
+// errors are Permanent.
+func (tt TypedTopic[T]) publisher() (Publisher, func(Delivery) (TypedDelivery[T], error)) {
 	typ := reflect.TypeFor[T]()
 	typeName := typ.String()
 	nullable := false
@@ -92,18 +133,14 @@ func (tt TypedTopic[T]) Publisher(publish func(ctx context.Context, d TypedDeliv
 		nullable = true
 	}
 	p := Publisher{Topic: tt.topic, Name: fmt.Sprintf("TypedTopic[%s] %s", typeName, tt.topic)}
-	if publish == nil {
-		return p // refused by NewDispatcher: neither Publish nor HandleTx
-	}
-	p.Publish = func(ctx context.Context, d Delivery) error {
+	return p, func(d Delivery) (TypedDelivery[T], error) {
 		td := TypedDelivery[T]{Delivery: d}
 		if !nullable && string(bytes.TrimSpace(d.Payload)) == "null" {
-			return Permanent(fmt.Errorf("the payload of event %s is null, which is no %s", d.ID, typeName))
+			return td, Permanent(fmt.Errorf("the payload of event %s is null, which is no %s", d.ID, typeName))
 		}
 		if err := json.Unmarshal(d.Payload, &td.Value); err != nil {
-			return Permanent(fmt.Errorf("decoding the payload of event %s into %s: %w", d.ID, typeName, err))
+			return td, Permanent(fmt.Errorf("decoding the payload of event %s into %s: %w", d.ID, typeName, err))
 		}
-		return publish(ctx, td)
+		return td, nil
 	}
-	return p
 }

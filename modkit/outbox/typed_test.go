@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
@@ -110,5 +112,46 @@ func TestTypedTopicZeroValueRefused(t *testing.T) {
 	}
 	if _, err := outbox.NewTypedTopic[func()]("shop", "funcs").Message(func() {}); !errors.Is(err, outbox.ErrInvalidPayload) {
 		t.Fatalf("unencodable value: %v, want ErrInvalidPayload", err)
+	}
+}
+
+// TxPublisher hands a HandleTx handler the payload decoded: its writes in
+// tx commit with the delivery, and a payload that does not decode is
+// dead-lettered without calling it (its transaction rolled back).
+func TestTypedTopicTxPublisher(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	if _, err := pool.Exec(ctx, "CREATE TABLE placed (order_id text PRIMARY KEY, cents bigint NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	good, err := orderPlacedTopic.Enqueue(ctx, c, pool, orderPlaced{OrderID: "o-7", Cents: 700})
+	if err != nil {
+		t.Fatal(err)
+	}
+	topic := orderPlacedTopic.Topic()
+	bad, err := c.Enqueue(ctx, pool, outbox.Message{Namespace: topic.Namespace, Topic: topic.Topic, Payload: []byte(`[1, 2]`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	log := newOutcomeLog()
+	startDispatcher(t, c, testConfig(log), orderPlacedTopic.TxPublisher(func(ctx context.Context, tx pgx.Tx, d outbox.TypedDelivery[orderPlaced]) error {
+		calls.Add(1)
+		_, err := tx.Exec(ctx, "INSERT INTO placed VALUES ($1, $2)", d.Value.OrderID, d.Value.Cents)
+		return err
+	}))
+	log.waitFor(t, "two outcomes", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m) == 2 })
+	var cents int64
+	if err := pool.QueryRow(ctx, "SELECT cents FROM placed WHERE order_id = 'o-7'").Scan(&cents); err != nil || cents != 700 {
+		t.Fatalf("the handler's row: %d, %v; want 700", cents, err)
+	}
+	if e := get(t, c, good.ID); e.Status != outbox.StatusDelivered {
+		t.Fatalf("the decodable event: %s, want delivered", e.Status)
+	}
+	if e := get(t, c, bad.ID); e.Status != outbox.StatusDead || e.LastError == nil || !strings.Contains(*e.LastError, "outbox_test.orderPlaced") {
+		t.Fatalf("the undecodable event: %+v, want dead naming the type", e)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want once (not for the undecodable payload)", n)
 	}
 }
