@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
 )
@@ -67,7 +66,7 @@ func runEvents(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		defer pool.Close()
-		withPayload, _, err := payloadsReadable(ctx, e, pool, f.schema, *payload)
+		withPayload, _, err := payloadsReadable(ctx, e, c.Admin(), *payload)
 		if err != nil {
 			return err
 		}
@@ -89,7 +88,7 @@ func runEvents(ctx context.Context, e env, args []string) error {
 			return err
 		}
 		defer pool.Close()
-		withPayload, hidden, err := payloadsReadable(ctx, e, pool, f.schema, *payload)
+		withPayload, hidden, err := payloadsReadable(ctx, e, c.Admin(), *payload)
 		if err != nil {
 			return err
 		}
@@ -220,16 +219,16 @@ func loadEventView(ctx context.Context, a *outbox.Admin, id uuid.UUID, withPaylo
 // for and the database role may read them. When it may not, it says so on
 // stderr (the reader role's reads return no payload, which would otherwise
 // print as an empty one) and returns why, for the text output.
-func payloadsReadable(ctx context.Context, e env, pool *pgxpool.Pool, schema string, asked bool) (ok bool, hidden string, err error) {
+func payloadsReadable(ctx context.Context, e env, a *outbox.Admin, asked bool) (ok bool, hidden string, err error) {
 	if !asked {
 		return false, "", nil
 	}
-	r, err := roleRights(ctx, pool, schema)
+	r, err := a.Rights(ctx)
 	if err != nil {
 		return false, "", err
 	}
-	if r.payloads != nil && !*r.payloads {
-		hidden = fmt.Sprintf("database role %s may not read payloads (grant it modkit_outbox_operator)", r.user)
+	if r.Known && !r.ReadPayloads {
+		hidden = fmt.Sprintf("database role %s may not read payloads (grant it modkit_outbox_operator)", r.User)
 		fmt.Fprintf(e.stderr, "payloads hidden: %s\n", hidden)
 		return false, hidden, nil
 	}

@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/modkit-go/modkit/modkit/outbox/outboxui"
 )
 
@@ -75,7 +73,7 @@ func runServe(ctx context.Context, e env, args []string) error {
 	}
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
-	role, err := roleRights(ctx, pool, f.schema)
+	role, err := c.Admin().Rights(ctx)
 	if err != nil {
 		return err
 	}
@@ -84,14 +82,13 @@ func runServe(ctx context.Context, e env, args []string) error {
 		mode = "operator actions enabled for holders of the token"
 	}
 	// The database role bounds what the dashboard may do, whatever its
-	// flags say.
-	if role.operate != nil && !*role.operate {
-		mode = fmt.Sprintf("read-only: database role %s may not replay or purge (grant it modkit_outbox_operator to enable actions)", role.user)
-		*token = ""
+	// flags say; the dashboard asks it too, and its pages say why they
+	// offer no sign-in or show no payload.
+	if role.Known && !role.Operate {
+		mode = fmt.Sprintf("read-only: database role %s may not replay or purge (grant it modkit_outbox_operator to enable actions)", role.User)
 	}
-	if *payloads && role.payloads != nil && !*role.payloads {
-		mode += fmt.Sprintf("; payloads hidden: database role %s may not read them", role.user)
-		*payloads = false
+	if *payloads && role.Known && !role.ReadPayloads {
+		mode += fmt.Sprintf("; payloads hidden: database role %s may not read them", role.User)
 	}
 	ui, err := outboxui.New(c.Admin(), outboxui.Options{OperatorToken: *token, ShowPayloads: *payloads,
 		By: "modkit-outbox serve", Logger: logger, SigningKey: key, SecureCookies: *secureCookies})
@@ -218,26 +215,4 @@ func signingKey(e env, path string) ([]byte, error) {
 		return nil, usageErr("%s holds a signing key of %d bytes: use at least %d (openssl rand -hex 32)", what, len(key), outboxui.SigningKeyMinLen)
 	}
 	return key, nil
-}
-
-// rights is what the database lets the dashboard's role do; nil when it
-// cannot tell (the outbox functions are missing: not migrated, or an older
-// schema), in which case the database decides at each action.
-type rights struct {
-	user              string
-	operate, payloads *bool
-}
-
-// roleRights asks the database what the connected role may do in schema:
-// replay and purge (the operator role, or the owner), and read payloads.
-func roleRights(ctx context.Context, pool *pgxpool.Pool, schema string) (rights, error) {
-	var r rights
-	err := pool.QueryRow(ctx, `SELECT current_user::text,
-	has_function_privilege(to_regprocedure(format('%I.modkit_outbox_replay(uuid[], text, timestamptz)', $1::text)), 'EXECUTE'),
-	has_function_privilege(to_regprocedure(format('%I.modkit_outbox_get_payload(uuid)', $1::text)), 'EXECUTE')`, schema).
-		Scan(&r.user, &r.operate, &r.payloads)
-	if err != nil {
-		return r, fmt.Errorf("reading the database role's rights: %w", err)
-	}
-	return r, nil
 }

@@ -82,8 +82,9 @@ func TestServeAsDatabaseRoles(t *testing.T) {
 		t.Fatalf("the reader's overview:\n%s", body)
 	}
 	body := httpGet(t, client, base+"events/"+dead.String())
-	if strings.Contains(body, "s3cr3t") || strings.Contains(body, `id="login"`) || !strings.Contains(body, `id="history"`) {
-		t.Fatalf("the reader's event page (payload hidden, no sign-in, history shown):\n%s", body)
+	if strings.Contains(body, "s3cr3t") || strings.Contains(body, `id="login"`) || !strings.Contains(body, `id="history"`) ||
+		!strings.Contains(body, "database login "+reader+" may not read them") || strings.Contains(body, "Sign in") {
+		t.Fatalf("the reader's event page (payload hidden by the login, no sign-in, history shown):\n%s", body)
 	}
 	if code := stop(); code != exitOK {
 		t.Fatalf("serve as the reader ended with %d", code)

@@ -72,6 +72,41 @@ func (a *Admin) wrapErrFor(role string, err error, format string, args ...any) e
 // topics.
 func (a *Admin) Schema() string { return a.c.cfg.Schema }
 
+// Rights is what the database lets the client's login do in the outbox, as
+// Admin.Rights reports it.
+type Rights struct {
+	// User is the database login (current_user).
+	User string
+	// Known: the database could tell. It cannot on a schema that lacks the
+	// functions asked about (not migrated, or migrated by an older
+	// version), nor with a driver that does not say; Operate and
+	// ReadPayloads are then false, and each call finds out for itself.
+	Known bool
+	// Operate: the login may replay, purge and skip dead events and purge
+	// delivered ones (ReplayDead, PurgeDead, SkipHead, Purge): it is in
+	// modkit_outbox_operator, or owns the outbox.
+	Operate bool
+	// ReadPayloads: the login may read payloads and headers; a login in
+	// modkit_outbox_reader may not, and reads them as nil.
+	ReadPayloads bool
+}
+
+// Rights asks the database what the client's login may do in the outbox,
+// so that a tool can offer only what will work (the dashboard hides its
+// sign-in from a login that may not replay). The database still decides at
+// each call: a right granted or revoked afterwards holds from then on.
+func (a *Admin) Rights(ctx context.Context) (Rights, error) {
+	rc, ok := a.c.store.(driver.RightsChecker)
+	if !ok {
+		return Rights{}, nil
+	}
+	r, err := rc.Rights(ctx)
+	if err != nil {
+		return Rights{}, a.wrapErr(err, "rights")
+	}
+	return Rights{User: r.User, Known: r.Known, Operate: r.Operate, ReadPayloads: r.ReadPayloads}, nil
+}
+
 // Event is a full outbox row, as Admin returns it.
 type Event struct {
 	ID        uuid.UUID // time-ordered (UUIDv7), made at enqueue

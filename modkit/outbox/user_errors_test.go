@@ -134,3 +134,29 @@ func TestPrivilegeErrorsNameTheRoleToGrant(t *testing.T) {
 		_ = d.Stop(ctx)
 	}
 }
+
+// Admin.Rights says what each outbox role's login may do, as the database
+// decides it: the owner and the operator role operate and read payloads,
+// the reader role does neither, and a schema without the outbox's
+// functions cannot tell.
+func TestAdminRightsFollowTheLoginsRole(t *testing.T) {
+	owner, tdb := newClient(t, outbox.Config{})
+	for _, tc := range []struct {
+		name              string
+		client            *outbox.Client
+		operate, payloads bool
+	}{
+		{"owner", owner, true, true},
+		{"operator", clientOn(t, tdb.LoginAs(t, "modkit_outbox_operator"), outbox.Config{Logger: quietLog}), true, true},
+		{"reader", clientOn(t, tdb.LoginAs(t, "modkit_outbox_reader"), outbox.Config{Logger: quietLog}), false, false},
+	} {
+		r, err := tc.client.Admin().Rights(ctx)
+		if err != nil || !r.Known || r.Operate != tc.operate || r.ReadPayloads != tc.payloads || r.User == "" {
+			t.Errorf("%s: Rights() = %+v, %v; want known, operate %v, payloads %v and the login's name", tc.name, r, err, tc.operate, tc.payloads)
+		}
+	}
+	unmigrated := clientOn(t, tdb.Provider.Pool, outbox.Config{Schema: "not_migrated", Logger: quietLog})
+	if r, err := unmigrated.Admin().Rights(ctx); err != nil || r.Known || r.Operate || r.ReadPayloads {
+		t.Errorf("a schema without the outbox: Rights() = %+v, %v; want nothing known", r, err)
+	}
+}

@@ -213,6 +213,30 @@ type VacuumChecker interface {
 	AutovacuumOff(ctx context.Context) (string, error)
 }
 
+// RightsChecker is implemented by a Store that can tell what the role it
+// connects as may do in the outbox. It is optional: without it, Admin.Rights
+// reports nothing known, and each call finds out.
+type RightsChecker interface {
+	// Rights says what the connected role may do; Known is false when the
+	// schema lacks the functions it asks about (not migrated, or an older
+	// schema).
+	Rights(ctx context.Context) (Rights, error)
+}
+
+// Rights is what a RightsChecker reports.
+type Rights struct {
+	// User is the connected role (current_user).
+	User string
+	// Known: the engine could tell; Operate and ReadPayloads are false
+	// otherwise.
+	Known bool
+	// Operate: the role may replay, purge and skip dead events and purge
+	// delivered ones.
+	Operate bool
+	// ReadPayloads: the role may read payloads and headers.
+	ReadPayloads bool
+}
+
 // OutcomeFinder is implemented by a Store that can tell which outcomes a
 // worker recorded under the lease tokens it presented. It is optional: an
 // outcome write whose commit went through while its answer was lost (the

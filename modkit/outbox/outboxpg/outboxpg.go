@@ -1052,6 +1052,27 @@ func (s *store) AutovacuumOff(ctx context.Context) (string, error) {
 	return "", nil
 }
 
+// Rights implements driver.RightsChecker: whether the connected role may
+// run the operator's replay (the operator role, or the outbox's owner: the
+// same grant as every operator write) and read payloads (the reader role
+// may not). A schema without those functions (not migrated, or before the
+// signatures asked about) cannot tell: Known is false.
+func (s *store) Rights(ctx context.Context) (driver.Rights, error) {
+	var r driver.Rights
+	var operate, payloads *bool
+	err := s.pool.QueryRow(ctx, `SELECT current_user::text,
+	has_function_privilege(to_regprocedure(format('%I.modkit_outbox_replay(uuid[], text, timestamptz)', $1::text)), 'EXECUTE'),
+	has_function_privilege(to_regprocedure(format('%I.modkit_outbox_get_payload(uuid)', $1::text)), 'EXECUTE')`, s.opts.Schema).
+		Scan(&r.User, &operate, &payloads)
+	if err != nil {
+		return driver.Rights{}, fmt.Errorf("outboxpg: read what the connected role may do in schema %s: %w", s.opts.Schema, err)
+	}
+	if operate != nil && payloads != nil {
+		r.Known, r.Operate, r.ReadPayloads = true, *operate, *payloads
+	}
+	return r, nil
+}
+
 // MissingMigrations implements driver.MigrationChecker from the migrations
 // table the modkit migrator keeps in the schema (db.MigrationsTable). A
 // schema migrated by another tool (golang-migrate, goose, psql) has no such

@@ -1060,3 +1060,71 @@ func TestWrongOperatorTokensAreLimited(t *testing.T) {
 		t.Fatalf("the log says %d times that the limit was reached, want once", n)
 	}
 }
+
+// The dashboard asks the database what its login may do. Started with an
+// operator token and payloads on, as a login in the reader role it says
+// that the login hides the payloads (not that it was started without
+// them), offers no sign-in and no action, and refuses one crafted by
+// hand, saying why; as a login in the operator role it shows the payload
+// and the sign-in.
+func TestDashboardFollowsItsDatabaseLogin(t *testing.T) {
+	w := newWorld(t)
+	login := func(group string) (*outbox.Client, string) {
+		pool := w.db.LoginAs(t, group)
+		var user string
+		if err := pool.QueryRow(bg, "SELECT current_user").Scan(&user); err != nil {
+			t.Fatal(err)
+		}
+		c, err := outbox.New(outboxpg.New(pool), outbox.Config{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, user
+	}
+	// One signing key, so that a CSRF token of the owner's dashboard (the
+	// reader's pages have no form to take one from) holds on the reader's.
+	opts := outboxui.Options{OperatorToken: token, ShowPayloads: true, SigningKey: []byte(strings.Repeat("k", outboxui.SigningKeyMinLen))}
+	jar := newJar()
+	_, csrf := get(t, jar, serve(t, w, opts))
+
+	reader, user := login(outboxpg.RoleReader)
+	base := serveAdmin(t, reader.Admin(), opts)
+	overview, _ := get(t, jar, base)
+	if strings.Contains(overview, `id="login"`) || !strings.Contains(overview, `id="readonly"`) ||
+		!strings.Contains(overview, "its database login "+user+" may not replay or purge") {
+		t.Fatalf("the reader's overview offers a sign-in, or does not say why it is read-only:\n%s", overview)
+	}
+	page, _ := get(t, jar, base+"events/"+w.deadOrder.String())
+	main := page[strings.Index(page, "<main>"):]
+	switch {
+	case strings.Contains(page, "someone@example.com"):
+		t.Fatalf("the reader's event page shows the payload:\n%s", page)
+	case strings.Contains(page, "started without payloads") ||
+		!strings.Contains(page, "hidden: the dashboard's database login "+user+" may not read them"):
+		t.Fatalf("the reader's event page does not say that its login hides the payload:\n%s", page)
+	case strings.Contains(page, "Sign in") || strings.Contains(main, "<form"):
+		t.Fatalf("the reader's event page invites a sign-in or offers an action:\n%s", page)
+	case !strings.Contains(main, `id="readonly-hint"`) || !strings.Contains(main, "may not replay or purge (grant it modkit_outbox_operator"):
+		t.Fatalf("the reader's event page does not say why it offers no action:\n%s", page)
+	}
+	// A sign-in and a replay made by hand: the replay is refused with the
+	// reason, and the event stays dead.
+	if code, body := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d\n%s", code, body)
+	}
+	if code, body := post(t, jar, base+"replay", url.Values{"csrf": {csrf}, "id": {w.deadOrder.String()}}, ""); code != http.StatusForbidden ||
+		!strings.Contains(body, "This dashboard is read-only: its database login "+user+" may not replay or purge") {
+		t.Fatalf("a replay through the reader's dashboard: %d\n%s", code, body)
+	}
+	if s := w.status(t, w.deadOrder); s != outbox.StatusDead {
+		t.Fatalf("after a refused replay the event is %s", s)
+	}
+
+	operator, _ := login(outboxpg.RoleOperator)
+	base = serveAdmin(t, operator.Admin(), opts)
+	jar = newJar()
+	page, _ = get(t, jar, base+"events/"+w.deadOrder.String())
+	if !strings.Contains(page, `id="login"`) || !strings.Contains(page, `id="sign-in-hint"`) || !strings.Contains(page, "someone@example.com") {
+		t.Fatalf("the operator login's event page lacks the sign-in or the payload:\n%s", page)
+	}
+}

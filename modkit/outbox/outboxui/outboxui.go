@@ -65,6 +65,12 @@
 //     dashboard show a message of someone else's writing.
 //   - Payloads are hidden unless Options.ShowPayloads is set: they may hold
 //     personal data.
+//   - The database login of the Admin bounds it too. The dashboard asks
+//     the database what that login may do (Admin.Rights, again after a
+//     minute): with a login that may not replay or purge (one in
+//     modkit_outbox_reader) it is read-only whatever the token, offers no
+//     sign-in and says why; with one that may not read payloads it says so
+//     where a payload would be.
 //   - Failures that are not the visitor's doing (the database's, say) are
 //     logged to Options.Logger with an error_id; the page shows that id
 //     instead of the error, whose text may quote SQL or the database's
@@ -136,9 +142,11 @@ var ErrWeakSigningKey = fmt.Errorf("%w: outboxui: the signing key is too short: 
 type Options struct {
 	// OperatorToken, when set, lets an operator who signs in with it replay,
 	// purge or skip (Admin.SkipHead) dead events and purge delivered ones. At least TokenMinLen
-	// characters. Empty: read-only.
+	// characters. Empty: read-only. A database login that may not replay
+	// (Admin.Rights) makes the dashboard read-only all the same.
 	OperatorToken string
-	// ShowPayloads shows event payloads on the event page.
+	// ShowPayloads shows event payloads on the event page, when the
+	// database login may read them (Admin.Rights).
 	ShowPayloads bool
 	// By names the dashboard in the audit trail of replays, purges and
 	// skips of dead events ("replayed by …"). Default "outboxui".
@@ -207,6 +215,8 @@ type handler struct {
 	reads  chan struct{}
 	// signIns limits wrong operator tokens per remote address (signin.go).
 	signIns *signInLimiter
+	// rights keeps what the database login may do (rights.go).
+	rights *rightsCache
 }
 
 // New returns the dashboard on admin.
@@ -231,6 +241,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	h.series = &seriesCache{now: time.Now, read: func(ctx context.Context) (outbox.Series, error) {
 		return admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	}}
+	h.rights = &rightsCache{now: time.Now, read: admin.Rights}
 	if opts.SigningKey != nil {
 		// A key of the dashboard's own, so that a key the application also
 		// uses elsewhere never signs the same bytes for both.
@@ -350,14 +361,14 @@ func (h *handler) isOperator(r *http.Request, browser string) bool {
 
 // page is what every template gets.
 type page struct {
-	Title      string
-	Schema     string // the outbox's schema: two outboxes of one database can have the same topics
-	Root       string // relative path to the dashboard's root, ending in /
-	CSRF       string
-	Operator   bool
-	CanOperate bool // an operator token is configured
-	Flash      string
-	Data       any
+	Title    string
+	Schema   string // the outbox's schema: two outboxes of one database can have the same topics
+	Root     string // relative path to the dashboard's root, ending in /
+	CSRF     string
+	Operator bool // signed in as operator, and the dashboard may act (access.CanOperate)
+	access        // what the options and the database login allow
+	Flash    string
+	Data     any
 }
 
 func (h *handler) newPage(w http.ResponseWriter, r *http.Request, title string, data any) page {
@@ -367,8 +378,9 @@ func (h *handler) newPage(w http.ResponseWriter, r *http.Request, title string, 
 	if depth > 0 {
 		root = strings.Repeat("../", depth)
 	}
-	return page{Title: title, Schema: h.admin.Schema(), Root: root, CSRF: h.sign("csrf", browser), Operator: h.isOperator(r, browser),
-		CanOperate: h.opts.OperatorToken != "", Flash: h.flash(r, browser), Data: data}
+	a := h.access(r.Context())
+	return page{Title: title, Schema: h.admin.Schema(), Root: root, CSRF: h.sign("csrf", browser), Operator: a.CanOperate && h.isOperator(r, browser),
+		access: a, Flash: h.flash(r, browser), Data: data}
 }
 
 // flash returns the message that redirect passed to this browser, or ""
@@ -434,13 +446,15 @@ func (h *handler) action(operator bool, fn func(w http.ResponseWriter, r *http.R
 			h.fail(w, r, http.StatusForbidden, "The form's CSRF token is missing or stale: reload the page and try again.")
 			return
 		}
-		if operator && !h.isOperator(r, c.Value) {
-			msg := "This dashboard is read-only: start it with an operator token to replay or purge."
-			if h.opts.OperatorToken != "" {
-				msg = "Sign in with the operator token first."
+		if operator {
+			if a := h.access(r.Context()); !a.CanOperate {
+				h.fail(w, r, http.StatusForbidden, "This dashboard is read-only: "+a.ReadOnly+".")
+				return
 			}
-			h.fail(w, r, http.StatusForbidden, msg)
-			return
+			if !h.isOperator(r, c.Value) {
+				h.fail(w, r, http.StatusForbidden, "Sign in with the operator token first.")
+				return
+			}
 		}
 		fn(w, r)
 	}

@@ -45,6 +45,7 @@ var (
 type world struct {
 	client                  *outbox.Client
 	pool                    *pgxpool.Pool
+	db                      *pgtest.DB
 	deadOrder, deadMail     uuid.UUID
 	pendingOrder, delivered uuid.UUID
 }
@@ -81,7 +82,7 @@ func newWorld(t *testing.T) *world {
 		}
 		return got[0].ID
 	}
-	w := &world{client: c, pool: pool}
+	w := &world{client: c, pool: pool, db: tdb}
 	enqueue(orders, 3)
 	w.delivered = settle(orders, driver.Delivered)
 	w.deadOrder = settle(orders, driver.Dead)
@@ -108,10 +109,16 @@ func (w *world) status(t *testing.T, id uuid.UUID) outbox.Status {
 // would in their own mux. Without opts.Logger it logs nowhere.
 func serve(t *testing.T, w *world, opts outboxui.Options) string {
 	t.Helper()
+	return serveAdmin(t, w.client.Admin(), opts)
+}
+
+// serveAdmin is serve on admin, a client's of another login, say.
+func serveAdmin(t *testing.T, admin *outbox.Admin, opts outboxui.Options) string {
+	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	ui, err := outboxui.New(w.client.Admin(), opts)
+	ui, err := outboxui.New(admin, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -222,9 +222,13 @@ type eventData struct {
 	Purged       bool
 	PurgedAt     time.Time
 	ShowPayloads bool
-	Payload      string
-	History      []outbox.Attempt
-	HistoryErr   string // the error id of the log record that says why the history could not be read, if it could not
+	// PayloadDenied: payloads were asked for, but the database login may
+	// not read them (the reader role), so the page says so rather than
+	// that the dashboard was started without them.
+	PayloadDenied bool
+	Payload       string
+	History       []outbox.Attempt
+	HistoryErr    string // the error id of the log record that says why the history could not be read, if it could not
 }
 
 func (h *handler) event(w http.ResponseWriter, r *http.Request) {
@@ -241,6 +245,9 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if d.ShowPayloads {
+		// A payload is never null in the table: none read means the
+		// login may not read it, even when its rights could not be told.
+		d.PayloadDenied = h.access(r.Context()).PayloadsDenied || (!d.Purged && d.Event.Payload == nil)
 		d.Payload = string(d.Event.Payload)
 	}
 	// The event is shown even when its history cannot be read (a role
