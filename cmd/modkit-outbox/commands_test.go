@@ -318,6 +318,65 @@ func TestEventsShow(t *testing.T) {
 	cli(t, f.dsn, "events", "show", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b").must(t, exitNotFound)
 }
 
+// TestEventsNextAttempt: only a pending event has a next attempt. events
+// show prints "-" for a dead, delivered or leased one, and the JSON of
+// show and list has null (the row keeps the time its last attempt was
+// due, which reads as an attempt to come).
+func TestEventsNextAttempt(t *testing.T) {
+	f := newFixture(t)
+	ids := f.enqueue(t, orders, 4)
+	dead := f.settle(t, orders, 1, driver.Dead, 0)[0]
+	delivered := f.settle(t, orders, 1, driver.Delivered, 0)[0]
+	retry := f.settle(t, orders, 1, driver.Retry, time.Hour)[0]
+	if _, err := f.store.Claim(bg, driver.ClaimParams{Topics: []string{orders.Namespace + ":" + orders.Topic}, Limit: 1,
+		MaxAttempts: 5, Worker: uuid.New(), Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	leased := ids[3]
+	if s := f.status(t, leased); s != outbox.StatusProcessing {
+		t.Fatalf("the last event is %s, want it leased", s)
+	}
+	ev, err := f.client.Admin().Get(bg, retry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := ev.NextAttemptAt.UTC()
+
+	nextLine := func(id uuid.UUID) string {
+		t.Helper()
+		out := cli(t, f.dsn, "events", "show", id.String()).must(t, exitOK).stdout
+		for _, line := range strings.Split(out, "\n") {
+			if rest, ok := strings.CutPrefix(line, "next attempt"); ok {
+				return strings.TrimSpace(rest)
+			}
+		}
+		t.Fatalf("events show %s has no next attempt line:\n%s", id, out)
+		return ""
+	}
+	for id, want := range map[uuid.UUID]string{dead: "-", delivered: "-", leased: "-", retry: fmtTime(due)} {
+		if got := nextLine(id); got != want {
+			t.Errorf("events show of the %s event: next attempt %q, want %q", f.status(t, id), got, want)
+		}
+	}
+	out := cli(t, f.dsn, "events", "list", "--json").must(t, exitOK).stdout
+	var p pageJSON
+	if err := json.Unmarshal([]byte(out), &p); err != nil || len(p.Events) != 4 {
+		t.Fatalf("events list --json: %v\n%s", err, out)
+	}
+	for _, e := range p.Events {
+		pending := e.Status == outbox.StatusPending
+		if (e.NextAttemptAt != nil) != pending || (pending && !e.NextAttemptAt.Equal(due)) {
+			t.Errorf("events list --json: the %s event's next_attempt_at is %v", e.Status, e.NextAttemptAt)
+		}
+		var v eventView
+		show := cli(t, f.dsn, "events", "show", "--json", e.ID).must(t, exitOK).stdout
+		if err := json.Unmarshal([]byte(show), &v); err != nil || (v.NextAttemptAt != nil) != pending ||
+			(!pending && !strings.Contains(show, `"next_attempt_at": null`)) {
+			t.Errorf("events show --json of the %s event: %v\n%s", e.Status, err, show)
+		}
+	}
+}
+
 // TestEventsOrderingKey: events list and events show print an event's
 // ordering key and its place in the key, as text and as JSON, so that an
 // operator can tell which events wait behind a key's dead head; events

@@ -267,7 +267,11 @@ func showEvent(ctx context.Context, e env, a *outbox.Admin, id uuid.UUID, asJSON
 	fmt.Fprintf(tw, "dedupe key\t%s\n", str(v.DedupeKey))
 	fmt.Fprintf(tw, "created\t%s\n", fmtTime(v.CreatedAt))
 	fmt.Fprintf(tw, "updated\t%s\n", fmtTime(v.UpdatedAt))
-	fmt.Fprintf(tw, "next attempt\t%s\n", fmtTime(v.NextAttemptAt))
+	next := "-" // dead, delivered or leased: no attempt is due
+	if v.NextAttemptAt != nil {
+		next = fmtTime(*v.NextAttemptAt)
+	}
+	fmt.Fprintf(tw, "next attempt\t%s\n", next)
 	if v.LockedBy != nil {
 		fmt.Fprintf(tw, "leased to\t%s until %s\n", *v.LockedBy, fmtTime(*v.LockedUntil))
 	}

@@ -24,7 +24,7 @@ type EventJSON struct {
 	Sequence      int64           `json:"sequence,omitempty"`     // the event's place in its key, from 1; absent without a key
 	Status        outbox.Status   `json:"status"`
 	Attempts      int             `json:"attempts"`
-	NextAttemptAt time.Time       `json:"next_attempt_at"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at"` // when a pending event is due; null for the others, which await no attempt
 	LockedBy      *string         `json:"locked_by,omitempty"`
 	LockedUntil   *time.Time      `json:"locked_until,omitempty"`
 	LastError     *string         `json:"last_error"`
@@ -35,8 +35,14 @@ type EventJSON struct {
 
 func toJSON(ev outbox.Event, withPayload bool) EventJSON {
 	j := EventJSON{ID: ev.ID.String(), Namespace: ev.Namespace, Topic: ev.Topic, DedupeKey: ev.DedupeKey, Status: ev.Status,
-		Attempts: ev.Attempts, NextAttemptAt: ev.NextAttemptAt.UTC(), LastError: ev.LastError,
+		Attempts: ev.Attempts, LastError: ev.LastError,
 		CreatedAt: ev.CreatedAt.UTC(), UpdatedAt: ev.UpdatedAt.UTC(), OrderingKey: ev.OrderingKey, Sequence: ev.Sequence}
+	// The row keeps the time its last attempt was due; only a pending
+	// event has one to come.
+	if ev.Status == outbox.StatusPending {
+		t := ev.NextAttemptAt.UTC()
+		j.NextAttemptAt = &t
+	}
 	if ev.TenantID != nil {
 		s := ev.TenantID.String()
 		j.TenantID = &s

@@ -124,7 +124,9 @@ type Event struct {
 	// attempt); a replay resets it to 0.
 	Attempts int
 	// NextAttemptAt is when a pending event is due: its enqueue time, or
-	// its retry's backoff.
+	// its retry's backoff. Other events keep the time their last attempt
+	// was due, which means nothing for them: a leased event's lease ends
+	// at LockedUntil, and a delivered or dead one awaits no attempt.
 	NextAttemptAt time.Time
 	// LockedBy and LockedUntil are the worker holding the lease of a
 	// processing event and the lease's end; nil otherwise.

@@ -1128,3 +1128,27 @@ func TestDashboardFollowsItsDatabaseLogin(t *testing.T) {
 		t.Fatalf("the operator login's event page lacks the sign-in or the payload:\n%s", page)
 	}
 }
+
+// Only a pending event has a next attempt: the event page of a dead or a
+// delivered one shows none (the row keeps the time its last attempt was
+// due, which read as an attempt to come).
+func TestEventPageShowsANextAttemptForPendingEventsOnly(t *testing.T) {
+	w := newWorld(t)
+	base := serve(t, w, outboxui.Options{})
+	jar := newJar()
+	next := regexp.MustCompile(`<dd id="next-attempt">([^<]*)</dd>`)
+	pending, err := w.client.Admin().Get(bg, w.pendingOrder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[uuid.UUID]string{
+		w.pendingOrder: pending.NextAttemptAt.UTC().Format("2006-01-02 15:04:05Z"),
+		w.deadOrder:    "–",
+		w.delivered:    "–",
+	} {
+		page, _ := get(t, jar, base+"events/"+id.String())
+		if m := next.FindStringSubmatch(page); m == nil || m[1] != want {
+			t.Errorf("the %s event's page: next attempt %q, want %q", w.status(t, id), m, want)
+		}
+	}
+}
