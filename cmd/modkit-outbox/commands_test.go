@@ -722,8 +722,11 @@ func TestPurge(t *testing.T) {
 	f := newFixture(t)
 	ids := f.enqueue(t, orders, 2)
 	f.settle(t, orders, 2, driver.Delivered, 0)
-	cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s").must(t, exitAborted)
-	r := cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s", "--yes").must(t, exitOK)
+	r := cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s").must(t, exitAborted)
+	if !strings.Contains(r.stderr, "Delete all 2 delivered event(s) of shop/order_paid") {
+		t.Fatalf("the confirmation does not say how many go:\n%s", r.stderr)
+	}
+	r = cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s", "--yes").must(t, exitOK)
 	if !strings.Contains(r.stdout, "deleted 2 delivered event(s)") {
 		t.Fatalf("purge: %s", r.stdout)
 	}
@@ -732,6 +735,56 @@ func TestPurge(t *testing.T) {
 	}
 	cli(t, f.dsn, "purge", "--topic", "order_paid", "--older-than", "1h", "--yes").must(t, exitUsage)
 	cli(t, f.dsn, "purge", "--older-than", "1h").must(t, exitUsage)
+}
+
+// TestPurgeDryRun: purge --dry-run counts, per topic and in all, the
+// delivered events a purge could delete (an upper bound: those of any
+// age) and deletes nothing, as dead replay --dry-run does; the
+// confirmation gives the same bound; topics with nothing delivered need
+// no confirmation, as there is nothing to purge.
+func TestPurgeDryRun(t *testing.T) {
+	f := newFixture(t)
+	delivered := f.enqueue(t, orders, 3)
+	f.settle(t, orders, 3, driver.Delivered, 0)
+	f.enqueue(t, orders, 1) // pending: never purged, never counted
+	f.enqueue(t, mails, 1)
+	f.settle(t, mails, 1, driver.Delivered, 0)
+
+	r := cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--topic", "crm/welcome_mail", "--topic", "shop/order_paid",
+		"--older-than", "1h", "--dry-run").must(t, exitOK)
+	table := map[string]string{}
+	for _, line := range strings.Split(r.stdout, "\n") {
+		if cols := strings.Fields(line); len(cols) == 3 {
+			table[cols[0]+"/"+cols[1]] = cols[2]
+		}
+	}
+	if table["shop/order_paid"] != "3" || table["crm/welcome_mail"] != "1" ||
+		!strings.Contains(r.stdout, "dry run: at most 4 delivered event(s) of shop/order_paid, crm/welcome_mail, shop/order_paid would be deleted "+
+			"(those older than 1h0m0s; 4 is how many the topics hold of any age") || !strings.Contains(r.stdout, "nothing was changed") {
+		t.Fatalf("purge --dry-run:\n%s", r.stdout)
+	}
+	if r := cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s", "--dry-run", "--yes").must(t, exitOK); !strings.Contains(r.stdout,
+		"dry run: all 3 delivered event(s) of shop/order_paid would be deleted") {
+		t.Fatalf("purge --dry-run --older-than 0s:\n%s", r.stdout)
+	}
+	for _, id := range delivered {
+		if s := f.status(t, id); s != outbox.StatusDelivered {
+			t.Fatalf("after dry runs a delivered event is %s", s)
+		}
+	}
+	r = cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "1h").must(t, exitAborted)
+	if !strings.Contains(r.stderr, "Delete the delivered events of shop/order_paid older than 1h0m0s? At most 3 go") {
+		t.Fatalf("the confirmation does not give the bound:\n%s", r.stderr)
+	}
+	for _, args := range [][]string{{"--dry-run"}, {}} {
+		r := cli(t, f.dsn, append([]string{"purge", "--topic", "shop/refunded", "--older-than", "0s"}, args...)...).must(t, exitOK)
+		if !strings.Contains(r.stdout, "no delivered event of shop/refunded; nothing to purge") {
+			t.Fatalf("purge %v of a topic with nothing delivered:\n%s", args, r.stdout)
+		}
+	}
+	if r := cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s", "--yes").must(t, exitOK); !strings.Contains(r.stdout, "deleted 3") {
+		t.Fatalf("purge --yes after the dry runs:\n%s", r.stdout)
+	}
 }
 
 func TestExitCodes(t *testing.T) {
