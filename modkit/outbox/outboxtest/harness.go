@@ -1,9 +1,11 @@
 package outboxtest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -64,7 +66,11 @@ func NewDB(t TB) *DB {
 }
 
 // NewClient creates a database for t (see NewDB) and a Client on it with
-// cfg, its schema migrated (cfg.Schema, public by default).
+// cfg, its schema migrated (cfg.Schema, public by default). The migration
+// logs to cfg.Logger (slog.Default() when nil) at Debug what it would log
+// at Info: a line per migration applied, some forty for a schema other
+// than public (NewDB's database holds the outbox migrated in public). Its
+// warnings and errors keep their level. The Client logs as cfg says.
 func NewClient(t TB, cfg outbox.Config) (*outbox.Client, *DB) {
 	t.Helper()
 	d := NewDB(t)
@@ -72,10 +78,50 @@ func NewClient(t TB, cfg outbox.Config) (*outbox.Client, *DB) {
 	if err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}
-	if err := c.Migrate(context.Background()); err != nil {
+	// A client of its own for the migration, with the quieter log.
+	mcfg := cfg
+	mcfg.Logger = slog.New(infoAsDebug{cmp.Or(cfg.Logger, slog.Default()).Handler()})
+	m, err := outbox.New(outboxpg.New(d.Provider.Pool), mcfg)
+	if err != nil {
+		t.Fatalf("outboxtest: %v", err)
+	}
+	if err := m.Migrate(context.Background()); err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}
 	return c, d
+}
+
+// infoAsDebug hands its handler the records at Info level (up to, not
+// including, Warn) as Debug records, and the others as they are: a test's
+// setup says what it did at Debug, what went wrong at Warn and above.
+type infoAsDebug struct{ slog.Handler }
+
+func lowered(l slog.Level) slog.Level {
+	if l >= slog.LevelInfo && l < slog.LevelWarn {
+		return slog.LevelDebug
+	}
+	return l
+}
+
+// Enabled implements slog.Handler.
+func (h infoAsDebug) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.Handler.Enabled(ctx, lowered(l))
+}
+
+// Handle implements slog.Handler.
+func (h infoAsDebug) Handle(ctx context.Context, r slog.Record) error {
+	r.Level = lowered(r.Level)
+	return h.Handler.Handle(ctx, r)
+}
+
+// WithAttrs implements slog.Handler.
+func (h infoAsDebug) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return infoAsDebug{h.Handler.WithAttrs(attrs)}
+}
+
+// WithGroup implements slog.Handler.
+func (h infoAsDebug) WithGroup(name string) slog.Handler {
+	return infoAsDebug{h.Handler.WithGroup(name)}
 }
 
 func fatal(t TB, format string, args ...any) {
