@@ -14,7 +14,9 @@
 //     it would match every topic.
 //   - Recorder: a capturing publisher.
 //   - Drain: runs a dispatcher until the outbox has nothing left to deliver
-//     for the given publishers, and returns what they published.
+//     for the given publishers, and returns what they published; an event
+//     that keeps failing is dead after three attempts, or after the app's
+//     number with DrainWith (DrainOptions: MaxAttempts, Retry).
 //
 // A nil *outbox.Client fails the test, saying so, in every helper that
 // takes one.

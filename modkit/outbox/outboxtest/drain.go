@@ -19,7 +19,8 @@ import (
 // event left to deliver (pending or processing), stops it, and returns the
 // deliveries that were published: those whose Publish (or HandleTx)
 // returned nil, in the order they returned. Events that fail are retried
-// after a millisecond or so, three attempts in all, then dead-lettered:
+// after a millisecond or so, three attempts in all (not the app's
+// DispatcherConfig.MaxAttempts: DrainWith takes it), then dead-lettered:
 // check them with c.Admin(). Other topics' events are left alone.
 //
 // It looks again after each outcome its dispatcher records, and every
@@ -33,7 +34,46 @@ import (
 // (RetryAfter) than the test allows.
 func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	t.Helper()
+	return DrainWith(t, c, DrainOptions{}, pubs...)
+}
+
+// Drain's retries, unless DrainOptions say otherwise.
+const drainMaxAttempts = 3
+
+var drainRetry = outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond}
+
+// DrainOptions set the retries of DrainWith's dispatcher. The zero value
+// is Drain's.
+type DrainOptions struct {
+	// MaxAttempts is how many attempts an event gets before it is
+	// dead-lettered, as DispatcherConfig.MaxAttempts: give the app's to
+	// test what its last attempt does. Zero: 3 (not the dispatcher's
+	// default of 10).
+	MaxAttempts int
+	// Retry is the backoff between attempts, as DispatcherConfig.Retry,
+	// whose zero fields take the outbox's defaults (1s and 5m). The zero
+	// RetryPolicy: Drain's, a millisecond or so (BaseDelay 1ms, MaxDelay
+	// 10ms). An app's own policy makes the drain wait its delays, and a
+	// drain that needs longer than WaitTimeout fails.
+	Retry outbox.RetryPolicy
+}
+
+// DrainWith is Drain with the retries of opts: the app's MaxAttempts and
+// RetryPolicy, say, to test an event that is dead-lettered after the
+// app's number of attempts.
+func DrainWith(t TB, c *outbox.Client, opts DrainOptions, pubs ...outbox.Publisher) []outbox.Delivery {
+	t.Helper()
 	checkClient(t, c)
+	if opts.MaxAttempts < 0 {
+		fatal(t, "drain: DrainOptions.MaxAttempts is %d; give the app's DispatcherConfig.MaxAttempts (1 or more), or 0 for %d",
+			opts.MaxAttempts, drainMaxAttempts)
+	}
+	if opts.MaxAttempts == 0 {
+		opts.MaxAttempts = drainMaxAttempts
+	}
+	if opts.Retry == (outbox.RetryPolicy{}) {
+		opts.Retry = drainRetry
+	}
 	for i, p := range pubs {
 		checkTopic(t, fmt.Sprintf("drain: publisher %d (%s): topic", i, cmp.Or(p.Name, "unnamed")), p.Topic)
 	}
@@ -75,8 +115,8 @@ func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	warnings := &lastLines{}
 	d, err := c.NewDispatcher(outbox.DispatcherConfig{
 		PollInterval:  10 * time.Millisecond,
-		Retry:         outbox.RetryPolicy{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
-		MaxAttempts:   3,
+		Retry:         opts.Retry,
+		MaxAttempts:   opts.MaxAttempts,
 		SweepInterval: 100 * time.Millisecond,
 		Logger:        slog.New(slog.NewTextHandler(warnings, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		OnOutcome: func(outbox.Delivery, outbox.Outcome) {

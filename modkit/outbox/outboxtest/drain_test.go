@@ -236,3 +236,68 @@ func TestDrainNamesABlockedKey(t *testing.T) {
 		}
 	}
 }
+
+// Drain gives an event three attempts; DrainWith the app's number, and
+// the app's retry policy.
+func TestDrainWithTheAppsRetries(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueue(t, c, pool, placed, `{"id":"o-1"}`)
+	enqueue(t, c, pool, shipped, `{"id":"o-1"}`)
+	rec := outboxtest.NewRecorder()
+	rec.Fail = func(outbox.Delivery) error { return errors.New("the endpoint is down") }
+	attempts := func(topic outbox.Topic) int {
+		t.Helper()
+		n := 0
+		for _, d := range rec.Deliveries() {
+			if d.Topic == topic.Topic {
+				n++
+			}
+		}
+		return n
+	}
+
+	if got := outboxtest.Drain(t, c, rec.Publisher(shipped)); len(got) != 0 || attempts(shipped) != 3 {
+		t.Fatalf("Drain: published %+v after %d attempts; want nothing after 3", got, attempts(shipped))
+	}
+	if got := outboxtest.DrainWith(t, c, outboxtest.DrainOptions{MaxAttempts: 5}, rec.Publisher(placed)); len(got) != 0 || attempts(placed) != 5 {
+		t.Fatalf("DrainWith MaxAttempts 5: published %+v after %d attempts; want nothing after 5", got, attempts(placed))
+	}
+	for topic, n := range map[outbox.Topic]int{shipped: 3, placed: 5} {
+		if e := outboxtest.RequireEnqueued(t, c, topic); e[0].Status != outbox.StatusDead || e[0].Attempts != n {
+			t.Errorf("%s after the drain: %s after %d attempts, want dead after %d", topic, e[0].Status, e[0].Attempts, n)
+		}
+	}
+
+	if msg := failure(t, func(tb outboxtest.TB) {
+		outboxtest.DrainWith(tb, c, outboxtest.DrainOptions{MaxAttempts: -1}, rec.Publisher(placed))
+	}); !strings.Contains(msg, "DrainOptions.MaxAttempts is -1") {
+		t.Fatalf("DrainWith MaxAttempts -1 failed with %q", msg)
+	}
+}
+
+// DrainWith's retry policy is the dispatcher's: after a failure, the event
+// waits the policy's backoff (here an hour, from which the drain cannot
+// come back: it fails at WaitTimeout, the event pending). (A serial test:
+// it changes WaitTimeout.)
+func TestDrainWithTheAppsRetryPolicy(t *testing.T) {
+	saved := outboxtest.WaitTimeout
+	outboxtest.WaitTimeout = time.Second
+	defer func() { outboxtest.WaitTimeout = saved }()
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
+	rec := outboxtest.NewRecorder()
+	rec.Fail = func(outbox.Delivery) error { return errors.New("the endpoint is down") }
+	msg := failure(t, func(tb outboxtest.TB) {
+		outboxtest.DrainWith(tb, c, outboxtest.DrainOptions{MaxAttempts: 2, Retry: outbox.RetryPolicy{BaseDelay: time.Hour, MaxDelay: time.Hour}},
+			rec.Publisher(placed))
+	})
+	if !strings.Contains(msg, "still pending or processing") {
+		t.Fatalf("DrainWith an hour's backoff failed with %q; want it to say the event is still pending", msg)
+	}
+	e := outboxtest.RequireEnqueued(t, c, placed)[0]
+	if wait := e.NextAttemptAt.Sub(e.UpdatedAt); e.Status != outbox.StatusPending || e.Attempts != 1 || wait < 30*time.Minute {
+		t.Fatalf("after one failure: %s, %d attempt(s), next attempt %v after it; want pending, 1, at least half an hour (an hour, jittered)",
+			e.Status, e.Attempts, wait)
+	}
+}
