@@ -161,47 +161,55 @@ func TestStatsWhenUnservedIsRefused(t *testing.T) {
 // the table, and in the JSON.
 func TestStatsBlockedKeys(t *testing.T) {
 	f := newFixture(t)
-	for i := range 3 {
-		if _, err := f.client.Enqueue(bg, f.pool, outbox.Message{Namespace: orders.Namespace, Topic: orders.Topic,
-			OrderingKey: "acct-7", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
-			t.Fatal(err)
-		}
+	// A key whose only event is dead: its head holds nothing back yet, and
+	// the table counts it rather than listing it.
+	f.enqueueKey(t, orders, "acct-9", 1)
+	idle := f.settle(t, orders, 1, driver.Dead, 0)
+	out := cli(t, f.dsn, "stats").must(t, exitOK).stdout
+	if strings.Contains(out, "BLOCKED ORDERING KEYS") || strings.Contains(out, "acct-9") ||
+		!strings.Contains(out, "\n1 ordering key(s) have a dead head with no event waiting behind it") {
+		t.Fatalf("stats with a dead head that holds nothing back:\n%s", out)
 	}
+
+	f.enqueueKey(t, orders, "acct-7", 3)
 	head := f.settle(t, orders, 3, driver.Dead, 0) // only the head is claimable
 	if len(head) != 1 {
 		t.Fatalf("claimed %d events of one key, want its head alone", len(head))
 	}
-	out := cli(t, f.dsn, "stats").must(t, exitOK).stdout
-	if !strings.Contains(out, "BLOCKED ORDERING KEYS") || !strings.Contains(out, "acct-7") || !strings.Contains(out, head[0].String()) {
-		t.Fatalf("stats without the blocked key:\n%s", out)
+	out = cli(t, f.dsn, "stats").must(t, exitOK).stdout
+	if !strings.Contains(out, "BLOCKED ORDERING KEYS") || !strings.Contains(out, "acct-7") || !strings.Contains(out, head[0].String()) ||
+		strings.Contains(out, "acct-9") || !strings.Contains(out, "1 more ordering key(s), not listed, have a dead head with no event waiting") {
+		t.Fatalf("stats with a blocked key (acct-7) and a dead head holding nothing back (acct-9):\n%s", out)
 	}
 	var st statsJSON
 	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json").must(t, exitOK).stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.BlockedKeys) != 1 || st.BlockedKeys[0].OrderingKey != "acct-7" || st.BlockedKeys[0].Waiting != 2 ||
-		st.BlockedKeys[0].HeadSequence != 1 || st.MoreBlockedKeys || strings.Contains(out, "more ordering keys") {
-		t.Fatalf("stats --json blocked keys: %+v", st)
+	if len(st.BlockedKeys) != 2 || st.BlockedKeys[0].OrderingKey != "acct-9" || st.BlockedKeys[0].Waiting != 0 ||
+		st.BlockedKeys[0].Head != idle[0].String() || st.BlockedKeys[1].OrderingKey != "acct-7" || st.BlockedKeys[1].Waiting != 2 ||
+		st.BlockedKeys[1].HeadSequence != 1 || st.MoreBlockedKeys || strings.Contains(out, "more ordering keys") {
+		t.Fatalf("stats --json blocked keys (both, longest dead first): %+v", st)
 	}
 
-	// More blocked keys than listed: stats says so.
-	f.enqueueKey(t, orders, "acct-8", 1)
+	// More dead heads than read: stats says so.
+	f.enqueueKey(t, orders, "acct-8", 2)
 	if head := f.settle(t, orders, 1, driver.Dead, 0); len(head) != 1 {
 		t.Fatalf("claimed %d events, want acct-8's head", len(head))
 	}
-	out = cli(t, f.dsn, "stats", "--blocked-keys", "1").must(t, exitOK).stdout
-	if !strings.Contains(out, "acct-7") || strings.Contains(out, "acct-8") || !strings.Contains(out, "more ordering keys are blocked than these 1") {
-		t.Fatalf("stats --blocked-keys 1 of two blocked keys:\n%s", out)
+	out = cli(t, f.dsn, "stats", "--blocked-keys", "2").must(t, exitOK).stdout
+	if !strings.Contains(out, "acct-7") || strings.Contains(out, "acct-8") || !strings.Contains(out, "more ordering keys have a dead head than the 2 read") {
+		t.Fatalf("stats --blocked-keys 2 of three keys with a dead head:\n%s", out)
 	}
 	st = statsJSON{}
-	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json", "--blocked-keys", "1").must(t, exitOK).stdout), &st); err != nil {
+	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json", "--blocked-keys", "2").must(t, exitOK).stdout), &st); err != nil {
 		t.Fatal(err)
 	}
-	if len(st.BlockedKeys) != 1 || !st.MoreBlockedKeys {
-		t.Fatalf("stats --json --blocked-keys 1 of two blocked keys: %+v", st)
+	if len(st.BlockedKeys) != 2 || !st.MoreBlockedKeys {
+		t.Fatalf("stats --json --blocked-keys 2 of three keys with a dead head: %+v", st)
 	}
-	if out := cli(t, f.dsn, "stats", "--blocked-keys", "2").must(t, exitOK).stdout; !strings.Contains(out, "acct-8") || strings.Contains(out, "more ordering keys") {
-		t.Fatalf("stats --blocked-keys 2 of two blocked keys:\n%s", out)
+	if out := cli(t, f.dsn, "stats", "--blocked-keys", "3").must(t, exitOK).stdout; !strings.Contains(out, "acct-7") || !strings.Contains(out, "acct-8") ||
+		strings.Contains(out, "acct-9") || strings.Contains(out, "more ordering keys") || !strings.Contains(out, "1 more ordering key(s), not listed") {
+		t.Fatalf("stats --blocked-keys 3 of three keys with a dead head:\n%s", out)
 	}
 }
 

@@ -13,6 +13,12 @@ import (
 const statsExamples = `  modkit-outbox stats
   modkit-outbox stats --json | jq '.total.dead'
   modkit-outbox stats --backlog    # a table that keeps many delivered events
+  modkit-outbox stats --json | jq '.blocked_keys[] | select(.waiting == 0)'   # dead heads with nothing behind them yet
+
+  # The table lists the ordering keys whose dead head holds events back
+  # (WAITING above 0), and counts those whose dead head has nothing behind
+  # it yet: it blocks only the key's events still to come. The JSON lists
+  # both, each with its "waiting".
 `
 
 type statsJSON struct {
@@ -33,7 +39,7 @@ type blockedKeyJSON struct {
 	OrderingKey  string `json:"ordering_key"`
 	Head         string `json:"head"`
 	HeadSequence int64  `json:"head_sequence"`
-	Waiting      int64  `json:"waiting"`
+	Waiting      int64  `json:"waiting"` // 0: nothing waits behind the dead head yet; the key's next event will
 	DeadSince    string `json:"dead_since"`
 	LastError    string `json:"last_error,omitempty"`
 }
@@ -71,7 +77,8 @@ func runStats(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "stats", "stats [flags]", statsExamples)
 	asJSON := f.Bool("json", false, "print JSON instead of a table")
 	backlog := f.Bool("backlog", false, "count pending, processing and dead events only, from their indexes, without reading the delivered events kept (no DELIVERED column; no \"delivered\" in the JSON; on a schema before migration 0027 it reads the whole table)")
-	shown := f.Int("blocked-keys", 100, "list at most this many blocked ordering keys, longest dead first (at most 10000)")
+	shown := f.Int("blocked-keys", 100, "read at most this many ordering keys with a dead head, longest dead first (at most 10000): "+
+		"the table lists those with events waiting behind the head and counts the others, the JSON lists all")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
@@ -161,23 +168,39 @@ func runStats(ctx context.Context, e env, args []string) error {
 			return err
 		}
 	}
-	if len(blocked) == 0 {
-		return nil
-	}
-	// Ordering keys held back by a dead event: replay it (dead replay ID)
-	// to deliver it first, or skip it (dead skip-head ID).
-	fmt.Fprintf(e.stdout, "\nBLOCKED ORDERING KEYS (a dead event holds back the rest of its key; replay it with \"dead replay HEAD\", or skip it with \"dead skip-head HEAD\")\n")
-	tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tKEY\tHEAD\tSEQ\tWAITING\tDEAD FOR")
+	// A key whose dead head has nothing behind it holds nothing back yet
+	// (often a key's only event): counted, not listed among the keys that
+	// hold events back, which it would crowd out.
+	var holding []outbox.BlockedKey
 	for _, b := range blocked {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.Topic.Namespace, b.Topic.Topic, b.OrderingKey, b.Head, b.HeadSequence,
-			b.Waiting, fmtAge(time.Since(b.DeadSince)))
+		if b.Waiting > 0 {
+			holding = append(holding, b)
+		}
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	if len(holding) > 0 {
+		// Ordering keys held back by a dead event: replay it (dead replay
+		// ID) to deliver it first, or skip it (dead skip-head ID).
+		fmt.Fprintf(e.stdout, "\nBLOCKED ORDERING KEYS (a dead event holds back the rest of its key; replay it with \"dead replay HEAD\", or skip it with \"dead skip-head HEAD\")\n")
+		tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tKEY\tHEAD\tSEQ\tWAITING\tDEAD FOR")
+		for _, b := range holding {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.Topic.Namespace, b.Topic.Topic, b.OrderingKey, b.Head, b.HeadSequence,
+				b.Waiting, fmtAge(time.Since(b.DeadSince)))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if idle := len(blocked) - len(holding); idle > 0 {
+		what := "\n%d ordering key(s) have"
+		if len(holding) > 0 {
+			what = "%d more ordering key(s), not listed, have"
+		}
+		fmt.Fprintf(e.stdout, what+" a dead head with no event waiting behind it, which holds back only the key's events "+
+			"still to come (stats --json lists them, with \"waiting\": 0)\n", idle)
 	}
 	if more {
-		fmt.Fprintf(e.stdout, "… more ordering keys are blocked than these %d; --blocked-keys lists more (at most %d)\n", *shown, blockedKeysMax)
+		fmt.Fprintf(e.stdout, "… more ordering keys have a dead head than the %d read; --blocked-keys reads more (at most %d)\n", *shown, blockedKeysMax)
 	}
 	return nil
 }

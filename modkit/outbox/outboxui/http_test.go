@@ -1152,3 +1152,53 @@ func TestEventPageShowsANextAttemptForPendingEventsOnly(t *testing.T) {
 		}
 	}
 }
+
+// The overview lists the ordering keys whose dead head holds events back,
+// and counts, without listing them, the keys whose dead head has nothing
+// behind it (often a key's only event): they crowded out the keys that
+// hold events back.
+func TestOverviewCountsDeadHeadsThatHoldNothingBack(t *testing.T) {
+	w := newWorld(t)
+	keyed := outbox.Topic{Namespace: "shop", Topic: "ledger"}
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// deadHead enqueues n events of key and lets its head die.
+	deadHead := func(key string, n int) {
+		t.Helper()
+		for i := range n {
+			if _, err := w.client.Enqueue(bg, w.pool, outbox.Message{Namespace: keyed.Namespace, Topic: keyed.Topic, OrderingKey: key,
+				Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		worker := uuid.New()
+		got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{keyed.Namespace + ":" + keyed.Topic}, Limit: 1,
+			MaxAttempts: 5, Worker: worker, Lease: time.Minute})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim of %s's head: %v %v", key, got, err)
+		}
+		if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Dead,
+			Error: "the ledger refused it"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := serve(t, w, outboxui.Options{})
+	jar := newJar()
+
+	deadHead("acct-1", 1)
+	overview, _ := get(t, jar, base)
+	if strings.Contains(overview, `id="blocked"`) || strings.Contains(overview, `data-key="acct-1"`) ||
+		!strings.Contains(overview, "1 ordering key(s) have a dead event with nothing waiting behind it") {
+		t.Fatalf("the overview with one dead head holding nothing back:\n%s", overview)
+	}
+
+	deadHead("acct-2", 2)
+	overview, _ = get(t, jar, base)
+	if !strings.Contains(overview, `data-key="acct-2"`) || strings.Contains(overview, `data-key="acct-1"`) ||
+		!strings.Contains(overview, "1 more ordering key(s), not listed, have a dead event with nothing waiting behind it") ||
+		strings.Contains(overview, `id="more-blocked"`) {
+		t.Fatalf("the overview with a blocked key (acct-2) and a dead head holding nothing back (acct-1):\n%s", overview)
+	}
+}

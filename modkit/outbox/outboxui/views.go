@@ -46,14 +46,28 @@ type overviewData struct {
 	// series could not be read; the chart and the hourly figures are then
 	// left out.
 	SeriesErr string
-	// Blocked lists ordering keys held back by a dead event, longest dead
-	// first, at most blockedShown; MoreBlocked says there are more.
+	// Blocked lists ordering keys whose dead head holds events back (some
+	// wait behind it), longest dead first, at most blockedShown;
+	// MoreBlocked says there are more, or may be (more dead heads than
+	// blockedRead).
 	Blocked     []outbox.BlockedKey
 	MoreBlocked bool
+	// Idle counts the keys whose dead head has nothing behind it (often a
+	// key's only event), among the blockedRead longest dead: it holds back
+	// only the key's events still to come. Listed with the others, they
+	// crowded out the keys that hold events back. IdleAtLeast: more dead
+	// heads than blockedRead, so there may be more.
+	Idle        int
+	IdleAtLeast bool
 }
 
-// blockedShown is how many blocked ordering keys the overview lists.
-const blockedShown = 20
+// blockedShown is how many blocked ordering keys the overview lists, and
+// blockedRead how many dead heads it reads (Admin.BlockedKeys, longest dead
+// first) to find them among those with nothing behind them.
+const (
+	blockedShown = 20
+	blockedRead  = 200
+)
 
 // dispatcherRow is one dispatcher's health on the overview.
 type dispatcherRow struct {
@@ -95,9 +109,18 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	// Keys held back by a dead event: their later events wait without an
 	// error of their own. A failed read leaves the section out.
-	if blocked, err := h.admin.BlockedKeys(ctx, blockedShown+1); err == nil {
-		d.MoreBlocked = len(blocked) > blockedShown
-		d.Blocked = blocked[:min(len(blocked), blockedShown)]
+	if blocked, err := h.admin.BlockedKeys(ctx, blockedRead+1); err == nil {
+		truncated := len(blocked) > blockedRead
+		for _, b := range blocked[:min(len(blocked), blockedRead)] {
+			if b.Waiting == 0 {
+				d.Idle++
+			} else {
+				d.Blocked = append(d.Blocked, b)
+			}
+		}
+		d.MoreBlocked = len(d.Blocked) > blockedShown || truncated
+		d.Blocked = d.Blocked[:min(len(d.Blocked), blockedShown)]
+		d.IdleAtLeast = truncated
 	} else if !errors.Is(err, outbox.ErrNotMigrated) {
 		h.logInternal(r, slog.LevelWarn, "reading the blocked ordering keys", err)
 	}
