@@ -183,7 +183,10 @@ func TestMigrateCommands(t *testing.T) {
 	outs := make([]result, 3)
 	for i := range outs {
 		wg.Add(1)
-		go func() { defer wg.Done(); outs[i] = cli(t, f.dsn, "migrate", "up", "--schema", "ops_concurrent", "--yes") }()
+		go func() {
+			defer wg.Done()
+			outs[i] = cli(t, f.dsn, "migrate", "up", "--schema", "ops_concurrent", "--yes")
+		}()
 	}
 	wg.Wait()
 	said := 0
