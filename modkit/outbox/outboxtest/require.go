@@ -180,6 +180,32 @@ func Tenant(id uuid.UUID) Matcher {
 	}}
 }
 
+// OrderingKey matches events with that ordering key; "" matches events
+// without one. Events of one key come back oldest first, so their Sequence
+// fields show the order they will be published in.
+func OrderingKey(key string) Matcher {
+	desc := fmt.Sprintf("ordering key %q", key)
+	if key == "" {
+		desc = "no ordering key"
+	}
+	return Matcher{desc: desc, match: func(e outbox.Event) (bool, string) {
+		return e.OrderingKey == key, ""
+	}}
+}
+
+// Header matches events whose header name has the value value. The
+// headers are nil when the client's database login may not read them
+// (the reader role), so that no event matches then.
+func Header(name, value string) Matcher {
+	return Matcher{desc: fmt.Sprintf("header %s: %q", name, value), match: func(e outbox.Event) (bool, string) {
+		v, ok := e.Headers[name]
+		if !ok {
+			return false, ""
+		}
+		return v == value, ""
+	}}
+}
+
 // RequireEnqueued fails t unless at least one committed event of topic
 // matches every matcher, and returns the matching events, oldest first.
 // Events count whatever their status: a dispatcher may already have

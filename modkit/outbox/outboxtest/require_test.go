@@ -44,6 +44,7 @@ func TestRequireEnqueued(t *testing.T) {
 	enqueue(t, c, pool, placed, `{"id":"o-1","cents":100}`)
 	enqueue(t, c, pool, placed, `{"cents":250, "id":"o-2"}`, func(m *outbox.Message) {
 		m.TenantID, m.DedupeKey = &tenant, outbox.Key(tenant.String()+"/o-2")
+		m.OrderingKey, m.Headers = "order/o-2", map[string]string{"source": "checkout"}
 	})
 
 	if got := outboxtest.RequireEnqueued(t, c, placed); len(got) != 2 {
@@ -55,6 +56,8 @@ func TestRequireEnqueued(t *testing.T) {
 		"PayloadWhere": outboxtest.PayloadWhere("cents above 200", func(o order) bool { return o.Cents > 200 }),
 		"DedupeKey":    outboxtest.DedupeKey(tenant.String() + "/o-2"),
 		"Tenant":       outboxtest.Tenant(tenant),
+		"OrderingKey":  outboxtest.OrderingKey("order/o-2"),
+		"Header":       outboxtest.Header("source", "checkout"),
 	} {
 		got := outboxtest.RequireEnqueued(t, c, placed, m)
 		if len(got) != 1 || got[0].TenantID == nil || *got[0].TenantID != tenant {
@@ -63,6 +66,12 @@ func TestRequireEnqueued(t *testing.T) {
 	}
 	outboxtest.RequireNotEnqueued(t, c, shipped)
 	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Payload(order{ID: "o-3"}))
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.OrderingKey("order/o-1"))
+	if got := outboxtest.RequireEnqueued(t, c, placed, outboxtest.OrderingKey("")); len(got) != 1 || got[0].OrderingKey != "" {
+		t.Errorf("events without an ordering key: %+v, want the one of o-1", got)
+	}
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Header("source", "admin"))
+	outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Header("origin", ""))
 
 	// Failures say what was looked for and what is there.
 	msg := failure(t, func(t outboxtest.TB) {
