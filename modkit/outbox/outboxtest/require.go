@@ -20,8 +20,8 @@ import (
 )
 
 // Matcher narrows the events an assertion considers. Build one with
-// Payload, PayloadJSON, PayloadWhere, DedupeKey or Tenant; an assertion
-// given several requires all of them.
+// Payload, PayloadJSON, PayloadWhere, DedupeKey, Tenant, OrderingKey or
+// Header; an assertion given several requires all of them.
 type Matcher struct {
 	desc string
 	// match says whether an event matches; why, when not empty, says that
@@ -193,16 +193,17 @@ func OrderingKey(key string) Matcher {
 	}}
 }
 
-// Header matches events whose header name has the value value. The
-// headers are nil when the client's database login may not read them
-// (the reader role), so that no event matches then.
+// Header matches events whose header name has the value value. Like the
+// payload matchers, it cannot judge an event whose headers are hidden
+// from the client's database role (the reader role's), and fails the
+// assertion then.
 func Header(name, value string) Matcher {
 	return Matcher{desc: fmt.Sprintf("header %s: %q", name, value), match: func(e outbox.Event) (bool, string) {
-		v, ok := e.Headers[name]
-		if !ok {
-			return false, ""
+		if e.Payload == nil { // never NULL in the table: hidden, and the headers with it
+			return false, strings.Replace(payloadHidden, "its payload is hidden", "its headers are hidden", 1)
 		}
-		return v == value, ""
+		v, ok := e.Headers[name]
+		return ok && v == value, ""
 	}}
 }
 

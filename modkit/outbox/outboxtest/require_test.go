@@ -10,8 +10,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
 )
 
@@ -322,5 +324,32 @@ func TestHelpersRefuseTheZeroMatcher(t *testing.T) {
 		if msg := failure(t, helper); !strings.Contains(msg, "zero outboxtest.Matcher") {
 			t.Errorf("%s with the zero Matcher: failed with %q; want it to say the matcher is the zero value", name, msg)
 		}
+	}
+}
+
+// A client of the reader role sees no payloads or headers: the matchers
+// that read them fail the assertion, saying so, rather than match nothing
+// (RequireNotEnqueued would pass whatever was enqueued).
+func TestMatchersOfHiddenPayloadsAndHeaders(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1","cents":100}`, func(m *outbox.Message) {
+		m.Headers = map[string]string{"source": "checkout"}
+	})
+	readerPool := (&pgtest.DB{Name: tdb.Name, DSN: tdb.DSN, Provider: tdb.Provider}).LoginAs(t, outboxpg.RoleReader)
+	reader, err := outbox.New(outboxpg.New(readerPool), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]outboxtest.Matcher{
+		"Payload": outboxtest.Payload(order{ID: "o-1", Cents: 100}),
+		"Header":  outboxtest.Header("source", "admin"),
+	} {
+		msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, reader, placed, m) })
+		if !strings.Contains(msg, "hidden from the client's database role") {
+			t.Errorf("RequireNotEnqueued with %s as a reader: %q, want it to fail saying the event is hidden", name, msg)
+		}
+	}
+	if got := outboxtest.RequireEnqueued(t, reader, placed, outboxtest.OrderingKey("")); len(got) != 1 {
+		t.Errorf("a matcher of what the reader sees: %d events, want 1", len(got))
 	}
 }
