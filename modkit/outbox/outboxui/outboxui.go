@@ -37,10 +37,13 @@
 //     was bound; the dashboard keeps no sessions, so a copy of a browser's
 //     two cookies taken before it signed out stays valid until the
 //     sign-in's time is up (change the key or the token to end it sooner).
-//     Wrong tokens are limited per remote address (the request's own, not
-//     a forwarded one): ten at once, then one each six seconds; beyond
-//     that its sign-ins get 429 with Retry-After, without the token being
-//     compared, and the log has one line each time the limit is reached.
+//     Wrong tokens are limited per client address (the request's own, not
+//     a forwarded one; an IPv6 address's /64): ten at once, then one each
+//     six seconds, each a 403 and a log line; beyond that they get 429
+//     with Retry-After, and the log one line each time the limit is
+//     reached. The right token signs in whatever the address's allowance,
+//     so a visitor sharing the operator's address cannot lock the operator
+//     out; guessing is defeated by the token's length, not by the limit.
 //   - The sign-in cookie, the CSRF tokens and the messages after an action
 //     are signed with a key that never leaves the process: by default a
 //     random one that New makes for its handler. Several replicas behind a
@@ -486,19 +489,19 @@ func (h *handler) redirectFor(w http.ResponseWriter, r *http.Request, browser, t
 }
 
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
-	host := hostOf(r.RemoteAddr)
-	if d := h.signIns.wait(host); d > 0 {
-		secs := int(math.Ceil(d.Seconds()))
-		w.Header().Set("Retry-After", strconv.Itoa(secs))
-		h.fail(w, r, http.StatusTooManyRequests, fmt.Sprintf(
-			"Too many wrong operator tokens from your address: sign-ins from it are refused for %d s more.", secs))
-		return
-	}
 	tok := r.PostForm.Get("token")
 	if h.opts.OperatorToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(h.opts.OperatorToken)) != 1 {
-		if h.signIns.failed(host) {
-			h.log.Warn("outboxui: operator sign-in refused; too many wrong tokens from this address, its next sign-ins are refused for a while",
-				"remote", r.RemoteAddr, "refill", signInRefill)
+		client := clientOf(r.RemoteAddr)
+		if d := h.signIns.wait(client); d > 0 {
+			secs := int(math.Ceil(d.Seconds()))
+			w.Header().Set("Retry-After", strconv.Itoa(secs))
+			h.fail(w, r, http.StatusTooManyRequests, fmt.Sprintf(
+				"Wrong operator token, and too many from your address: try again in %d s.", secs))
+			return
+		}
+		if h.signIns.failed(client) {
+			h.log.Warn("outboxui: operator sign-in refused; too many wrong tokens from this address: its next wrong ones are "+
+				"answered 429, without a log line, until its allowance refills", "remote", r.RemoteAddr, "refill", signInRefill)
 		} else {
 			h.log.Warn("outboxui: operator sign-in refused", "remote", r.RemoteAddr)
 		}

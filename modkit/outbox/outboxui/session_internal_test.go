@@ -82,3 +82,20 @@ func TestSignInLimiter(t *testing.T) {
 		t.Fatalf("c once the others recovered: wait %v with %d remembered, want 0 with the recovered forgotten", d, len(l.hosts))
 	}
 }
+
+// An address's key: an IPv4 address, an IPv6 address's /64 (a site may
+// take any address in it, and would otherwise get a new allowance with
+// each), the address itself when it is not an IP.
+func TestClientOf(t *testing.T) {
+	for addr, want := range map[string]string{
+		"192.0.2.7:51234":                "192.0.2.7",
+		"[2001:db8:1:2:aaaa::1]:443":     "2001:db8:1:2::/64",
+		"[2001:db8:1:2:bbbb:cc::9]:8080": "2001:db8:1:2::/64",
+		"[::ffff:192.0.2.7]:80":          "192.0.2.7",
+		"@":                              "@",
+	} {
+		if got := clientOf(addr); got != want {
+			t.Errorf("clientOf(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}

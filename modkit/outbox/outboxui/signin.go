@@ -2,16 +2,21 @@ package outboxui
 
 import (
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 )
 
-// Wrong operator tokens are limited per remote address, so that guessing
-// one is slow and a flood of them fills neither the log nor the server:
-// an address may get signInBurst wrong at once, then one more each
-// signInRefill (ten a minute). While it has none left, its sign-ins are
-// refused with 429 without the token being compared, the right one too:
-// the operator it locked out waits at most signInRefill.
+// Wrong operator tokens are limited per client address, so that a flood of
+// them fills neither the log nor the server: an address may get
+// signInBurst wrong at once, then one more each signInRefill (ten a
+// minute), each answered 403 and logged. Beyond that its wrong tokens are
+// answered 429 with Retry-After, and the log says so once. The token is
+// still compared, and the right one signs in whatever the address's
+// allowance: a visitor sharing the operator's address (behind a proxy or
+// a NAT) cannot lock the operator out by spending it. What makes guessing
+// hopeless is the token itself (TokenMinLen random characters), not this
+// limit.
 const (
 	signInBurst  = 10
 	signInRefill = 6 * time.Second
@@ -39,14 +44,26 @@ func newSignInLimiter(now func() time.Time) *signInLimiter {
 	return &signInLimiter{now: now, hosts: map[string]*signInAllowance{}}
 }
 
-// hostOf is the host of an http.Request's RemoteAddr (the whole string if
-// it has no port). Headers such as X-Forwarded-For are not trusted: behind
-// a proxy every visitor shares the proxy's allowance.
-func hostOf(remoteAddr string) string {
+// clientOf is the key of an http.Request's RemoteAddr in the limiter: its
+// IPv4 address, or the /64 of its IPv6 address (one site's, which can
+// take any address in it), or the string itself when it is neither.
+// Headers such as X-Forwarded-For are not read: behind a proxy every
+// visitor shares the proxy's allowance.
+func clientOf(remoteAddr string) string {
+	host := remoteAddr
 	if h, _, err := net.SplitHostPort(remoteAddr); err == nil {
-		return h
+		host = h
 	}
-	return remoteAddr
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if ip = ip.Unmap(); ip.Is6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.String()
+		}
+	}
+	return ip.String()
 }
 
 // refill brings a's allowance up to now.
@@ -57,8 +74,8 @@ func (a *signInAllowance) refill(now time.Time) {
 	}
 }
 
-// wait is how long host must wait before it may try a token (0: it may
-// now).
+// wait is how long host's allowance takes to hold a wrong token again (0:
+// it holds one now).
 func (l *signInLimiter) wait(host string) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
