@@ -31,6 +31,9 @@ var errHelp = errors.New("help printed")
 type cmdFlags struct {
 	*flag.FlagSet
 	databaseURL, schema string
+	// schemaDefaulted: neither --schema nor $MODKIT_OUTBOX_SCHEMA named the
+	// schema (it is public by default).
+	schemaDefaulted bool
 	connectTimeout      time.Duration
 	usage, examples     string
 	getenv              func(string) string
@@ -73,7 +76,9 @@ func (f *cmdFlags) parse(e env, args []string) ([]string, error) {
 		args = f.Args()
 		if len(args) == 0 {
 			if !f.setFlags()["schema"] {
-				f.schema = cmp.Or(f.getenv(schemaEnv), "public")
+				f.schema = f.getenv(schemaEnv)
+				f.schemaDefaulted = f.schema == ""
+				f.schema = cmp.Or(f.schema, "public")
 			}
 			return pos, nil
 		}

@@ -116,7 +116,8 @@ Every command but migrate sql (which prints the migrations without
 connecting) takes --database-url (default $DATABASE_URL) and --schema
 (default $MODKIT_OUTBOX_SCHEMA, else public), before or after the
 command. A command on a schema that holds no outbox while another schema
-does is refused, naming that schema. "modkit-outbox COMMAND --help" shows a command's flags
+does is refused, naming that schema; migrate up asks first when the
+schema is public by default. "modkit-outbox COMMAND --help" shows a command's flags
 and examples.
 
 Examples:
@@ -151,23 +152,28 @@ func run(ctx context.Context, e env, args []string) int {
 		printMainUsage(e.stderr)
 		return exitUsage
 	}
-	switch args[0] {
-	case "help", "-h", "-help", "--help":
-		if len(args) > 1 {
-			return run(ctx, e, []string{args[1], "--help"})
-		}
-		printMainUsage(e.stdout)
-		return exitOK
-	}
-	if strings.HasPrefix(args[0], "-") {
+	isHelp := func(a string) bool { return a == "help" || a == "-h" || a == "-help" || a == "--help" }
+	if strings.HasPrefix(args[0], "-") && !isHelp(args[0]) {
 		// The connection flags may come before the command too (as in
-		// modkit-outbox --schema shop stats): they go after it.
+		// modkit-outbox --schema shop stats): they go right after it, so
+		// that the same flag given after the command wins. Help needs
+		// none of them.
 		lead, rest, err := leadingFlags(args)
 		if err != nil {
 			fmt.Fprintf(e.stderr, "modkit-outbox: %v\n", err)
 			return exitUsage
 		}
-		args = append(rest[:1:1], append(rest[1:], lead...)...)
+		args = rest
+		if !isHelp(rest[0]) {
+			args = append(append(rest[:1:1], lead...), rest[1:]...)
+		}
+	}
+	if isHelp(args[0]) {
+		if len(args) > 1 {
+			return run(ctx, e, []string{args[1], "--help"})
+		}
+		printMainUsage(e.stdout)
+		return exitOK
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {

@@ -80,17 +80,19 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return usageErr("%v", err)
 	}
-	// A schema without an outbox while others hold one: most likely
-	// --schema was forgotten, and migrate up would make a second, empty
-	// outbox that every later command without --schema reads.
+	// A schema without an outbox while others hold one: when the schema
+	// is public by default, --schema was most likely forgotten, and
+	// migrate up would make a second, empty outbox that every later
+	// command without --schema reads. A schema named on purpose (a
+	// deploy script making a tenant's outbox, say) is migrated as asked.
 	others, err := f.otherOutboxes(ctx, pool)
 	if err != nil {
 		return err
 	}
 	switch pos[0] {
 	case "up":
-		if len(others) > 0 && !*yes {
-			if err := confirm(e, fmt.Sprintf("Schema %s holds no outbox, but %s (pass --schema %s to migrate that one). "+
+		if len(others) > 0 && f.schemaDefaulted && !*yes {
+			if err := confirm(e, fmt.Sprintf("Schema %s (the default) holds no outbox, but %s (pass --schema %s to migrate that one). "+
 				"Create a second outbox in schema %s?", f.schema, elsewhere(others), others[0], f.schema)); err != nil {
 				return err
 			}

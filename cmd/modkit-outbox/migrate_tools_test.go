@@ -127,9 +127,9 @@ func TestMigrateCommands(t *testing.T) {
 	if s := status(); strings.Count(s, " no\n") != len(known) {
 		t.Fatalf("status before up:\n%s", s)
 	}
-	// Public holds the fixture's outbox: a second one is made only when
-	// confirmed (TestSchemaWithoutAnOutbox).
-	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops", "--yes").must(t, exitOK).stdout; !strings.Contains(out, "applied 0001_outbox_events") {
+	// Public holds the fixture's outbox; ops, named on purpose, is
+	// migrated without a question (TestSchemaWithoutAnOutbox).
+	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "applied 0001_outbox_events") {
 		t.Fatalf("up:\n%s", out)
 	}
 	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "up to date") {
@@ -207,7 +207,7 @@ func TestMigrateCommands(t *testing.T) {
 	if _, err := f.pool.Exec(bg, "CREATE SCHEMA open_ops; GRANT CREATE ON SCHEMA open_ops TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
-	r := cli(t, f.dsn, "migrate", "up", "--schema", "open_ops", "--yes").must(t, exitFailure)
+	r := cli(t, f.dsn, "migrate", "up", "--schema", "open_ops").must(t, exitFailure)
 	if !strings.Contains(r.stderr, "REVOKE CREATE ON SCHEMA open_ops FROM PUBLIC") || !strings.Contains(r.stderr, "nothing was migrated") ||
 		strings.Contains(r.stderr, "modkit_outbox_reader") {
 		t.Fatalf("migrate up of a schema PUBLIC may create in:\n%s", r.stderr)
@@ -390,19 +390,34 @@ func TestSchemaWithoutAnOutbox(t *testing.T) {
 	if r := cli(t, f.dsn, "--bogus", "stats").must(t, exitUsage); !strings.Contains(r.stderr, "only --database-url, --schema and --connect-timeout") {
 		t.Fatalf("an unknown flag before the command:\n%s", r.stderr)
 	}
+	if r := cli(t, f.dsn, "--schema", "ops", "stats", "--schema", "public").must(t, exitOK); !strings.Contains(r.stdout, "order_paid") {
+		t.Fatalf("--schema before the command and again after it: the one after should win:\n%s%s", r.stdout, r.stderr)
+	}
+	if r := cli(t, f.dsn, "--schema", "ops", "help", "stats").must(t, exitOK); !strings.Contains(r.stdout, "modkit-outbox stats") {
+		t.Fatalf("help after a leading flag:\n%s%s", r.stdout, r.stderr)
+	}
 
-	// migrate status says where the outbox is; migrate up asks first.
+	// migrate status says where the outbox is. migrate up on public by
+	// default (with the outbox elsewhere) asks first; on a schema named on
+	// purpose, by --schema or MODKIT_OUTBOX_SCHEMA, it does as asked.
 	if r := cli(t, f.dsn, "migrate", "status", "--schema", "ops").must(t, exitOK); !strings.Contains(r.stderr, "schema public holds one: pass --schema public") {
 		t.Fatalf("migrate status --schema ops:\n%s", r.stderr)
 	}
-	if r := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitAborted); !strings.Contains(r.stderr, "Create a second outbox in schema ops?") {
-		t.Fatalf("migrate up --schema ops without --yes:\n%s", r.stderr)
+	if _, err := f.pool.Exec(bg, "ALTER SCHEMA public RENAME TO shop; CREATE SCHEMA public"); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, f.dsn, "migrate", "up").must(t, exitAborted); !strings.Contains(r.stderr,
+		"Schema public (the default) holds no outbox, but schema shop holds one (pass --schema shop to migrate that one). Create a second outbox in schema public?") {
+		t.Fatalf("migrate up on public by default, the outbox in shop:\n%s", r.stderr)
 	}
 	var made bool
-	if err := f.pool.QueryRow(bg, "SELECT to_regclass('ops.modkit_schema_migrations') IS NOT NULL").Scan(&made); err != nil || made {
+	if err := f.pool.QueryRow(bg, "SELECT to_regclass('public.modkit_schema_migrations') IS NOT NULL").Scan(&made); err != nil || made {
 		t.Fatalf("migrate up refused, yet the schema has a migrations table (%v, %v)", made, err)
 	}
-	cliEnv(t, env, "migrate", "up", "--yes").must(t, exitOK)
+	if _, err := f.pool.Exec(bg, "DROP SCHEMA public; ALTER SCHEMA shop RENAME TO public"); err != nil {
+		t.Fatal(err)
+	}
+	cliEnv(t, env, "migrate", "up").must(t, exitOK)
 	if r := cliEnv(t, env, "stats").must(t, exitOK); strings.Contains(r.stdout, "order_paid") {
 		t.Fatalf("stats of the new, empty outbox in ops shows public's events:\n%s", r.stdout)
 	}
