@@ -34,9 +34,9 @@ type cmdFlags struct {
 	// schemaDefaulted: neither --schema nor $MODKIT_OUTBOX_SCHEMA named the
 	// schema (it is public by default).
 	schemaDefaulted bool
-	connectTimeout      time.Duration
-	usage, examples     string
-	getenv              func(string) string
+	connectTimeout  time.Duration
+	usage, examples string
+	getenv          func(string) string
 }
 
 func newFlags(e env, name, usage, examples string) *cmdFlags {
