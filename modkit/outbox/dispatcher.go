@@ -338,10 +338,17 @@ func (d *Dispatcher) laneLimit(p *Publisher) int {
 	if len(d.reg.topics) > 1 {
 		limit = max(1, d.cfg.Concurrency/2)
 	}
-	// Each HandleTx call holds a pool connection: by default, no more at
-	// once than the pool has beside what the dispatcher itself uses.
+	// Each HandleTx call holds a pool connection: by default, the topics
+	// with HandleTx share what the pool has beside what the dispatcher
+	// itself uses (at least one call each).
 	if sizer, ok := d.c.store.(driver.PoolSizer); ok && p.HandleTx != nil {
-		limit = min(limit, max(1, sizer.PoolSize()-poolHeadroom))
+		inTx := 0
+		for _, k := range d.reg.keys {
+			if d.reg.byKey[k].HandleTx != nil {
+				inTx++
+			}
+		}
+		limit = min(limit, max(1, (sizer.PoolSize()-poolHeadroom)/inTx))
 	}
 	return limit
 }

@@ -92,12 +92,14 @@ type Publisher struct {
 	// at all, so the effect is exactly once even though delivery is at
 	// least once. Return errors as for Publish; the transaction is then
 	// rolled back. Do not commit or roll back tx yourself. Each call holds
-	// one pool connection for its whole transaction, so such a topic's
-	// default Concurrency is also at most the pool's size less three (the
-	// dispatcher's claims, outcome writes and listener): 1 on pgx's default
-	// pool of 4 connections. For more at once, raise the pool's MaxConns
-	// (and set Concurrency); NewDispatcher logs a warning when the pool is
-	// smaller than these publishers' limits plus three.
+	// one pool connection for its whole transaction, so by default the
+	// dispatcher's topics with HandleTx share the pool's connections less
+	// three (for its claims, outcome writes and listener), at least one
+	// call each: a single such topic runs 1 at a time on a pool of 4 (pgx's
+	// default is the larger of 4 and the number of CPUs). For more at once,
+	// raise the pool's MaxConns (or set Concurrency); NewDispatcher logs a
+	// warning when the pool is smaller than these publishers' limits plus
+	// three.
 	HandleTx func(ctx context.Context, tx pgx.Tx, d Delivery) error
 	// Name says who registered it, for errors and logs. Default: the
 	// function's name.
