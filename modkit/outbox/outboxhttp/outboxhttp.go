@@ -19,7 +19,8 @@
 // # Event headers
 //
 // So that one endpoint can receive several topics, and check per-key
-// order, every request also names its event:
+// order, every request also names its event (unless
+// Config.OmitEventHeaders):
 //
 //	outbox-namespace:    the event's namespace
 //	outbox-topic:        the event's topic
@@ -33,7 +34,13 @@
 // printable ASCII without '%' arrives as it is). Any percent-decoder
 // restores it (url.PathUnescape, JavaScript's decodeURIComponent, Python's
 // urllib.parse.unquote; not a form decoder, which reads '+' as a space).
-// EventOf reads all five back, decoded.
+// EventOf reads all five back, decoded. The sequence of a key increases
+// from one delivered event to the next, but not always by one: an event
+// purged or skipped while dead (Admin.PurgeDead, SkipHead) leaves its
+// number out, and a dead one replayed after its key went on without it
+// arrives after higher numbers. Check that it increases, per key, not
+// that it is contiguous; and de-duplicate on the event id first, as a
+// redelivery repeats a number.
 //
 // These headers are NOT signed: the Standard Webhooks signature covers
 // webhook-id, webhook-timestamp and the body only, and stays so for
@@ -165,6 +172,12 @@ type Config struct {
 	Client *http.Client
 	// Now is the clock of webhook-timestamp. Default time.Now.
 	Now func() time.Time
+	// OmitEventHeaders leaves the outbox-* headers out of every request
+	// (see the package doc, "Event headers"): for an endpoint outside your
+	// control, since proxies and logs keep headers more often than bodies
+	// and an ordering key or tenant id may be such a service's business
+	// only. The payload is then all the receiver has.
+	OmitEventHeaders bool
 }
 
 // StatusError is a response other than 2xx.
@@ -262,6 +275,8 @@ type Publisher struct {
 	client  *http.Client
 	owned   bool
 	now     func() time.Time
+	// eventHeaders: set the outbox-* headers (not Config.OmitEventHeaders).
+	eventHeaders bool
 }
 
 // New returns a Publisher for cfg. Errors match outbox.ErrInvalidConfig.
@@ -283,7 +298,7 @@ func New(cfg Config) (*Publisher, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("%w: outboxhttp: Timeout is %v; it must not be negative", outbox.ErrInvalidConfig, cfg.Timeout)
 	}
-	p := &Publisher{signer: signer, url: cfg.URL, timeout: cfg.Timeout, client: cfg.Client, now: cfg.Now}
+	p := &Publisher{signer: signer, url: cfg.URL, timeout: cfg.Timeout, client: cfg.Client, now: cfg.Now, eventHeaders: !cfg.OmitEventHeaders}
 	if p.timeout == 0 {
 		p.timeout = TimeoutDefault
 	}
@@ -358,7 +373,9 @@ func (p *Publisher) Request(ctx context.Context, d outbox.Delivery) (*http.Reque
 	req.Header.Set(HeaderID, id)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
 	req.Header.Set(HeaderSignature, p.signer.Sign(id, ts, d.Payload))
-	setEventHeaders(req.Header, d)
+	if p.eventHeaders {
+		setEventHeaders(req.Header, d)
+	}
 	return req, nil
 }
 

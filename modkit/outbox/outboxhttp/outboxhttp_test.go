@@ -500,3 +500,28 @@ func TestEventOfRefuses(t *testing.T) {
 		}
 	}
 }
+
+// Config.OmitEventHeaders leaves the outbox-* headers out (for an endpoint
+// outside the service's control): the request carries the signature and
+// the payload, as before they were added.
+func TestOmitEventHeaders(t *testing.T) {
+	tenant := uuid.New()
+	d := outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", TenantID: &tenant, OrderingKey: "acct/7", Sequence: 3,
+		Payload: json.RawMessage(`{}`)}
+	for _, omit := range []bool{false, true} {
+		p := newPublisher(t, outboxhttp.Config{Endpoint: "http://127.0.0.1:1/hooks", OmitEventHeaders: omit})
+		req, err := p.Request(ctx, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var named []string
+		for name := range req.Header {
+			if strings.HasPrefix(strings.ToLower(name), "outbox-") {
+				named = append(named, name)
+			}
+		}
+		if (len(named) == 0) != omit || req.Header.Get(outboxhttp.HeaderSignature) == "" {
+			t.Errorf("OmitEventHeaders %v: event headers %v, signature %q", omit, named, req.Header.Get(outboxhttp.HeaderSignature))
+		}
+	}
+}
