@@ -604,7 +604,8 @@ func (h Health) State() string {
 // succeeded) and whether it is degraded: a topic has publishes that
 // outlived their deadline (the publisher ignores its context), a topic's
 // last three or more publishes in this process all failed (its broker or
-// endpoint is down, say; until one delivers), claims are
+// endpoint is down, say; Permanent errors, the event's fault, do not
+// count), until one delivers or ten minutes pass without a failure, claims are
 // failing, outcome writes are (until one succeeds), the notification
 // listener cannot listen, or maintenance is failing (until a pass works: a
 // failed election is retried within seconds, with the claims' backoff, so
@@ -638,7 +639,7 @@ func (d *Dispatcher) Health() Health {
 			h.Problems = append(h.Problems, fmt.Sprintf("topic %s: %d publishes outlived their deadline and have not returned "+
 				"(the publisher ignores its context)", l.topic, l.abandoned))
 		}
-		if l.failed >= failingAfter {
+		if l.failed >= failingAfter && time.Since(l.failedLast) < failingFor {
 			h.Problems = append(h.Problems, fmt.Sprintf("topic %s: its last %d publishes failed, from %s to %s, and none delivered since "+
 				"(the errors are in the dispatcher's log and the events' history); its events are retried, then dead-lettered",
 				l.topic, l.failed, l.failedFirst.UTC().Format(time.RFC3339), l.failedLast.UTC().Format(time.RFC3339)))

@@ -412,16 +412,20 @@ func TestHealthOfANilDispatcher(t *testing.T) {
 // down, say) makes the dispatcher degraded once three in a row have
 // failed, naming the topic and when, until a publish delivers. Health
 // said nothing of it: the failures showed only in the log and the
-// events' history.
+// events' history. Permanent errors (the event's fault) do not count.
 func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	var failing atomic.Bool
-	failing.Store(true)
+	var mode atomic.Int32 // 0 the endpoint is down, 1 up, 2 every event is poison
 	outcomes := newOutcomeLog()
-	d := startDispatcher(t, c, testConfig(outcomes), outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
-		if failing.Load() {
-			return outbox.Permanent(errors.New("the endpoint is down"))
+	cfg := testConfig(outcomes)
+	cfg.MaxAttempts = 2
+	d := startDispatcher(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
+		switch mode.Load() {
+		case 0:
+			return errors.New("the endpoint is down")
+		case 2:
+			return outbox.Permanent(errors.New("poison"))
 		}
 		return nil
 	}})
@@ -434,21 +438,37 @@ func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 		return ""
 	}
 
-	enqueueN(t, c, pool, 2)
-	outcomes.waitFor(t, "two events dead", finalCount(outbox.StatusDead, 2))
+	enqueueN(t, c, pool, 1)
+	outcomes.waitFor(t, "the first event dead after two failed attempts", finalCount(outbox.StatusDead, 1))
 	if h := d.Health(); h.Degraded {
 		t.Fatalf("health after two failed publishes: %+v, want not degraded", h)
 	}
-	enqueueN(t, c, pool, 1)
-	outcomes.waitFor(t, "three events dead", finalCount(outbox.StatusDead, 3))
+	second := enqueueN(t, c, pool, 1)[0]
+	outcomes.waitFor(t, "the second event's first attempt failed", func(m map[uuid.UUID][]outbox.Outcome) bool { return len(m[second]) >= 1 })
 	if p := problem(); !d.Health().Degraded || !strings.Contains(p, "topic "+testTopic.String()+": its last 3 publishes failed, from ") {
 		t.Fatalf("health after three failed publishes in a row: %+v, want the topic named", d.Health())
 	}
 
-	failing.Store(false)
-	enqueueN(t, c, pool, 1)
-	outcomes.waitFor(t, "an event delivered", finalCount(outbox.StatusDelivered, 1))
+	mode.Store(1)
+	outcomes.waitFor(t, "the second event delivered", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		os := m[second]
+		return len(os) > 0 && os[len(os)-1].Status == outbox.StatusDelivered
+	})
 	if h := d.Health(); h.Degraded || problem() != "" {
 		t.Fatalf("health once a publish delivered: %+v, want healthy", h)
+	}
+
+	mode.Store(2)
+	poison := enqueueN(t, c, pool, 3)
+	outcomes.waitFor(t, "three poison events dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		for _, id := range poison {
+			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != outbox.StatusDead {
+				return false
+			}
+		}
+		return true
+	})
+	if h := d.Health(); h.Degraded {
+		t.Fatalf("health after three Permanent failures: %+v, want not degraded (the events were at fault)", h)
 	}
 }

@@ -85,17 +85,23 @@ type lane struct {
 }
 
 // failingAfter is how many publishes of a topic in a row must fail for
-// Dispatcher.Health to report it: one or two failures are everyday retries.
-const failingAfter = 3
+// Dispatcher.Health to report it: one or two failures are everyday
+// retries. failingFor is how long after the last of them it still does: a
+// topic whose events stopped coming (all dead, say) is not failing now.
+const (
+	failingAfter = 3
+	failingFor   = 10 * time.Minute
+)
 
 // notePublish counts a publish's end towards the lane's failures in a
-// row: a delivery ends them; an error or an abandonment adds one. Events
-// given back unpublished, and lost leases, say nothing of the publisher.
+// row: a delivery ends them; an error or an abandonment adds one. A
+// Permanent error says the event is at fault, not the endpoint, and counts
+// for nothing; so do events given back unpublished and lost leases.
 func (l *lane) notePublish(r result, now time.Time) {
 	switch {
 	case delivered(r):
 		l.failed = 0
-	case (r.kind == published && r.err != nil) || r.kind == abandoned:
+	case (r.kind == published && r.err != nil && !IsPermanent(r.err)) || r.kind == abandoned:
 		if l.failed == 0 {
 			l.failedFirst = now
 		}

@@ -29,13 +29,16 @@ type rightsCache struct {
 }
 
 // get returns what the login may do, read less than rightsTTL ago or now;
-// err is the read's, when it failed now.
+// err is the read's, when it failed now. The read runs without the lock,
+// so that a slow one holds up no other request (requests that find the
+// rights expired at the same moment each read them).
 func (c *rightsCache) get(ctx context.Context) (outbox.Rights, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if !c.at.IsZero() && c.now().Sub(c.at) < rightsTTL {
+		defer c.mu.Unlock()
 		return c.rights, nil
 	}
+	c.mu.Unlock()
 	r, err := c.read(ctx)
 	if err != nil {
 		r = outbox.Rights{}
@@ -43,7 +46,9 @@ func (c *rightsCache) get(ctx context.Context) (outbox.Rights, error) {
 			return r, err
 		}
 	}
+	c.mu.Lock()
 	c.rights, c.at = r, c.now()
+	c.mu.Unlock()
 	return r, err
 }
 
