@@ -114,7 +114,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 					// The round goes on: one claim failing (one topic's
 					// slow walk, say) does not hold back the others.
 					d.setClaimErr(err)
-					d.log.Warn("claim failed; retrying", "error", err, "topics", g.topics, "retry_in", nextErrDelay(errDelay, d.cfg.PollInterval))
+					d.log.Warn("claim failed; retrying", "error", err, "topics", slices.Sorted(slices.Values(g.topics)), "retry_in", nextErrDelay(errDelay, d.cfg.PollInterval))
 					d.metrics.claimErrors.Add(ctx, 1)
 					failed = true
 					continue
@@ -253,9 +253,12 @@ const releaseHeldMax = 1000
 // (see claimer), and by the completer after it records a dead head of such
 // a topic.
 func (d *Dispatcher) releaseHeld(ctx context.Context) int64 {
-	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseHeadroom)
 	defer cancel()
-	n, err := d.c.store.ReleaseHeld(ctx, d.reg.keys, d.reg.skipDead, releaseHeldMax)
+	n, err := d.c.store.ReleaseHeld(rctx, d.reg.keys, d.reg.skipDead, releaseHeldMax)
+	// Its own time running out is a failure to report (it waits for
+	// nothing since migration 0042, so it means a slow or locked table);
+	// the dispatcher stopping is not.
 	if err != nil && ctx.Err() == nil {
 		d.log.Warn("releasing ordered events held behind settled ones failed; retrying in a PollInterval", "error", err)
 	}

@@ -40,7 +40,13 @@ type DispatcherConfig struct {
 	Retry RetryPolicy
 	// MaxAttempts is the total number of delivery attempts per event, the
 	// first included. Default 10. A claim whose lease ends without an
-	// outcome (a crashed dispatcher) counts as an attempt; but an event of
+	// outcome counts as an attempt: a crashed dispatcher, but also a
+	// database unavailable for longer than the lease (a frozen server, a
+	// failover), which keeps a publish that succeeded from being recorded,
+	// and may commit a claim whose answer the dispatcher no longer waited
+	// for (LeaseHeadroom). A trial froze the server for 45 s with
+	// MaxAttempts 2 and saw events delivered once yet dead-lettered: keep
+	// MaxAttempts well above the outages you expect to ride out. But an event of
 	// an ordering key whose predecessor was not delivered is not charged
 	// for such claims (a claim that takes its chain over does not count it
 	// again, and the sweep gives it the attempt back: migration 0031), so
@@ -128,7 +134,12 @@ type DispatcherConfig struct {
 	// OnOutcome, if set, is called after each outcome is recorded (or
 	// refused for a lost lease), by the goroutines that write outcomes,
 	// one call at a time: keep it fast and never block in it. Useful for
-	// tests and custom telemetry.
+	// tests and custom telemetry. "Recorded" means committed, and outcomes
+	// commit asynchronously unless SynchronousCommit is set: a server crash
+	// just after can roll one back, and its event is then published again
+	// (and reported again). An outcome that could not be written before
+	// its lease ended (the database unavailable) is not reported: the
+	// dispatcher logs it, and its event is published again.
 	OnOutcome func(d Delivery, o Outcome)
 }
 

@@ -123,7 +123,10 @@
 //   - Database unavailable: claims and outcome writes are retried with
 //     capped backoff, and Health reports failing claims; events whose
 //     outcomes could not be recorded before their lease ended are delivered
-//     again. A write that committed but whose answer was lost with the
+//     again, each expired lease counting as an attempt (see
+//     DispatcherConfig.MaxAttempts: an outage longer than the lease costs
+//     the events in flight an attempt or two, though their publishes
+//     succeeded). A write that committed but whose answer was lost with the
 //     connection is recognised when it is tried again (from the attempts
 //     ledger, since migration 0035): its outcomes are reported as recorded,
 //     not as leases lost.

@@ -1,6 +1,7 @@
 package outboxpg_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -417,4 +418,49 @@ func TestSweepHoldsTheRestOfAnExpiredRun(t *testing.T) {
 		}
 	}
 	wantClaimed(t, claimChains(t, s, 10, []int{3}, uuid.New()), "a:1", "a:2", "a:3")
+}
+
+// Letting a held event into the claim passes over a row another session
+// has locked instead of waiting for it (migration 0042): a delivery's
+// outcome write and ReleaseHeld return at once, the locked successor stays
+// held, and ReleaseHeld lets it in once the lock is gone. Both waited for
+// the lock: a trial's one row lock stalled every dispatcher's claims, of
+// every topic, for as long as it was held.
+func TestHeldReleasesSkipLockedRows(t *testing.T) {
+	s, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	rs := insertKeyed(t, s, pool, "acct", 2)
+	w := uuid.New()
+	first := claim(t, s, 10, 3, w)
+	if len(first) != 1 || first[0].ID != rs[0].ID {
+		t.Fatalf("claim of a key's two events: %+v, want its first only", first)
+	}
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, "SELECT 1 FROM modkit_outbox_events WHERE id = $1 FOR UPDATE", rs[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	guard, cancel := context.WithTimeout(ctx, time.Minute) // a hang guard: without 0042 both calls wait for the lock
+	defer cancel()
+	if settled, err := s.Complete(guard, nil, w, []driver.Outcome{outcome(first[0], driver.Delivered)}); err != nil || len(settled) != 1 || !settled[0] {
+		t.Fatalf("the delivery of the first, its successor locked by another session: %v, %v", settled, err)
+	}
+	if n, err := s.ReleaseHeld(guard, []string{topic}, nil, 100); err != nil || n != 0 {
+		t.Fatalf("release held while the successor is locked: %d, %v; want 0 (passed over)", n, err)
+	}
+	if got := claim(t, s, 10, 3, w); len(got) != 0 {
+		t.Fatalf("claimed while the successor is locked and held: %+v", got)
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.ReleaseHeld(ctx, []string{topic}, nil, 100); err != nil || n != 1 {
+		t.Fatalf("release held once the lock is gone: %d, %v; want 1", n, err)
+	}
+	if got := claim(t, s, 10, 3, w); len(got) != 1 || got[0].ID != rs[1].ID {
+		t.Fatalf("after the release: %+v, want the second event", got)
+	}
 }
