@@ -297,6 +297,9 @@ func (d *Dispatcher) settleOnce(ctx context.Context, batch []result, due *dueTim
 	ctx, cancel := context.WithDeadline(ctx, latest.Add(d.cfg.LeaseHeadroom))
 	defer cancel()
 	giveUp := func(err error) {
+		for _, r := range kept {
+			d.metrics.unrecorded.Add(context.Background(), 1, d.metrics.topicAttrs(r.c.d.Namespace, r.c.d.Topic))
+		}
 		if context.Cause(flush) == errStopRanOut {
 			d.unrecordedAtStop.Add(int64(len(outcomes)))
 			d.log.Warn("could not record outcomes before the stop's time ran out; the events will be delivered again when their leases end",

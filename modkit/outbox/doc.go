@@ -222,6 +222,7 @@
 //	outbox.events.dead (outbox_events_dead_total)               counter     events   namespace, topic
 //	outbox.events.released (outbox_events_released_total)       counter     events   namespace, topic
 //	outbox.events.lease_lost (outbox_events_lease_lost_total)   counter     events   namespace, topic
+//	outbox.events.unrecorded (outbox_events_unrecorded_total)   counter     events   namespace, topic
 //	outbox.publish.abandoned (outbox_publish_abandoned_total)   counter     calls    namespace, topic
 //	outbox.claim.errors (outbox_claim_errors_total)             counter     queries  none
 //	outbox.listener.reconnects (outbox_listener_reconnects_total)
@@ -249,6 +250,10 @@
 //     stop ran out of time), without using an attempt; a publish abandoned
 //     at its deadline counts as retried or dead. lease_lost: outcomes refused because the lease had
 //     expired (another dispatcher may publish the event again).
+//     unrecorded: outcomes the dispatcher gave up writing (the database
+//     unavailable until their leases ended, or a stop that ran out of
+//     time); OnOutcome is not called for them, and their events are
+//     published again.
 //   - publish.abandoned: publish calls abandoned because they outlived their
 //     deadline (see Topic isolation) or had not returned when a stop ran
 //     out of time.

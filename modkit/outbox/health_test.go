@@ -146,6 +146,7 @@ func TestHealthDegradedWhileOutcomeWritesFail(t *testing.T) {
 // the leases, which had most of their time left. Stop returned nil, as if
 // every outcome had been recorded, and the log said the leases had ended.
 func TestStopSaysWhichOutcomesItCouldNotRecord(t *testing.T) {
+	reader := mtInstall(t)
 	c, tdb := newClient(t, outbox.Config{})
 	store := &failingCompleteStore{}
 	store.failing.Store(true)
@@ -171,6 +172,10 @@ func TestStopSaysWhichOutcomesItCouldNotRecord(t *testing.T) {
 	if logs.count(slog.LevelWarn, stopMsg) != 1 ||
 		logs.count(slog.LevelWarn, "could not record outcomes before the leases ended; the events will be delivered again") != 0 {
 		t.Fatalf("log of the stop: %v", logs.records())
+	}
+	// The metrics count it too (OnOutcome is not called for it).
+	if v, _ := mtValue(mtCollect(t, reader), "outbox.events.unrecorded", mtTopicAttrs(testTopic)); v != 1 {
+		t.Fatalf("outbox.events.unrecorded after the stop: %v, want 1", v)
 	}
 	// The next run starts afresh: its clean stop returns nil.
 	store.failing.Store(false)

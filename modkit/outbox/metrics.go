@@ -23,7 +23,7 @@ const meterName = "github.com/modkit-go/modkit/modkit/outbox"
 // metrics are the dispatcher's OpenTelemetry instruments; the package
 // documentation lists them.
 type metrics struct {
-	delivered, retried, dead, released, leaseLost, abandoned metric.Int64Counter
+	delivered, retried, dead, released, leaseLost, abandoned, unrecorded metric.Int64Counter
 	claimErrors, listenerReconnects                          metric.Int64Counter
 	claimBatches, claimedEvents, leaseRepairs, wakeups       metric.Int64Counter
 	publishDuration, lag                                     metric.Float64Histogram
@@ -111,6 +111,7 @@ func newMetrics(d *Dispatcher) (*metrics, error) {
 	m.dead = counter("outbox.events.dead", "Events dead-lettered.")
 	m.released = counter("outbox.events.released", "Claimed events given back unpublished (stop, deadline passed while queued, publish abandoned).")
 	m.leaseLost = counter("outbox.events.lease_lost", "Outcomes refused because the lease was lost.")
+	m.unrecorded = counter("outbox.events.unrecorded", "Outcomes given up on unwritten (the database unavailable until the leases ended, or a stop ran out of time): their events are published again.")
 	m.abandoned = counter("outbox.publish.abandoned", "Publish calls abandoned because they outlived their deadline or had not returned when a stop ran out of time.")
 	m.claimErrors = counter("outbox.claim.errors", "Failed claim queries.")
 	m.listenerReconnects = counter("outbox.listener.reconnects", "LISTEN connections lost and re-opened.")
