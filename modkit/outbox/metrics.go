@@ -24,9 +24,9 @@ const meterName = "github.com/modkit-go/modkit/modkit/outbox"
 // documentation lists them.
 type metrics struct {
 	delivered, retried, dead, released, leaseLost, abandoned, unrecorded metric.Int64Counter
-	claimErrors, listenerReconnects                          metric.Int64Counter
-	claimBatches, claimedEvents, leaseRepairs, wakeups       metric.Int64Counter
-	publishDuration, lag                                     metric.Float64Histogram
+	claimErrors, listenerReconnects                                      metric.Int64Counter
+	claimBatches, claimedEvents, leaseRepairs, wakeups                   metric.Int64Counter
+	publishDuration, lag                                                 metric.Float64Histogram
 
 	pendingDepth, processingDepth, deadCount, oldestAge metric.Float64ObservableGauge
 	stuckDepth                                          metric.Float64ObservableGauge
