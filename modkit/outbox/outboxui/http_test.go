@@ -1206,3 +1206,38 @@ func TestOverviewCountsDeadHeadsThatHoldNothingBack(t *testing.T) {
 		t.Fatalf("the overview with a blocked key (acct-2) and a dead head holding nothing back (acct-1):\n%s", overview)
 	}
 }
+
+// Options.ClientAddr names the client behind a proxy: each gets its own
+// allowance of wrong tokens, where all shared the proxy's address.
+func TestWrongOperatorTokensPerClientAddr(t *testing.T) {
+	w := newWorld(t)
+	base := serve(t, w, outboxui.Options{OperatorToken: token, Logger: quiet,
+		ClientAddr: func(r *http.Request) string { return r.Header.Get("X-Test-Client") }})
+	jar := newJar()
+	_, csrf := get(t, jar, base)
+	signIn := func(client string) int {
+		req, err := http.NewRequest(http.MethodPost, base+"login", strings.NewReader(url.Values{"csrf": {csrf}, "token": {"wrong"}}.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("X-Test-Client", client)
+		resp, err := jar.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for range 10 {
+		if code := signIn("198.51.100.1"); code != http.StatusForbidden {
+			t.Fatalf("a wrong token within the first client's allowance: %d", code)
+		}
+	}
+	if code := signIn("198.51.100.1"); code != http.StatusTooManyRequests {
+		t.Fatalf("the first client's eleventh wrong token: %d, want 429", code)
+	}
+	if code := signIn("198.51.100.2"); code != http.StatusForbidden {
+		t.Fatalf("another client behind the same proxy: %d, want 403 (an allowance of its own)", code)
+	}
+}

@@ -37,8 +37,8 @@
 //     was bound; the dashboard keeps no sessions, so a copy of a browser's
 //     two cookies taken before it signed out stays valid until the
 //     sign-in's time is up (change the key or the token to end it sooner).
-//     Wrong tokens are limited per client address (the request's own, not
-//     a forwarded one; an IPv6 address's /64): ten at once, then one each
+//     Wrong tokens are limited per client address (the request's own, or
+//     what Options.ClientAddr says; an IPv6 address's /64): ten at once, then one each
 //     six seconds, each a 403 and a log line; beyond that they get 429
 //     with Retry-After, and the log one line each time the limit is
 //     reached. The right token signs in whatever the address's allowance,
@@ -184,6 +184,14 @@ type Options struct {
 	// http:// sends the sign-in cookie in clear. (A request that arrives
 	// over TLS gets Secure cookies either way.)
 	SecureCookies bool
+	// ClientAddr returns the address of the client that sent a request, by
+	// which wrong operator tokens are limited (see the package doc). Nil:
+	// the request's RemoteAddr. Behind a proxy, whose address every visitor
+	// would otherwise share, return the address the proxy puts in a header
+	// it overwrites (X-Forwarded-For as your proxy sets it, say); never one
+	// a client can set itself, or each forged value gets an allowance of its
+	// own. An IPv6 address counts by its /64 either way.
+	ClientAddr func(r *http.Request) string
 }
 
 //go:embed assets
@@ -491,7 +499,11 @@ func (h *handler) redirectFor(w http.ResponseWriter, r *http.Request, browser, t
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
 	tok := r.PostForm.Get("token")
 	if h.opts.OperatorToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(h.opts.OperatorToken)) != 1 {
-		client := clientOf(r.RemoteAddr)
+		addr := r.RemoteAddr
+		if h.opts.ClientAddr != nil {
+			addr = h.opts.ClientAddr(r)
+		}
+		client := clientOf(addr)
 		if d := h.signIns.wait(client); d > 0 {
 			secs := int(math.Ceil(d.Seconds()))
 			w.Header().Set("Retry-After", strconv.Itoa(secs))
