@@ -3,6 +3,7 @@ package outbox
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -100,7 +101,7 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 						// start however slow the database is; events not
 						// given back return when their lease ends.
 						gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.stopBound(ctx, d.cfg.LeaseHeadroom))
-						d.giveBack(gctx, got)
+						d.giveBack(gctx, got, whyClaimAfter)
 						cancel()
 					}
 					return nil
@@ -227,11 +228,30 @@ func nextErrDelay(prev, pollInterval time.Duration) time.Duration {
 // claim cancelled mid-flight may have committed, stranding its events until
 // their lease expires, whereas a finished one can be given back at once. A
 // stop bounds it as it bounds the statements after it (see outlastStop).
+//
+// The claimer waits LeaseHeadroom for the answer. A claim that has not
+// answered by then (a frozen or overloaded server) is not cancelled: it
+// goes on, for as long as its leases would be of use, on a goroutine of its
+// own, and the claimer moves on with errClaimLate. If it commits, its events
+// are given back when it answers, without using an attempt. Cancelled, it
+// could still commit once the server went on, and each of its events,
+// leased to no one who knew, used an attempt when its lease expired (a
+// trial froze the server for 45 s: events delivered once were then
+// dead-lettered with MaxAttempts 2). One such claim runs at a time, as it
+// holds a connection; while it does, a claim that does not answer in time
+// is cancelled, as before.
 func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, limit int) ([]driver.Claimed, error) {
-	cctx, cancel := d.outlastStop(ctx, d.cfg.LeaseHeadroom)
-	defer cancel()
-	got, err := d.c.store.Claim(cctx, driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
-		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead, Chains: chains})
+	params := driver.ClaimParams{Topics: topics, Limit: limit, MaxAttempts: d.cfg.MaxAttempts,
+		Worker: d.cfg.WorkerID, Lease: d.cfg.LeaseDuration, SkipDeadTopics: d.reg.skipDead, Chains: chains}
+	var got []driver.Claimed
+	var err error
+	if d.lateClaim.CompareAndSwap(false, true) {
+		got, err = d.claimOutlasting(ctx, params)
+	} else {
+		cctx, cancel := d.outlastStop(ctx, d.cfg.LeaseHeadroom)
+		got, err = d.c.store.Claim(cctx, params)
+		cancel()
+	}
 	d.metrics.observeClaim(got)
 	for _, c := range got {
 		if c.OrderingKey != nil {
@@ -240,6 +260,60 @@ func (d *Dispatcher) claim(ctx context.Context, topics []string, chains []int, l
 		}
 	}
 	return got, err
+}
+
+// errClaimLate is the error of a claim the claimer stopped waiting for.
+var errClaimLate = errors.New("the claim had not answered after LeaseHeadroom; if it commits, its events are given back " +
+	"when it answers")
+
+// claimOutlasting runs a claim that may outlast the claimer's wait (see
+// claim), with d.lateClaim set by the caller; it clears it once the claim
+// is over.
+func (d *Dispatcher) claimOutlasting(ctx context.Context, params driver.ClaimParams) ([]driver.Claimed, error) {
+	type answer struct {
+		got []driver.Claimed
+		err error
+	}
+	answers := make(chan answer, 1)
+	var mu sync.Mutex
+	waiting := true
+	cctx, cancel := d.outlastStop(ctx, max(d.cfg.LeaseDuration-d.cfg.LeaseHeadroom, d.cfg.LeaseHeadroom))
+	d.lateClaims.Add(1)
+	go func() {
+		defer d.lateClaims.Done()
+		defer d.lateClaim.Store(false)
+		defer cancel()
+		got, err := d.c.store.Claim(cctx, params)
+		mu.Lock()
+		late := !waiting
+		if !late {
+			answers <- answer{got, err}
+		}
+		mu.Unlock()
+		if late && err == nil && len(got) > 0 {
+			gctx, gcancel := context.WithTimeout(context.WithoutCancel(ctx), d.stopBound(ctx, d.cfg.LeaseHeadroom))
+			defer gcancel()
+			d.log.Warn("a claim answered after the claimer stopped waiting for it; its events are given back without using an attempt",
+				"count", len(got))
+			d.giveBack(gctx, got, whyClaimLate)
+		}
+	}()
+	wait := time.NewTimer(d.cfg.LeaseHeadroom)
+	defer wait.Stop()
+	select {
+	case a := <-answers:
+		return a.got, a.err
+	case <-wait.C:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case a := <-answers: // it answered as the wait ended
+		return a.got, a.err
+	default:
+		waiting = false
+		return nil, errClaimLate
+	}
 }
 
 // releaseHeldMax bounds one releaseHeld.
@@ -314,18 +388,18 @@ func (d *Dispatcher) delivery(c driver.Claimed) Delivery {
 
 // giveBack releases events claimed by a claim that finished after a stop,
 // and reports each outcome (OnOutcome, metrics) as the completer does.
-func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed) {
+func (d *Dispatcher) giveBack(ctx context.Context, got []driver.Claimed, why string) {
 	results := make([]result, len(got))
 	outcomes := make([]driver.Outcome, len(got))
 	reports := make([]Outcome, len(got))
 	for i, c := range got {
-		results[i] = result{c: claimed{d: d.delivery(c)}, kind: released, why: whyClaimAfter}
+		results[i] = result{c: claimed{d: d.delivery(c)}, kind: released, why: why}
 		outcomes[i], reports[i] = d.decide(results[i])
 	}
 	settled, err := d.c.store.Complete(ctx, nil, d.cfg.WorkerID, outcomes)
 	if err != nil {
-		d.log.Warn("could not give back events claimed while stopping; they are delivered again when their lease ends",
-			"count", len(got), "error", err)
+		d.log.Warn("could not give back claimed events; they are delivered again when their lease ends",
+			"count", len(got), "reason", why, "error", err)
 		return
 	}
 	for i, ok := range settled {

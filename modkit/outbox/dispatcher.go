@@ -42,9 +42,9 @@ type DispatcherConfig struct {
 	// first included. Default 10. A claim whose lease ends without an
 	// outcome counts as an attempt: a crashed dispatcher, but also a
 	// database unavailable for longer than the lease (a frozen server, a
-	// failover), which keeps a publish that succeeded from being recorded,
-	// and may commit a claim whose answer the dispatcher no longer waited
-	// for (LeaseHeadroom). A trial froze the server for 45 s with
+	// failover), which keeps a publish that succeeded from being recorded
+	// (and, rarely, commits a claim whose answer the dispatcher could no
+	// longer wait for: see LeaseHeadroom). A trial froze the server for 45 s with
 	// MaxAttempts 2 and saw events delivered once yet dead-lettered: keep
 	// MaxAttempts well above the outages you expect to ride out. But an event of
 	// an ordering key whose predecessor was not delivered is not charged
@@ -64,11 +64,15 @@ type DispatcherConfig struct {
 	LeaseDuration time.Duration
 	// LeaseHeadroom is cut from the lease to get the publish deadline,
 	// leaving time to record the outcome before the lease ends; it also
-	// bounds how long a claim (and the give-back of one that returns after
-	// a stop), a maintenance election and a release of held events may
-	// take. A claim that runs out of it may still have leased its events
-	// (its answer was late, not its commit): they wait for that lease to
-	// end and are claimed again then, as after a crash. The maintenance
+	// bounds how long the claimer waits for a claim (and the give-back of
+	// one that returns after a stop), a maintenance election and a release
+	// of held events may take. A claim not answered by then is not
+	// cancelled: it goes on while its leases would be of use, and if it
+	// leases events they are given back when it answers, without using an
+	// attempt. (One such claim at a time; while it runs, a claim that runs
+	// out of LeaseHeadroom is cancelled, and may still have leased its
+	// events: they wait for that lease to end and are claimed again then,
+	// as after a crash, using an attempt.) The maintenance
 	// pass's sweep and purge are bounded by the leadership they run under
 	// (two thirds of its term).
 	// Default LeaseDuration/5, at most 5s. Must be at least 20ms and at
@@ -225,6 +229,12 @@ type Dispatcher struct {
 	// recordMu makes the outcome writers record (metrics, OnOutcome,
 	// logs) one outcome at a time.
 	recordMu sync.Mutex
+
+	// lateClaim is set while a claim the claimer stopped waiting for is
+	// still running (see claim); lateClaims counts the goroutines that run
+	// such claims, which a run waits for before it ends.
+	lateClaim  atomic.Bool
+	lateClaims sync.WaitGroup
 
 	mu         sync.Mutex
 	pool       *workerPool // of the current run; nil when stopped
@@ -506,6 +516,7 @@ func (d *Dispatcher) run(ctx context.Context, ready func()) error {
 	close(results)
 	<-completerDone
 	helpers.Wait()
+	d.lateClaims.Wait() // bounded as the stop bounds statements (see claim)
 	if n := d.givenBackAtStop.Load(); n > 0 {
 		d.log.Info("stopped: events given back unpublished, for this or another dispatcher to publish", "given_back", n,
 			"of_them_abandoned", d.abandonedAtStop.Load(), "stop_took", time.Since(stopStarted).Round(time.Millisecond))

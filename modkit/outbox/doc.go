@@ -125,8 +125,10 @@
 //     outcomes could not be recorded before their lease ended are delivered
 //     again, each expired lease counting as an attempt (see
 //     DispatcherConfig.MaxAttempts: an outage longer than the lease costs
-//     the events in flight an attempt or two, though their publishes
-//     succeeded). A write that committed but whose answer was lost with the
+//     the events in flight an attempt, though their publishes succeeded).
+//     A claim the claimer stopped waiting for (LeaseHeadroom) is not
+//     cancelled: if it leases events, they are given back when it answers,
+//     without using an attempt. A write that committed but whose answer was lost with the
 //     connection is recognised when it is tried again (from the attempts
 //     ledger, since migration 0035): its outcomes are reported as recorded,
 //     not as leases lost.

@@ -477,3 +477,63 @@ func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 		t.Fatalf("health after three Permanent failures: %+v, want not degraded (the events were at fault)", h)
 	}
 }
+
+// lateClaimStore answers its first claim that leases events only when
+// released: the claim commits at once, its answer waits (a server frozen
+// after the commit, say). Cancelled meanwhile, it returns the context's
+// error, as pgx does, the events leased all the same.
+type lateClaimStore struct {
+	driver.Store
+	armed   atomic.Bool
+	held    chan struct{} // closed when the claim committed and waits
+	release chan struct{} // close to let its answer through
+}
+
+func (s *lateClaimStore) Claim(ctx context.Context, p driver.ClaimParams) ([]driver.Claimed, error) {
+	got, err := s.Store.Claim(ctx, p)
+	if err != nil || len(got) == 0 || !s.armed.CompareAndSwap(true, false) {
+		return got, err
+	}
+	close(s.held)
+	select {
+	case <-s.release:
+		return got, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// A claim that commits but answers after the claimer stopped waiting
+// (LeaseHeadroom) has its events given back when it answers, without using
+// an attempt. The claim was cancelled, its events stranded until their
+// lease ended and each charged an attempt it never had: a trial's 45 s
+// freeze dead-lettered events delivered once, with MaxAttempts 2.
+func TestALateClaimsEventsAreGivenBack(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	store := &lateClaimStore{held: make(chan struct{}), release: make(chan struct{})}
+	fc := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { store.Store = st; return store })
+	outcomes := newOutcomeLog()
+	cfg := testConfig(outcomes)
+	cfg.LeaseHeadroom = 100 * time.Millisecond
+	d := startDispatcher(t, fc, cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	store.armed.Store(true)
+	id := enqueueN(t, c, pool, 1)[0]
+	recv(t, "the claim committed, its answer held", store.held)
+	eventually(t, "the claimer giving up on the claim", func() bool {
+		err := d.Health().ClaimError
+		return err != nil && strings.Contains(err.Error(), "had not answered after LeaseHeadroom")
+	})
+	close(store.release)
+	outcomes.waitFor(t, "the event delivered", finalCount(outbox.StatusDelivered, 1))
+	if e := get(t, c, id); e.Attempts != 1 {
+		t.Fatalf("the event was delivered on attempt %d, want 1 (the late claim's attempt given back)", e.Attempts)
+	}
+	h, err := c.Admin().History(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 2 || h[0].Outcome != "released" || !strings.Contains(h[0].Detail, "answered after the claimer") {
+		t.Fatalf("history: %+v, want the give-back, then the delivery", h)
+	}
+}

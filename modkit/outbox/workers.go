@@ -476,6 +476,7 @@ const (
 	whyStopLate   = "abandoned: the publish had not returned when the dispatcher's stop ran out of time"
 	whyCutByStop  = "given back: the publish was cut short by a hard stop"
 	whyClaimAfter = "not published: the claim finished after the dispatcher stopped"
+	whyClaimLate  = "not published: the claim answered after the claimer had stopped waiting for it (the database slow or unavailable)"
 )
 
 // appendReleased appends results giving back events that never started,
