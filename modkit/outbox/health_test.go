@@ -537,3 +537,38 @@ func TestALateClaimsEventsAreGivenBack(t *testing.T) {
 		t.Fatalf("history: %+v, want the give-back, then the delivery", h)
 	}
 }
+
+// A stop while a late claim still waits for its answer ends that claim
+// as the stop bounds its statements, and returns: the run waits for the
+// claim's goroutine, which would otherwise outlive Stop.
+func TestStopWhileALateClaimWaits(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	store := &lateClaimStore{held: make(chan struct{}), release: make(chan struct{})}
+	fc := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { store.Store = st; return store })
+	cfg := testConfig(newOutcomeLog())
+	cfg.LeaseHeadroom = 100 * time.Millisecond
+	cfg.StopTimeout = 2 * time.Second
+	d, err := fc.NewDispatcher(cfg, outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store.armed.Store(true)
+	enqueueN(t, c, pool, 1)
+	recv(t, "the claim committed, its answer held", store.held)
+	eventually(t, "the claimer giving up on the claim", func() bool {
+		err := d.Health().ClaimError
+		return err != nil && strings.Contains(err.Error(), "had not answered after LeaseHeadroom")
+	})
+	stopped := make(chan error, 1)
+	go func() { stopped <- d.Stop(ctx) }()
+	if err := recv(t, "Stop to return while the late claim's answer is held", stopped); err != nil {
+		t.Logf("stop: %v", err) // the claim's events were not given back; their lease ends
+	}
+	if h := d.Health(); h.Running {
+		t.Fatalf("health after Stop: %+v", h)
+	}
+}
