@@ -145,7 +145,9 @@ func (v *Verifier) Verify(h http.Header, body []byte, now time.Time) error {
 	}
 	checked := false
 	for _, sig := range sigs {
-		version, b64, _ := strings.Cut(sig, ",")
+		// A proxy may merge two header lines into one, joined by ", ":
+		// the first entry then ends with a comma that is not its own.
+		version, b64, _ := strings.Cut(strings.TrimSuffix(sig, ","), ",")
 		got, err := base64.StdEncoding.DecodeString(b64)
 		if version != "v1" || err != nil || len(got) != sha256.Size {
 			continue // another scheme's, or not one at all

@@ -100,6 +100,10 @@ func TestVerify(t *testing.T) {
 			h.Set(outboxhttp.HeaderSignature, randomSig())
 			h.Add(outboxhttp.HeaderSignature, good)
 		}},
+		// Two lines a proxy merged into one, joined by ", " (an interop
+		// check with the standardwebhooks npm library found this refused
+		// with the good one first, which that library accepts).
+		{name: "the first of two merged header lines", edit: func(h http.Header) { h.Set(outboxhttp.HeaderSignature, good+", "+randomSig()) }},
 		{name: "as old as the tolerance", now: now.Add(outboxhttp.ToleranceDefault)},
 		{name: "as new as the tolerance", now: now.Add(-outboxhttp.ToleranceDefault)},
 		{name: "too old", now: now.Add(outboxhttp.ToleranceDefault + time.Second), want: outboxhttp.ErrTimestampOutOfTolerance},
