@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/modkit-go/modkit/modkit/outbox"
 )
 
 // What a visitor's page loads may cost the database. The dashboard's read
@@ -19,81 +17,92 @@ import (
 // loads read the database at once; the others wait for their turn.
 const (
 	seriesTTL = 10 * time.Second
-	// seriesReadTimeout bounds a read of the series, which is not
-	// cancelled when the visitor who started it leaves: others may wait
-	// for it.
-	seriesReadTimeout = time.Minute
 	// maxConcurrentReads is how many page loads read the database at once.
 	maxConcurrentReads = 4
 )
 
-// seriesCache keeps the overview's series for seriesTTL, and shares one
-// read among the page loads that want it at the same time.
-type seriesCache struct {
-	read func(context.Context) (outbox.Series, error)
+// readCache keeps what read returns for ttl, and shares one read among the
+// requests that want it at the same time (the overview's series; the
+// rights of the dashboard's database login).
+type readCache[T any] struct {
+	read func(context.Context) (T, error)
 	now  func() time.Time
+	ttl  time.Duration
+	// keepFailed keeps a failed read as the zero T for ttl (its error goes
+	// to the requests that waited for it only), so that a database that
+	// is down costs one read a ttl rather than one a request.
+	keepFailed bool
 
-	mu     sync.Mutex
-	series outbox.Series
-	at     time.Time     // when series was read; zero: nothing kept
-	flight *seriesFlight // the read under way, if any
+	mu    sync.Mutex
+	value T
+	at    time.Time  // when value was read; zero: nothing kept
+	fl    *flight[T] // the read under way, if any
 	// forgets counts the calls of forget: a read that began before one
 	// is returned to those waiting for it but not kept.
 	forgets uint64
 }
 
-// seriesFlight is one read of the series, which every page load that
-// wants the series while it runs waits for.
-type seriesFlight struct {
-	done   chan struct{} // closed when series and err are set
-	series outbox.Series
-	err    error
+// flight is one read, which every request that wants the value while it
+// runs waits for.
+type flight[T any] struct {
+	done  chan struct{} // closed when value and err are set
+	value T
+	err   error
 }
 
-// get returns the series read less than seriesTTL ago, or reads it: at
-// most one read runs at a time, and a page load that comes during one
-// waits for it (or for its own end). A failed read is not kept.
-func (c *seriesCache) get(ctx context.Context) (outbox.Series, error) {
+// readTimeout bounds a cache's read, which is not cancelled when the
+// visitor who started it leaves: others may wait for it.
+const readTimeout = time.Minute
+
+// get returns the value read less than ttl ago, or reads it: at most one
+// read runs at a time, and a request that comes during one waits for it
+// (or for its own end).
+func (c *readCache[T]) get(ctx context.Context) (T, error) {
 	c.mu.Lock()
-	if !c.at.IsZero() && c.now().Sub(c.at) < seriesTTL {
-		s := c.series
+	if !c.at.IsZero() && c.now().Sub(c.at) < c.ttl {
+		v := c.value
 		c.mu.Unlock()
-		return s, nil
+		return v, nil
 	}
-	if f := c.flight; f != nil {
+	if f := c.fl; f != nil {
 		c.mu.Unlock()
 		select {
 		case <-f.done:
-			return f.series, f.err
+			return f.value, f.err
 		case <-ctx.Done():
-			return outbox.Series{}, ctx.Err()
+			var zero T
+			return zero, ctx.Err()
 		}
 	}
-	f := &seriesFlight{done: make(chan struct{})}
-	c.flight = f
+	f := &flight[T]{done: make(chan struct{})}
+	c.fl = f
 	forgets := c.forgets
 	c.mu.Unlock()
 
 	// Others may be waiting for this read: it outlasts this visitor's
-	// request, but not seriesReadTimeout.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seriesReadTimeout)
-	f.series, f.err = c.read(rctx)
+	// request, but not readTimeout.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
+	f.value, f.err = c.read(rctx)
 	cancel()
+	if f.err != nil {
+		var zero T
+		f.value = zero
+	}
 
 	c.mu.Lock()
-	c.flight = nil
-	if f.err == nil && forgets == c.forgets {
-		c.series, c.at = f.series, c.now()
+	c.fl = nil
+	if (f.err == nil || c.keepFailed) && forgets == c.forgets {
+		c.value, c.at = f.value, c.now()
 	}
 	c.mu.Unlock()
 	close(f.done)
-	return f.series, f.err
+	return f.value, f.err
 }
 
-// forget drops the series kept, so that the next page load reads it again
-// (after a purge, which removes deliveries from it). A read under way is
-// not kept either.
-func (c *seriesCache) forget() {
+// forget drops the value kept, so that the next request reads it again
+// (the series after a purge, which removes deliveries from it). A read
+// under way is not kept either.
+func (c *readCache[T]) forget() {
 	c.mu.Lock()
 	c.at = time.Time{}
 	c.forgets++

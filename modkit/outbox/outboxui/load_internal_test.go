@@ -55,7 +55,7 @@ func (c *fakeClock) add(d time.Duration) {
 func TestSeriesIsKeptForItsTTL(t *testing.T) {
 	f := &fakeSeries{}
 	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	c := &seriesCache{read: f.read, now: clock.now}
+	c := &readCache[outbox.Series]{read: f.read, now: clock.now, ttl: seriesTTL}
 	get := func() int64 {
 		t.Helper()
 		s, err := c.get(context.Background())
@@ -89,7 +89,7 @@ func TestSeriesReadIsShared(t *testing.T) {
 	// not happen fail the test rather than hang it.
 	f := &fakeSeries{started: make(chan struct{}, loads), release: make(chan struct{})}
 	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	c := &seriesCache{read: f.read, now: clock.now}
+	c := &readCache[outbox.Series]{read: f.read, now: clock.now, ttl: seriesTTL}
 	var wg sync.WaitGroup
 	got := make([]int64, loads)
 	errs := make([]error, loads)
@@ -137,7 +137,7 @@ func TestSeriesReadIsShared(t *testing.T) {
 func TestSeriesReadOutlastsItsVisitor(t *testing.T) {
 	f := &fakeSeries{started: make(chan struct{}, 1), release: make(chan struct{})}
 	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	c := &seriesCache{read: f.read, now: clock.now}
+	c := &readCache[outbox.Series]{read: f.read, now: clock.now, ttl: seriesTTL}
 	first, leave := context.WithCancel(context.Background())
 	type result struct {
 		s   outbox.Series

@@ -222,12 +222,12 @@ type handler struct {
 	log   *slog.Logger
 	// series keeps the overview's series for a while, and reads bounds
 	// the page loads that read the database at once (load.go).
-	series *seriesCache
+	series *readCache[outbox.Series]
 	reads  chan struct{}
 	// signIns limits wrong operator tokens per remote address (signin.go).
 	signIns *signInLimiter
 	// rights keeps what the database login may do (rights.go).
-	rights *rightsCache
+	rights *readCache[outbox.Rights]
 }
 
 // New returns the dashboard on admin.
@@ -249,10 +249,10 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	}
 	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger,
 		reads: make(chan struct{}, maxConcurrentReads), signIns: newSignInLimiter(time.Now)}
-	h.series = &seriesCache{now: time.Now, read: func(ctx context.Context) (outbox.Series, error) {
+	h.series = &readCache[outbox.Series]{now: time.Now, ttl: seriesTTL, read: func(ctx context.Context) (outbox.Series, error) {
 		return admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	}}
-	h.rights = &rightsCache{now: time.Now, read: admin.Rights}
+	h.rights = &readCache[outbox.Rights]{now: time.Now, ttl: rightsTTL, keepFailed: true, read: admin.Rights}
 	if opts.SigningKey != nil {
 		// A key of the dashboard's own, so that a key the application also
 		// uses elsewhere never signs the same bytes for both.
