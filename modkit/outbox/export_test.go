@@ -71,3 +71,16 @@ func OnDueWake(d *Dispatcher, fn func()) { d.onDueWake = fn }
 
 // LaneLimit is how many publishes of topic d runs at once at most.
 func LaneLimit(d *Dispatcher, topic Topic) int { return d.laneLimit(d.reg.byKey[topic.key()]) }
+
+// AgeTopicFailures moves the times of the failed publishes that d's Health
+// counts back by by, as if they had failed that much earlier.
+func AgeTopicFailures(d *Dispatcher, by time.Duration) {
+	d.mu.Lock()
+	pool := d.pool
+	d.mu.Unlock()
+	pool.mu.Lock()
+	defer pool.mu.Unlock()
+	for _, l := range pool.lanes {
+		l.failedFirst, l.failedLast = l.failedFirst.Add(-by), l.failedLast.Add(-by)
+	}
+}

@@ -463,6 +463,30 @@ func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 		t.Fatalf("health once a publish delivered: %+v, want healthy", h)
 	}
 
+	// Failures that stopped coming (the topic's events all dead, none
+	// enqueued since) are reported for ten minutes after the last.
+	mode.Store(0)
+	quiet := enqueueN(t, c, pool, 2)
+	outcomes.waitFor(t, "two more events dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
+		for _, id := range quiet {
+			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != outbox.StatusDead {
+				return false
+			}
+		}
+		return true
+	})
+	if p := problem(); !strings.Contains(p, "its last 4 publishes failed") {
+		t.Fatalf("health after four failed publishes in a row: %+v, want the topic named", d.Health())
+	}
+	outbox.AgeTopicFailures(d, 9*time.Minute+50*time.Second)
+	if p := problem(); !d.Health().Degraded || p == "" {
+		t.Fatalf("health 9m50s after the last failure: %+v, want the topic still named", d.Health())
+	}
+	outbox.AgeTopicFailures(d, 20*time.Second)
+	if h := d.Health(); h.Degraded || problem() != "" {
+		t.Fatalf("health ten minutes after the last failure: %+v, want healthy", h)
+	}
+
 	mode.Store(2)
 	poison := enqueueN(t, c, pool, 3)
 	outcomes.waitFor(t, "three poison events dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
