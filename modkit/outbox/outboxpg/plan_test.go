@@ -995,3 +995,42 @@ func TestPurgeFromReadsPastTheWatermarkOnly(t *testing.T) {
 		t.Errorf("cutoff at a test clock: %v, %v; want %v", cutoff, err, want)
 	}
 }
+
+// The backlog's reads (Admin.Backlog and Unserved, the dispatchers' gauges
+// and sweeps) keep to the claim, held and settled indexes whatever the
+// planner's costs (migration 0043). With millions of delivered events kept
+// and a few hundred thousand pending, the planner preferred a sequential
+// scan of the whole table for all three, on every sweep and gauge read of
+// every dispatcher. The session's costs here make a sequential scan the
+// cheaper plan by far, as that table's statistics did.
+func TestBacklogReadsKeepToTheIndexes(t *testing.T) {
+	_, tdb := newStore(t)
+	pool := tdb.Provider.Pool
+	const kept = 2000
+	keepDelivered(t, pool, kept)
+
+	for _, q := range []string{
+		"SELECT count(*) FROM modkit_outbox_backlog()",
+		"SELECT count(*) FROM modkit_outbox_depth('{test:events,test:other}')",
+		"SELECT count(*) FROM modkit_outbox_sweep('{test:events,test:other}', 3, 100)",
+	} {
+		tx := ownTx(t, tdb)
+		for _, set := range []string{"SET LOCAL seq_page_cost = 0.001", "SET LOCAL random_page_cost = 1000",
+			"SET LOCAL cpu_index_tuple_cost = 10"} {
+			if _, err := tx.Exec(ctx, set); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var n int
+		if err := tx.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+		seq, idx := scansOf(t, tx, "modkit_outbox_events_claim_idx")
+		read := tableReads(t, tx, "modkit_outbox_events")
+		if seq != 0 || idx[0] == 0 || read > kept/4 {
+			t.Errorf("%s: %d sequential scans of the events, %d of the claim index, %d rows and index entries read in a table "+
+				"keeping %d delivered events; want none, some, and the backlog's events and their neighbours only", q, seq, idx[0], read, kept)
+		}
+		t.Logf("%s: %d rows, %d rows and index entries read", q, n, read)
+	}
+}
