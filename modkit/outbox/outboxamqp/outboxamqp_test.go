@@ -76,6 +76,22 @@ func declareQueueWith(t testing.TB, u *url.URL, args amqp.Table) (string, *amqp.
 	return name, ch
 }
 
+// declareExchange declares a direct exchange with a name of its own,
+// deleted when the test ends, that routes the key queue to the queue of
+// that name.
+func declareExchange(t testing.TB, ch *amqp.Channel, queue string) string {
+	t.Helper()
+	name := "outboxamqp-test-ex-" + uuid.NewString()
+	if err := ch.ExchangeDeclare(name, amqp.ExchangeDirect, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ch.ExchangeDelete(name, false, false) })
+	if err := ch.QueueBind(queue, queue, name, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
 func newPublisher(t testing.TB, cfg outboxamqp.Config) *outboxamqp.Publisher {
 	t.Helper()
 	p, err := outboxamqp.New(cfg)
