@@ -53,3 +53,7 @@ func SetCloseWait(t interface{ Cleanup(func()) }, d time.Duration) {
 // message and abandon it at once (a publish sends nothing then), for tests
 // of abandoned publishes.
 func SendWhenContextEnded(p *Publisher) { p.sendWhenEnded = true }
+
+// ExchangeChecks returns how many exchange checks (passive declares) p has
+// started.
+func ExchangeChecks(p *Publisher) int64 { return p.exchangeChecks.Load() }

@@ -26,10 +26,12 @@
 // queue, written it to disk). A message the broker could not route to any
 // queue comes back (basic.return) and is reported as an *UnroutableError
 // wrapped in outbox.Permanent, so the event is dead-lettered rather than
-// silently dropped; replay it once its queue is bound. A negative
-// confirmation, a lost connection or a closed channel is an error to
-// retry; the error quotes the broker's reason for closing the channel (a
-// missing exchange, say). A message larger than the broker's
+// silently dropped; replay it once its queue is bound. A route to an
+// exchange that does not exist fails the publish, nothing sent, with an
+// error matching ErrNoExchange, to retry: the exchange may yet be declared
+// (see Connections). A negative confirmation, a lost connection or a
+// closed channel is an error to retry; the error quotes the broker's
+// reason for closing the channel. A message larger than the broker's
 // max_message_size makes the broker close the channel, failing the other
 // publishes on it (to retry); that message is wrapped in outbox.Permanent,
 // so that it closes the channel once rather than on each of its attempts.
@@ -39,15 +41,26 @@
 //
 // The Publisher holds one connection and one confirm channel, opened on
 // the first publish and opened again on the next publish after either
-// closes (a network failure, a broker restart, a channel error such as a
-// missing exchange). Publishes share the channel; their confirmations are
-// awaited concurrently. So a channel error fails every publish in flight
-// on it, of every topic the Publisher serves: they are retried, and those
-// the broker had taken are published again (same message id). A route to
-// an exchange that does not exist closes the channel on each attempt of
-// its events, for as long as they are retried: serve topics whose
-// exchanges may be missing (declared by another service, say) with a
-// Publisher of their own, so that their errors cost no other topic.
+// closes (a network failure, a broker restart, a channel error).
+// Publishes share the channel; their confirmations are awaited
+// concurrently. So a channel error fails every publish in flight on it, of
+// every topic the Publisher serves: they are retried, and those the broker
+// had taken are published again (same message id).
+//
+// A publish to an exchange that does not exist would be such an error, on
+// each attempt of its events. So the first publish to an exchange on a
+// connection checks that the exchange exists (a passive declare, on a
+// short-lived channel of its own: one round trip more per exchange per
+// connection, none per publish; the default exchange "" is not checked).
+// The publishes to that exchange meanwhile share the check, each waiting
+// for it no longer than its ctx lasts. An exchange found is remembered
+// until the connection closes. A missing one fails the publishes waiting
+// for its check with ErrNoExchange, to retry, costing no other publish,
+// and is not remembered: the next publish to it checks again. An exchange
+// deleted after it was found is not noticed: a publish to it makes the
+// broker close the shared channel, as above, failing the publishes in
+// flight on it (to retry); the next connection has none remembered, and
+// checks the exchange again.
 //
 // One connection attempt at a time is made, in the background: the
 // publishes that need a connection wait for that attempt's outcome or
@@ -150,6 +163,12 @@ func (e *UnroutableError) Error() string {
 // is also outbox.Permanent.
 var ErrNotConfirmed = errors.New("outboxamqp: message not confirmed by the broker")
 
+// ErrNoExchange is returned (wrapped, with ErrNotConfirmed) by a publish
+// whose route names an exchange that does not exist on the broker. Nothing
+// was sent. The publish is retried: the exchange may yet be declared (by
+// another service, say); until then, declare it, or fix Config.Route.
+var ErrNoExchange = errors.New("outboxamqp: no such exchange")
+
 // ErrClosed is returned by Publish after Close.
 var ErrClosed = errors.New("outboxamqp: publisher closed")
 
@@ -171,6 +190,8 @@ type Publisher struct {
 	// sendWhenEnded makes a publish whose ctx has ended send its message
 	// and abandon it at once: tests make abandoned publishes with it.
 	sendWhenEnded bool
+	// exchangeChecks counts the exchange checks started, for tests.
+	exchangeChecks atomic.Int64
 }
 
 // attempt is one connection attempt. Its outcome, sess or err, is set
@@ -212,6 +233,21 @@ type session struct {
 	closes     chan *amqp.Error
 	reasonOnce sync.Once
 	reason     *amqp.Error
+
+	exMu sync.Mutex
+	// exchanges holds the exchanges found on this connection, and those
+	// being checked: a check that fails is removed (see exchangeExists).
+	exchanges map[string]*check
+	// exClosed is set by close, after which no check starts.
+	exClosed bool
+	checks   sync.WaitGroup // the checks' goroutines, which close waits for
+}
+
+// check is one passive declare of an exchange. Its outcome, err, is set
+// before done is closed.
+type check struct {
+	done chan struct{}
+	err  error
 }
 
 // closeReason returns the broker's reason for closing the channel, nil
@@ -335,6 +371,9 @@ func (p *Publisher) Publish(ctx context.Context, d outbox.Delivery) error {
 			return err
 		}
 	}
+	if err := p.exchangeExists(ctx, s, exchange, key); err != nil {
+		return err
+	}
 	if ctx.Err() != nil && !p.sendWhenEnded {
 		// Sent now, the message would be abandoned unconfirmed and sent
 		// again by the retry: a duplicate for certain.
@@ -429,6 +468,81 @@ func (p *Publisher) connect(a *attempt) {
 	}
 }
 
+// exchangeExists returns nil once the exchange is known to exist on s's
+// connection. The first publish to an exchange on a connection checks it
+// with a passive declare on a channel of its own, as a publish to a
+// missing exchange would make the broker close the shared channel,
+// failing every publish on it. Concurrent publishes share the check,
+// which runs in a goroutine of its own: a publish gives up waiting for it
+// when its ctx ends (the check goes on, for the next publishes). An
+// exchange found is remembered for the connection's life; one missing is
+// checked again by the next publish. The default exchange needs no check.
+func (p *Publisher) exchangeExists(ctx context.Context, s *session, exchange, key string) error {
+	if exchange == "" {
+		return nil
+	}
+	s.exMu.Lock()
+	c := s.exchanges[exchange]
+	if c == nil {
+		var err error
+		switch {
+		case ctx.Err() != nil: // no check is started for it
+			err = ended(ctx)
+		case s.exClosed:
+			err = amqp.ErrClosed
+		}
+		if err != nil {
+			s.exMu.Unlock()
+			return fmt.Errorf("%w: exchange %q, routing key %q: checking that the exchange exists: %w", ErrNotConfirmed, exchange, key, err)
+		}
+		c = &check{done: make(chan struct{})}
+		s.exchanges[exchange] = c
+		s.checks.Add(1)
+		p.exchangeChecks.Add(1)
+		go s.checkExchange(exchange, c)
+	}
+	s.exMu.Unlock()
+	select {
+	case <-c.done:
+	default:
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: exchange %q, routing key %q: checking that the exchange exists: %w", ErrNotConfirmed, exchange, key, ended(ctx))
+		}
+	}
+	var amqpErr *amqp.Error
+	switch {
+	case c.err == nil:
+		return nil
+	case errors.As(c.err, &amqpErr) && amqpErr.Code == amqp.NotFound:
+		return fmt.Errorf("%w: exchange %q, routing key %q: %w (the broker says %d %s): declare the exchange, or fix Config.Route; the publish is retried",
+			ErrNotConfirmed, exchange, key, ErrNoExchange, amqpErr.Code, amqpErr.Reason)
+	}
+	return fmt.Errorf("%w: exchange %q, routing key %q: checking that the exchange exists: %w", ErrNotConfirmed, exchange, key, c.err)
+}
+
+// checkExchange declares the exchange passively on a channel of its own,
+// and records the outcome in c; a failure is not remembered.
+func (s *session) checkExchange(exchange string, c *check) {
+	defer s.checks.Done()
+	ch, err := s.conn.Channel()
+	if err == nil {
+		// A missing exchange makes the broker close ch (404 NOT_FOUND).
+		err = ch.ExchangeDeclarePassive(exchange, "", false, false, false, false, nil)
+	}
+	if err != nil {
+		s.exMu.Lock()
+		delete(s.exchanges, exchange)
+		s.exMu.Unlock()
+	}
+	c.err = err
+	close(c.done)
+	if ch != nil && err == nil {
+		_ = ch.Close()
+	}
+}
+
 // channelClosedError is the error of a publish whose channel closed
 // before its confirmation, for reason (nil when the broker gave none).
 // The message that made the broker close the channel for its size (over
@@ -507,7 +621,8 @@ func (p *Publisher) open() (*session, error) {
 		return nil, err
 	}
 	s := &session{conn: conn, ch: ch, returns: make(chan amqp.Return), barrier: make(chan struct{}),
-		done: make(chan struct{}), returned: map[string]amqp.Return{}, abandoned: map[string]*amqp.DeferredConfirmation{}}
+		done: make(chan struct{}), returned: map[string]amqp.Return{}, abandoned: map[string]*amqp.DeferredConfirmation{},
+		exchanges: map[string]*check{}}
 	ch.NotifyReturn(s.returns)
 	s.closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 	go s.readReturns()
@@ -543,6 +658,10 @@ func (s *session) close() error {
 	deadline := time.Now().Add(closeWait)
 	err := s.conn.CloseDeadline(deadline)
 	<-s.done
+	s.exMu.Lock()
+	s.exClosed = true
+	s.exMu.Unlock()
+	s.checks.Wait() // each ends with the connection
 	switch {
 	case err == nil || errors.Is(err, amqp.ErrClosed):
 		return nil

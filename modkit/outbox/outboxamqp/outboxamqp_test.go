@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"os"
@@ -307,30 +308,166 @@ func TestFullQueueRetried(t *testing.T) {
 	}
 }
 
-// TestMissingExchangeRetried: publishing to an exchange that does not
-// exist fails (the broker closes the channel) with an error to retry, and
-// the next publish opens a new channel.
-func TestMissingExchangeRetried(t *testing.T) {
+// TestMissingExchangeCostsOnlyItsEvents: on one Publisher, publishes to
+// an exchange that does not exist, concurrent with publishes of another
+// topic to a queue, fail with ErrNoExchange, to retry, naming the route and
+// the broker's reason; the other topic's publishes all succeed, on the one
+// connection and channel opened (a publish to a missing exchange would
+// make the broker close the shared channel, failing the publishes in
+// flight on it). Once the exchange is declared, the next publish to it
+// succeeds: a missing exchange is not remembered.
+func TestMissingExchangeCostsOnlyItsEvents(t *testing.T) {
 	u := brokerURL(t)
-	queue, _ := declareQueue(t, u)
-	exchange := "outboxamqp-test-missing"
-	p := newPublisher(t, outboxamqp.Config{URL: u.String(), Route: func(d outbox.Delivery) (string, string) {
-		if d.Topic == "missing" {
-			return exchange, "x"
+	noLeaks(t)
+	queue, ch := declareQueue(t, u)
+	missing := "outboxamqp-test-missing-" + uuid.NewString()
+	var dials atomic.Int32
+	p := newPublisher(t, outboxamqp.Config{
+		Dial: func() (*amqp.Connection, error) {
+			dials.Add(1)
+			return amqp.Dial(u.String())
+		},
+		Route: func(d outbox.Delivery) (string, string) {
+			if d.Topic == "missing" {
+				return missing, "x"
+			}
+			return "", queue
+		}})
+	if err := p.Publish(ctx, event()); err != nil { // the connection is open
+		t.Fatal(err)
+	}
+
+	const workers, each = 16, 25 // publishes of each topic per worker
+	var goodFailed, wrongErrors atomic.Int32
+	var firstWrong atomic.Value
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if err := p.Publish(ctx, event()); err != nil {
+					goodFailed.Add(1)
+					firstWrong.CompareAndSwap(nil, "the good topic: "+err.Error())
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for range each {
+				d := event()
+				d.Topic = "missing"
+				err := p.Publish(ctx, d)
+				if !errors.Is(err, outboxamqp.ErrNoExchange) || !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
+					wrongErrors.Add(1)
+					firstWrong.CompareAndSwap(nil, fmt.Sprintf("the missing exchange: %v", err))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n, m := goodFailed.Load(), wrongErrors.Load(); n != 0 || m != 0 {
+		t.Errorf("%d of %d publishes to the queue failed, %d of %d to the missing exchange did not fail with ErrNoExchange to retry; the first: %v",
+			n, workers*each, m, workers*each, firstWrong.Load())
+	}
+	if got := dials.Load(); got != 1 {
+		t.Errorf("%d connections opened, want 1: the missing exchange cost the shared channel", got)
+	}
+	if got, want := len(readAll(t, ch, queue)), 1+workers*each; got != want {
+		t.Errorf("%d messages in the queue, want %d", got, want)
+	}
+
+	// The error names the route, the broker's reason (it goes to the
+	// event's last_error) and what to do.
+	d := event()
+	d.Topic = "missing"
+	err := p.Publish(ctx, d)
+	for _, want := range []string{strconv.Quote(missing), `"x"`, "404", "no exchange", "declare the exchange", "Config.Route"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("the missing exchange's error %v does not say %s", err, want)
 		}
-		return "", queue
-	}})
-	err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "missing", Payload: json.RawMessage(`{}`)})
-	if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
-		t.Fatalf("missing exchange: got %v, want ErrNotConfirmed to retry", err)
 	}
-	// The broker's reason is in the error (it goes to the event's
-	// last_error), or only a packet capture would tell why.
-	if msg := err.Error(); !strings.Contains(msg, "404") || !strings.Contains(msg, "no exchange") {
-		t.Fatalf("missing exchange: the error %q does not give the broker's reason", msg)
+
+	// Declared (by another service, say), it is found on the next attempt.
+	if err := ch.ExchangeDeclare(missing, amqp.ExchangeDirect, false, false, false, false, nil); err != nil {
+		t.Fatal(err)
 	}
-	if err := p.Publish(ctx, outbox.Delivery{ID: uuid.New(), Namespace: "test", Topic: "events", Payload: json.RawMessage(`{}`)}); err != nil {
-		t.Fatalf("after the channel error: %v", err)
+	t.Cleanup(func() { _ = ch.ExchangeDelete(missing, false, false) })
+	if err := ch.QueueBind(queue, "x", missing, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(ctx, d); err != nil {
+		t.Fatalf("a publish once the exchange is declared: %v", err)
+	}
+	if got := dials.Load(); got != 1 {
+		t.Errorf("%d connections opened, want 1", got)
+	}
+}
+
+// TestExchangeCheckedOncePerConnection: concurrent first publishes to an
+// exchange share one check, and later ones make none; the default
+// exchange is not checked. An exchange deleted once found closes the
+// shared channel on the next publish to it (an error to retry); the new
+// connection forgets it, and checks it again.
+func TestExchangeCheckedOncePerConnection(t *testing.T) {
+	u := brokerURL(t)
+	noLeaks(t)
+	queue, ch := declareQueue(t, u)
+	exchange := declareExchange(t, ch, queue)
+	var dials atomic.Int32
+	p := newPublisher(t, outboxamqp.Config{
+		Dial: func() (*amqp.Connection, error) {
+			dials.Add(1)
+			return amqp.Dial(u.String())
+		},
+		Route: func(d outbox.Delivery) (string, string) {
+			if d.Topic == "direct" {
+				return "", queue
+			}
+			return exchange, queue
+		}})
+	direct := event()
+	direct.Topic = "direct"
+	if err := p.Publish(ctx, direct); err != nil {
+		t.Fatal(err)
+	}
+	if got := outboxamqp.ExchangeChecks(p); got != 0 {
+		t.Fatalf("%d exchange checks for the default exchange, want 0", got)
+	}
+	for round := range 2 {
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- p.Publish(ctx, event())
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if got := outboxamqp.ExchangeChecks(p); got != 1 {
+			t.Fatalf("round %d: %d exchange checks, want 1", round, got)
+		}
+	}
+
+	if err := ch.ExchangeDelete(exchange, false, false); err != nil {
+		t.Fatal(err)
+	}
+	err := p.Publish(ctx, event())
+	if !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("a publish to the exchange deleted since it was found: got %v, want ErrNotConfirmed to retry, with the broker's 404", err)
+	}
+	if err := p.Publish(ctx, event()); !errors.Is(err, outboxamqp.ErrNoExchange) {
+		t.Fatalf("the next publish to the deleted exchange: got %v, want ErrNoExchange", err)
+	}
+	if got, checks := dials.Load(), outboxamqp.ExchangeChecks(p); got != 2 || checks != 2 {
+		t.Fatalf("%d connections, %d exchange checks; want 2 and 2: the new connection checks the exchange again", got, checks)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/modkit-go/modkit/modkit/outbox"
@@ -448,17 +449,19 @@ func TestStalledCloseBlocksNoPublish(t *testing.T) {
 }
 
 // TestStalledClosedChannelDelaysNoConnect: a connection whose channel
-// closed (here: by a publish to a missing exchange, abandoned on its
-// context so that it does not give the connection up itself) is given up
-// by the next publish, which goes out on a new connection while the
-// broker leaves the old one's close unanswered, instead of waiting for
-// that close before dialling.
+// closed (here: by a publish to an exchange deleted since it was found,
+// abandoned on its context so that it does not give the connection up
+// itself) is given up by the next publish, which goes out on a new
+// connection while the broker leaves the old one's close unanswered,
+// instead of waiting for that close before dialling.
 func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
 	noLeaks(t)
-	queue, _ := declareQueue(t, brokerURL(t))
+	queue, ch := declareQueue(t, brokerURL(t))
+	gone := "outboxamqp-test-gone-" + uuid.NewString()
+	t.Cleanup(func() { _ = ch.ExchangeDelete(gone, false, false) })
 	r := newStallRig(t, outboxamqp.Config{Route: func(d outbox.Delivery) (string, string) {
-		if d.Topic == "missing" {
-			return "outboxamqp-test-missing", "x"
+		if d.Topic == "gone" {
+			return gone, "x"
 		}
 		return "", queue
 	}}, false)
@@ -472,9 +475,21 @@ func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
 		if err := p.Publish(ctx, event()); err != nil {
 			t.Fatal(err)
 		}
-		missing := event()
-		missing.Topic = "missing"
-		switch err := p.Publish(cancelled, missing); {
+		// The exchange is found on this connection, then deleted.
+		if err := ch.ExchangeDeclare(gone, amqp.ExchangeDirect, false, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		found := event()
+		found.Topic = "gone"
+		if err := p.Publish(ctx, found); !errors.As(err, new(*outboxamqp.UnroutableError)) {
+			t.Fatalf("a publish to the exchange, no queue bound: got %v, want it unroutable", err)
+		}
+		if err := ch.ExchangeDelete(gone, false, false); err != nil {
+			t.Fatal(err)
+		}
+		d := event()
+		d.Topic = "gone"
+		switch err := p.Publish(cancelled, d); {
 		case errors.Is(err, context.Canceled):
 			abandoned = true
 		case errors.Is(err, outboxamqp.ErrNotConfirmed) && conns < 10:
@@ -485,7 +500,7 @@ func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
 			await(t, r.proxy.closes, "the publisher to close the connection")
 			conns++
 		default:
-			t.Fatalf("a publish to a missing exchange on a cancelled context: got %v, want an error matching context.Canceled", err)
+			t.Fatalf("a publish to a deleted exchange on a cancelled context: got %v, want an error matching context.Canceled", err)
 		}
 	}
 	await(t, r.proxy.channelsClosed, "the broker to close the channel")
@@ -496,6 +511,59 @@ func TestStalledClosedChannelDelaysNoConnect(t *testing.T) {
 	}
 	await(t, r.proxy.closes, "the publisher to close the stalled connection")
 	r.closeStalled(t, conns+1)
+}
+
+// TestStalledExchangeCheckEndsWithItsContext: a publish waiting for the
+// check that its exchange exists, which a broker that stopped answering
+// holds up, ends with its context, with an error to retry. The check goes
+// on, and serves the next publish once the broker answers.
+func TestStalledExchangeCheckEndsWithItsContext(t *testing.T) {
+	noLeaks(t)
+	queue, ch := declareQueue(t, brokerURL(t))
+	exchange := declareExchange(t, ch, queue)
+	r := newStallRig(t, outboxamqp.Config{Route: func(d outbox.Delivery) (string, string) {
+		if d.Topic == "direct" {
+			return "", queue
+		}
+		return exchange, queue
+	}}, false)
+	p := r.p
+	direct := event()
+	direct.Topic = "direct"
+	if err := p.Publish(ctx, direct); err != nil { // the connection is open
+		t.Fatal(err)
+	}
+	r.proxy.Stall()
+
+	checkCtx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	res := publishAsync(p, checkCtx, event())
+	for outboxamqp.ExchangeChecks(p) == 0 {
+		select {
+		case err := <-res:
+			t.Fatalf("the publish ended before its exchange check began: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cancel()
+	err := awaitWithin(t, res, stallBound, "a publish whose context ended during its exchange check")
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, outboxamqp.ErrNotConfirmed) || outbox.IsPermanent(err) {
+		t.Fatalf("a publish whose context ended during its exchange check: got %v, want ErrNotConfirmed to retry, matching context.Canceled", err)
+	}
+
+	r.proxy.Release()
+	if err := awaitWithin(t, publishAsync(p, ctx, event()), stallBound, "a publish once the broker answers"); err != nil {
+		t.Fatalf("a publish once the broker answers: %v", err)
+	}
+	if got := outboxamqp.ExchangeChecks(p); got != 1 {
+		t.Fatalf("%d exchange checks, want 1: the next publish shares the check begun", got)
+	}
+	r.mu.Lock()
+	conns := len(r.conns)
+	r.mu.Unlock()
+	if conns != 1 {
+		t.Fatalf("%d connections opened, want 1", conns)
+	}
 }
 
 // TestStalledWriteEndsWithItsContext: a publish whose message the broker
