@@ -347,8 +347,10 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 // Backlog is Stats without the delivered events: it counts the pending,
 // processing and dead events per (namespace, topic), with the oldest due
 // age, and leaves every Delivered zero. It reads only the indexes that hold
-// those states (migration 0027), so its cost follows the backlog and the
-// dead events, not the delivered events kept. A topic appears when it has
+// those states (migration 0027; whatever the planner's costs since 0043,
+// before which a large backlog could make it read the whole table), so its
+// cost follows the backlog and the dead events, not the delivered events
+// kept: every pending, leased and dead event is read. A topic appears when it has
 // at least one such event. On a schema without migration 0027 it counts as
 // Stats does, reading the whole table, and leaves the delivered out.
 func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
@@ -376,7 +378,8 @@ func (a *Admin) Backlog(ctx context.Context) (Stats, error) {
 // died; and, for a moment, when its elected dispatcher has just stopped and
 // the others have not yet claimed an event that just fell due. It needs
 // migration 0034 (before it, or with a driver that cannot tell, an error
-// matching ErrNotMigrated).
+// matching ErrNotMigrated). It reads the backlog as Backlog does, at the
+// same cost: a caller of both reads it twice.
 func (a *Admin) Unserved(ctx context.Context) ([]TopicStats, error) {
 	served, err := a.c.store.Served(ctx)
 	if errors.Is(err, driver.ErrServedUnknown) && !notMigrated(err) {
