@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -726,6 +727,60 @@ func TestDeadPurge(t *testing.T) {
 	cli(t, f.dsn, "dead", "purge", "--key", "k", "--yes").must(t, exitUsage)
 }
 
+// TestDeadLetter: dead letter makes pending events dead (a dry run and a
+// refusal without --yes change nothing; another topic's events and events
+// not pending are left alone; the history says who); dead replay brings
+// them back and notes that no dispatcher serves their topic.
+func TestDeadLetter(t *testing.T) {
+	f := newFixture(t)
+	pending := f.enqueue(t, orders, 3)
+	mail := f.enqueue(t, mails, 1)[0]
+
+	r := cli(t, f.dsn, "dead", "letter", "--topic", "shop/order_paid", "--dry-run").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dry run: 3 pending event(s) would be dead-lettered") {
+		t.Fatalf("dry run:\n%s", r.stdout)
+	}
+	// Even one event, without --yes and no terminal to ask on: refused.
+	r = cli(t, f.dsn, "dead", "letter", pending[0].String()).must(t, exitAborted)
+	if !strings.Contains(r.stderr, "--yes") || !strings.Contains(r.stderr, "Dead-letter 1 pending event(s)?") {
+		t.Fatalf("refusal does not say what it asked, or what to do: %s", r.stderr)
+	}
+	for _, id := range append(slices.Clone(pending), mail) {
+		if s := f.status(t, id); s != outbox.StatusPending {
+			t.Fatalf("after a dry run and a refusal %s is %s", id, s)
+		}
+	}
+	r = cli(t, f.dsn, "dead", "letter").must(t, exitUsage)
+	if !strings.Contains(r.stderr, "--all for every pending event") {
+		t.Fatalf("no selection: %s", r.stderr)
+	}
+	r = cli(t, f.dsn, "dead", "letter", "--topic", "shop/order_paid", "--yes", "--by", "test operator").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dead-lettered 3 event(s)") {
+		t.Fatalf("dead letter:\n%s", r.stdout)
+	}
+	for _, id := range pending {
+		if s := f.status(t, id); s != outbox.StatusDead {
+			t.Fatalf("dead-lettered %s is %s", id, s)
+		}
+		if h, err := f.client.Admin().History(bg, id); err != nil || len(h) == 0 || h[len(h)-1].Outcome != "dead_lettered" ||
+			!strings.Contains(h[len(h)-1].Detail, "test operator") {
+			t.Fatalf("history of the dead-lettered event: %+v %v", h, err)
+		}
+	}
+	if s := f.status(t, mail); s != outbox.StatusPending {
+		t.Fatalf("the filter dead-lettered another topic's event: %s", s)
+	}
+	r = cli(t, f.dsn, "dead", "letter", pending[0].String(), "--yes").must(t, exitOK)
+	if !strings.Contains(r.stderr, "it is dead, not pending") || !strings.Contains(r.stdout, "nothing to dead-letter") {
+		t.Fatalf("dead-lettering a dead event: %+v", r)
+	}
+
+	r = cli(t, f.dsn, "dead", "replay", "--topic", "shop/order_paid", "--yes").must(t, exitOK)
+	if !strings.Contains(r.stdout, "replayed 3 event(s)") || !strings.Contains(r.stderr, "no running dispatcher serves shop/order_paid") {
+		t.Fatalf("replay of events no dispatcher serves: %+v", r)
+	}
+}
+
 func TestPurge(t *testing.T) {
 	f := newFixture(t)
 	ids := f.enqueue(t, orders, 2)
@@ -912,7 +967,7 @@ func TestDeadSkipHead(t *testing.T) {
 		{[]string{"dead", "skip-head", acct7[0].String(), "--topic", "shop/order_paid", "--key", "acct-7"}, exitUsage, "not both"},
 		{[]string{"dead", "skip-head", "acct-7"}, exitUsage, "not an event id"},
 		{[]string{"dead", "skip-head", acct7[0].String(), acct8[0].String(), "--yes"}, exitUsage, "one event id"},
-		{[]string{"dead", "skip-head", acct7[0].String(), "--since", "1h"}, exitUsage, "--since is for dead replay and purge"},
+		{[]string{"dead", "skip-head", acct7[0].String(), "--since", "1h"}, exitUsage, "--since is for dead replay, purge and letter"},
 		{[]string{"dead", "skip-head", acct7[0].String(), "--by", " ", "--yes"}, exitUsage, "--by"},
 		{[]string{"dead", "replay", "--key", "acct-7"}, exitUsage, "--key is for dead skip-head"},
 		{[]string{"dead", "skip-head", "0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b", "--yes"}, exitNotFound, "no event"},

@@ -21,45 +21,65 @@ const deadExamples = `  modkit-outbox dead replay 0192b7a4-5c1e-7d3f-9a2b-6c8d4e
   modkit-outbox dead purge 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --by "alice, poison payload"
   modkit-outbox dead skip-head --topic shop/order_paid --key acct-7 --dry-run
   modkit-outbox dead skip-head 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --yes --by "alice, refunded by hand"
+  modkit-outbox dead letter --topic legacy/orphan --dry-run   # pending events no one will publish: dead, to replay or purge
 `
 
-// deadUsage is the usage line of dead: its three subcommands.
+// deadUsage is the usage line of dead: its four subcommands.
 const deadUsage = `dead replay [ID...] [flags]
   modkit-outbox dead purge [ID...] [flags]
-  modkit-outbox dead skip-head ID | --topic NAMESPACE/TOPIC --key KEY [flags]`
+  modkit-outbox dead skip-head ID | --topic NAMESPACE/TOPIC --key KEY [flags]
+  modkit-outbox dead letter [ID...] [flags]   (pending events made dead)`
 
 // replayShowMax is how many of the events to replay or purge are listed
 // before the confirmation.
 const replayShowMax = 20
 
-// deadAction is what dead replay or dead purge does to the events it
+// deadAction is what dead replay, purge or letter does to the events it
 // selects.
 type deadAction struct {
 	verb, done string // "replay", "replayed"
+	// selects is the status of the events it acts on: dead, or pending
+	// for letter.
+	selects outbox.Status
 	// alwaysAsk: confirm even a single event (without --yes).
 	alwaysAsk bool
+	question  string // the confirmation, with the count for %d
+	// leftAlone says why events selected were not changed.
+	leftAlone string
 	run       func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error)
 }
 
 var deadActions = map[string]deadAction{
-	"replay": {verb: "replay", done: "replayed", run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
-		return a.ReplayDead(ctx, by, outbox.EventFilter{}, ids...)
-	}},
-	"purge": {verb: "purge", done: "purged", alwaysAsk: true, run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
-		return a.PurgeDead(ctx, by, outbox.EventFilter{}, ids...)
-	}},
+	"replay": {verb: "replay", done: "replayed", selects: outbox.StatusDead, question: "Replay %d dead event(s)?",
+		leftAlone: "were no longer dead",
+		run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+			return a.ReplayDead(ctx, by, outbox.EventFilter{}, ids...)
+		}},
+	"purge": {verb: "purge", done: "purged", selects: outbox.StatusDead, alwaysAsk: true,
+		question: "Delete %d dead event(s) for good? (their history stays)",
+		leftAlone: "were no longer dead, or come after a dead event of their ordering key that was not purged with them " +
+			"(purging them alone would let the key's later events overtake that one)",
+		run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+			return a.PurgeDead(ctx, by, outbox.EventFilter{}, ids...)
+		}},
+	"letter": {verb: "dead-letter", done: "dead-lettered", selects: outbox.StatusPending, alwaysAsk: true,
+		question:  "Dead-letter %d pending event(s)? They will not be published unless replayed (dead replay).",
+		leftAlone: "were no longer pending (a dispatcher leased or settled them meanwhile)",
+		run: func(ctx context.Context, a *outbox.Admin, by string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+			return a.DeadLetter(ctx, by, outbox.EventFilter{}, ids...)
+		}},
 }
 
 func runDead(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "dead", deadUsage, deadExamples)
 	var ff filterFlags
 	ff.register(f)
-	limit := f.Int("limit", 1000, "replay or purge by filter: at most this many events, oldest first (at most 10000)")
+	limit := f.Int("limit", 1000, "replay, purge or letter by filter: at most this many events, oldest first (at most 10000)")
 	key := f.String("key", "", "skip-head: the ordering key whose dead head to skip, with --topic NAMESPACE/TOPIC")
-	all := f.Bool("all", false, "replay or purge: every dead event of the schema (up to --limit), which no id and no filter flag select")
-	dryRun := f.Bool("dry-run", false, "show what would be replayed, purged or skipped and change nothing")
-	yes := f.Bool("yes", false, "do not ask for confirmation (replay asks when replaying more than one event, purge and skip-head always)")
-	by := f.String("by", defaultBy(), "who is acting, recorded in each event's history (its replayed, purged or skipped entry)")
+	all := f.Bool("all", false, "replay or purge: every dead event of the schema (letter: every pending one; up to --limit), which no id and no filter flag select")
+	dryRun := f.Bool("dry-run", false, "show what would be replayed, purged, skipped or dead-lettered and change nothing")
+	yes := f.Bool("yes", false, "do not ask for confirmation (replay asks when replaying more than one event, purge, skip-head and letter always)")
+	by := f.String("by", defaultBy(), "who is acting, recorded in each event's history (its replayed, purged, skipped or dead_lettered entry)")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
@@ -67,13 +87,13 @@ func runDead(ctx context.Context, e env, args []string) error {
 	action, isAction := deadActions[pos0(pos)]
 	if !isAction && pos0(pos) != "skip-head" {
 		f.printUsage(e.stderr)
-		return usageErr("dead needs a subcommand: replay, purge or skip-head")
+		return usageErr("dead needs a subcommand: replay, purge, skip-head or letter")
 	}
 	set := f.setFlags()
 	if pos[0] == "skip-head" {
 		for _, name := range []string{"namespace", "tenant", "since", "until", "limit", "all"} {
 			if set[name] {
-				return usageErr("--%s is for dead replay and purge; skip-head takes the dead head's event id, or --topic and --key", name)
+				return usageErr("--%s is for dead replay, purge and letter; skip-head takes the dead head's event id, or --topic and --key", name)
 			}
 		}
 		if strings.TrimSpace(*by) == "" {
@@ -105,14 +125,14 @@ func runDead(ctx context.Context, e env, args []string) error {
 	if len(ids) > 0 && filter != (outbox.EventFilter{}) {
 		return usageErr("give event ids or filter flags, not both")
 	}
-	// No id and no filter would select every dead event: an unset shell
-	// variable (dead purge $ID) must not purge them all.
+	// No id and no filter would select every dead (or pending) event: an
+	// unset shell variable (dead purge $ID) must not purge them all.
 	switch {
 	case *all && (len(ids) > 0 || filter != (outbox.EventFilter{})):
-		return usageErr("--all selects every dead event; give it without event ids or filter flags")
+		return usageErr("--all selects every %s event; give it without event ids or filter flags", action.selects)
 	case !*all && len(ids) == 0 && filter == (outbox.EventFilter{}):
 		return usageErr("dead %s needs event ids, filter flags (--topic, --namespace, --tenant, --since, --until), "+
-			"or --all for every dead event", action.verb)
+			"or --all for every %s event", pos[0], action.selects)
 	}
 	if len(ids) > 0 && set["limit"] {
 		return usageErr("--limit bounds a %s by filter; with event ids, every id given is %s", action.verb, action.done)
@@ -134,11 +154,11 @@ func runDead(ctx context.Context, e env, args []string) error {
 	// Said first, so that neither the confirmation nor the result reads
 	// as everything the filter matches.
 	if more {
-		fmt.Fprintf(e.stderr, "more dead events match than --limit %d: this %s takes the oldest %d; run it again, or raise --limit (at most 10000), for the rest\n",
-			*limit, action.verb, len(targets))
+		fmt.Fprintf(e.stderr, "more %s events match than --limit %d: this %s takes the oldest %d; run it again, or raise --limit (at most 10000), for the rest\n",
+			action.selects, *limit, action.verb, len(targets))
 	}
 	if len(targets) == 0 {
-		fmt.Fprintf(e.stdout, "no dead event matches; nothing to %s\n", action.verb)
+		fmt.Fprintf(e.stdout, "no %s event matches; nothing to %s\n", action.selects, action.verb)
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -151,15 +171,11 @@ func runDead(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stdout, "… and %d more\n", len(targets)-replayShowMax)
 	}
 	if *dryRun {
-		fmt.Fprintf(e.stdout, "dry run: %d dead event(s) would be %s; nothing was changed\n", len(targets), action.done)
+		fmt.Fprintf(e.stdout, "dry run: %d %s event(s) would be %s; nothing was changed\n", len(targets), action.selects, action.done)
 		return nil
 	}
 	if (len(targets) > 1 || action.alwaysAsk) && !*yes {
-		question := fmt.Sprintf("%s %d dead event(s)?", strings.ToUpper(action.verb[:1])+action.verb[1:], len(targets))
-		if action.alwaysAsk {
-			question = fmt.Sprintf("Delete %d dead event(s) for good? (their history stays)", len(targets))
-		}
-		if err := confirm(e, question); err != nil {
+		if err := confirm(e, fmt.Sprintf(action.question, len(targets))); err != nil {
 			return err
 		}
 	}
@@ -176,14 +192,36 @@ func runDead(ctx context.Context, e env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "%s %d event(s)\n", action.done, len(changed))
 	if n := len(targets) - len(changed); n > 0 {
-		why := "were no longer dead"
-		if action.verb == "purge" {
-			why = "were no longer dead, or come after a dead event of their ordering key that was not purged with them " +
-				"(purging them alone would let the key's later events overtake that one)"
-		}
-		fmt.Fprintf(e.stdout, "%d event(s) %s, and were left alone\n", n, why)
+		fmt.Fprintf(e.stdout, "%d event(s) %s, and were left alone\n", n, action.leftAlone)
+	}
+	if action.verb == "replay" && len(changed) > 0 {
+		warnUnserved(ctx, e, a, targets, changed)
 	}
 	return nil
+}
+
+// warnUnserved notes the topics of the events replayed that no running
+// dispatcher serves (Admin.Unserved): their events wait, and every claim of
+// every topic reads them. Nothing is said when that cannot be read.
+func warnUnserved(ctx context.Context, e env, a *outbox.Admin, targets []outbox.Event, replayed []uuid.UUID) {
+	unserved, err := a.Unserved(ctx)
+	if err != nil || len(unserved) == 0 {
+		return
+	}
+	var names []string
+	for _, ev := range targets {
+		t := outbox.Topic{Namespace: ev.Namespace, Topic: ev.Topic}
+		if !slices.Contains(replayed, ev.ID) || slices.Contains(names, t.String()) {
+			continue
+		}
+		if slices.ContainsFunc(unserved, func(u outbox.TopicStats) bool { return u.Topic == t }) {
+			names = append(names, t.String())
+		}
+	}
+	if len(names) > 0 {
+		fmt.Fprintf(e.stderr, "note: no running dispatcher serves %s: the events replayed wait, and every claim reads them "+
+			"(start a dispatcher with a publisher for it, or dead-letter them again with dead letter)\n", strings.Join(names, ", "))
+	}
 }
 
 // pos0 is the first positional argument, the subcommand ("" for none).
@@ -194,10 +232,11 @@ func pos0(pos []string) string {
 	return pos[0]
 }
 
-// deadTargets resolves the dead events to replay or purge: the ids given
-// (each must exist; ones not dead are reported and skipped), or those the
-// filter matches, oldest first, at most limit; more says that the filter
-// matches more than limit.
+// deadTargets resolves the events to replay, purge or dead-letter (dead
+// ones, or pending ones for letter): the ids given (each must exist; ones
+// in another status are reported and skipped), or those the filter
+// matches, oldest first, at most limit; more says that the filter matches
+// more than limit.
 func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction, ids []uuid.UUID, f outbox.EventFilter, limit int) (out []outbox.Event, more bool, err error) {
 	if len(ids) > 0 {
 		for _, id := range ids {
@@ -208,15 +247,15 @@ func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction,
 			if err != nil {
 				return nil, false, err
 			}
-			if ev.Status != outbox.StatusDead {
-				fmt.Fprintf(e.stderr, "skipping %s: it is %s, not dead\n", id, ev.Status)
+			if ev.Status != action.selects {
+				fmt.Fprintf(e.stderr, "skipping %s: it is %s, not %s\n", id, ev.Status, action.selects)
 				continue
 			}
 			out = append(out, ev)
 		}
 		return out, false, nil
 	}
-	f.Status = outbox.StatusDead
+	f.Status = action.selects
 	for {
 		f.Limit = min(1000, limit-len(out))
 		page, err := a.List(ctx, f)

@@ -98,7 +98,7 @@ func commands() []command {
 		{"migrate", "apply, revert, list or print the outbox migrations", runMigrate},
 		{"stats", "count events per namespace, topic and status; list blocked keys and topics no dispatcher serves", runStats},
 		{"events", "list events with filters, or show one", runEvents},
-		{"dead", "replay or purge dead events (by id or filter), or skip an ordering key's dead head", runDead},
+		{"dead", "replay or purge dead events (by id or filter), skip an ordering key's dead head, or dead-letter pending events", runDead},
 		{"purge", "delete delivered events of topics older than a retention", runPurge},
 		{"tail", "follow deliveries and dead letters live", runTail},
 		{"serve", "serve the web dashboard", runServe},

@@ -166,7 +166,8 @@ type Attempt struct {
 	// (given back unpublished), lease_expired (the claim ended without an
 	// outcome: its dispatcher crashed or overran), swept (dead-lettered by
 	// the sweeper: attempts used up), replayed (by an operator), skipped
-	// (a dead head an operator skipped, Admin.SkipHead), purged (by an
+	// (a dead head an operator skipped, Admin.SkipHead), dead_lettered (a
+	// pending event an operator made dead, Admin.DeadLetter), purged (by an
 	// operator's Admin.Purge or Admin.PurgeDead; the dispatchers' own
 	// retention purge leaves no entry).
 	Outcome string
@@ -558,7 +559,7 @@ func pageOf(rows []driver.Event, limit int, cursor func(last Event) string) Even
 // events that went on meanwhile, and before or beside those not published
 // yet (only the event right after it waits for it).
 func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
-	p, err := deadParams("ReplayDead", "replaying", by, f, ids)
+	p, err := selectionParams("ReplayDead", "replaying", StatusDead, by, f, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -585,7 +586,7 @@ func (a *Admin) ReplayDead(ctx context.Context, by string, f EventFilter, ids ..
 // long. Ids that are unknown or not dead, and dead events left, are
 // skipped: it returns the ids deleted.
 func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
-	p, err := deadParams("PurgeDead", "purging", by, f, ids)
+	p, err := selectionParams("PurgeDead", "purging", StatusDead, by, f, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -596,24 +597,58 @@ func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...
 	return purged, nil
 }
 
-// deadParams checks the arguments of ReplayDead and PurgeDead (call; doing,
-// what its caller is doing, for the error) and selects the dead events.
-func deadParams(call, doing, by string, f EventFilter, ids []uuid.UUID) (driver.ReplayParams, error) {
+// DeadLetter makes pending events dead, as if their last attempt had
+// failed: the ones in ids or, when ids is empty, those matching f (at most
+// f.Limit, default 10000, oldest first), with ReplayDead's rules for ids
+// and filters (to mean every pending event, set f.Status to
+// StatusPending). It is for events that must not be published now: those
+// of a topic no dispatcher serves (see Unserved; every claim of every
+// topic reads their due events), or of a producer's bug. Leased events
+// are being published and are left alone, as are ids that are unknown or
+// not pending; it returns the ids dead-lettered. Each keeps its attempts;
+// its LastError says who dead-lettered it (after the publish error it
+// had, if any) and its History holds a "dead_lettered" entry with by and
+// the database session user. ReplayDead brings such events back, and
+// PurgeDead deletes them. An event with an ordering key is then a dead
+// event of its key like any other: the key's later events wait behind it
+// (unless its topic's publisher has SkipDeadHeads) until it is replayed,
+// skipped (SkipHead) or purged. It needs migration 0044 (before it, an
+// error matching ErrNotMigrated) and the operator role.
+func (a *Admin) DeadLetter(ctx context.Context, by string, f EventFilter, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	p, err := selectionParams("DeadLetter", "dead-lettering", StatusPending, by, f, ids)
+	if err != nil {
+		return nil, err
+	}
+	dead, err := a.c.store.DeadLetter(ctx, p)
+	if err != nil {
+		return nil, a.wrapWriteErr(err, "dead-letter")
+	}
+	return dead, nil
+}
+
+// selectionParams checks the arguments of ReplayDead, PurgeDead and
+// DeadLetter (call; doing, what its caller is doing, for the error; status,
+// the events it acts on) and selects the events.
+func selectionParams(call, doing string, status Status, by string, f EventFilter, ids []uuid.UUID) (driver.ReplayParams, error) {
 	if strings.TrimSpace(by) == "" {
 		return driver.ReplayParams{}, configError("%s needs a non-empty 'by' (who is %s) for the audit trail", call, doing)
 	}
-	if f.Status != "" && f.Status != StatusDead {
-		return driver.ReplayParams{}, configError("%s acts on dead events only; EventFilter.Status is %q", call, f.Status)
+	if f.Status != "" && f.Status != status {
+		return driver.ReplayParams{}, configError("%s acts on %s events only; EventFilter.Status is %q", call, status, f.Status)
 	}
 	narrows := f.Namespace != "" || f.Topic != "" || f.TenantID != nil || !f.CreatedAfter.IsZero() || !f.CreatedBefore.IsZero() || f.After != ""
 	switch {
 	case len(ids) > 0 && (narrows || f.Limit != 0 || f.Status != ""):
 		return driver.ReplayParams{}, configError("%s was given event ids and a filter; give one or the other (with ids, the filter would be ignored)", call)
 	case len(ids) == 0 && !narrows && f.Status == "":
-		return driver.ReplayParams{}, configError("%s was given no event ids and an empty filter, which would select every dead event: "+
-			"give ids, narrow the filter, or set EventFilter.Status to StatusDead to mean every dead event", call)
+		constant := "StatusDead"
+		if status == StatusPending {
+			constant = "StatusPending"
+		}
+		return driver.ReplayParams{}, configError("%s was given no event ids and an empty filter, which would select every %s event: "+
+			"give ids, narrow the filter, or set EventFilter.Status to %s to mean every %s event", call, status, constant, status)
 	}
-	f.Status = StatusDead
+	f.Status = status
 	df, err := f.toDriver(replayFilterLimitMax, replayFilterLimitMax)
 	if err != nil {
 		return driver.ReplayParams{}, err

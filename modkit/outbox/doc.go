@@ -163,7 +163,8 @@
 // Client.Admin has Stats (every status; it reads the delivered events
 // kept) and Backlog (pending, processing and dead only, from their indexes:
 // for dashboards and probes), List (pending, dead, … with filters and paging),
-// Get, ReplayDead and PurgeDead (by id or filter), Purge, Series
+// Get, ReplayDead and PurgeDead (by id or filter), DeadLetter (pending
+// events made dead: those of a topic no dispatcher serves), Purge, Series
 // (throughput and delivery latency per bucket, for charts) and Settled
 // (recent outcomes, to follow deliveries). Dispatcher.Health says whether a
 // dispatcher is ready (its first claim succeeded) and whether it is
@@ -171,7 +172,7 @@
 //
 // The command modkit-outbox (go install
 // github.com/modkit-go/modkit/cmd/modkit-outbox@latest) drives Admin from
-// the shell: migrate, stats, events list/show, dead replay/purge/skip-head,
+// the shell: migrate, stats, events list/show, dead replay/purge/skip-head/letter,
 // purge, tail, and serve, which runs the dashboard of package
 // modkit/outbox/outboxui. That dashboard is an http.Handler you can also
 // mount in your own server.
@@ -188,8 +189,8 @@
 // lists them). Recording an outcome checks the lease token, the worker and
 // the lease's expiry; a transactional handler whose lease was lost fails
 // with ErrLeaseLost and its transaction rolls back. Each outcome, lease
-// repair, sweep, replay, skipped dead head and operator's purge
-// (Admin.Purge, Admin.PurgeDead) appends an entry to the event's history,
+// repair, sweep, replay, skipped dead head, dead-lettered event
+// (Admin.DeadLetter) and operator's purge (Admin.Purge, Admin.PurgeDead) appends an entry to the event's history,
 // an append-only ledger that Admin.History reads.
 //
 // Message.Headers travel to Delivery.Headers. Enqueue adds the W3C trace

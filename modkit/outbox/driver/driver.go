@@ -164,6 +164,11 @@ type Store interface {
 	// PurgeDead deletes the dead events p selects (as Replay selects
 	// them), records who did it in their history, and returns their ids.
 	PurgeDead(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
+	// DeadLetter makes the pending events p selects dead (as Replay
+	// selects dead ones; p.Filter.Status is "pending"), leaving leased
+	// ones alone, records who did it in their history, and returns their
+	// ids.
+	DeadLetter(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
 	// History returns an event's attempts ledger, oldest first. It is
 	// kept after the event is purged; an unknown id has an empty history.
 	History(ctx context.Context, id uuid.UUID) ([]Attempt, error)

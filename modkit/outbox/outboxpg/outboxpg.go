@@ -798,8 +798,14 @@ func (s *store) PurgeDead(ctx context.Context, p driver.ReplayParams) ([]uuid.UU
 	return s.changeDead(ctx, s.sql.purgeDeadIDs, s.sql.purgeDeadFilter, p)
 }
 
+// DeadLetter implements driver.Store.
+func (s *store) DeadLetter(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
+	return s.changeDead(ctx, s.sql.deadLetterIDs, s.sql.deadLetterFilter, p)
+}
+
 // changeDead runs byIDs (with p's ids) or byFilter (with p's filter), each
-// with p.By, and returns the ids of the dead events it changed.
+// with p.By, and returns the ids of the events it changed (dead events,
+// or pending ones for DeadLetter).
 func (s *store) changeDead(ctx context.Context, byIDs, byFilter string, p driver.ReplayParams) ([]uuid.UUID, error) {
 	var rows pgx.Rows
 	var err error

@@ -121,8 +121,10 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 	qReplayIDs    = `SELECT id FROM {{fn}}modkit_outbox_replay($1::uuid[], $2, {{now}}) AS id`
 	qReplayFilter = `SELECT id FROM {{fn}}modkit_outbox_replay_filter(` + filterParams + `, $10, {{now}}) AS id`
 
-	qPurgeDeadIDs    = `SELECT id FROM {{fn}}modkit_outbox_purge_dead($1::uuid[], $2, {{now}}) AS id`
-	qPurgeDeadFilter = `SELECT id FROM {{fn}}modkit_outbox_purge_dead_filter(` + filterParams + `, $10, {{now}}) AS id`
+	qPurgeDeadIDs     = `SELECT id FROM {{fn}}modkit_outbox_purge_dead($1::uuid[], $2, {{now}}) AS id`
+	qPurgeDeadFilter  = `SELECT id FROM {{fn}}modkit_outbox_purge_dead_filter(` + filterParams + `, $10, {{now}}) AS id`
+	qDeadLetterIDs    = `SELECT id FROM {{fn}}modkit_outbox_dead_letter($1::uuid[], $2, {{now}}) AS id`
+	qDeadLetterFilter = `SELECT id FROM {{fn}}modkit_outbox_dead_letter_filter(` + filterParams + `, $10, {{now}}) AS id`
 
 	qBlockedKeys = `SELECT namespace, topic, ordering_key, head_id, head_seq, waiting, last_error, dead_since
 FROM {{fn}}modkit_outbox_blocked_keys($1)`
@@ -169,6 +171,7 @@ type queries struct {
 	get, getPayload, history             string
 	replayIDs, replayFilter              string
 	purgeDeadIDs, purgeDeadFilter        string
+	deadLetterIDs, deadLetterFilter      string
 	blockedKeys, skipHead, releaseHeld   string
 }
 
@@ -222,5 +225,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		replayFilter:        bind(qReplayFilter, "11", ""),
 		purgeDeadIDs:        bind(qPurgeDeadIDs, "3", ""),
 		purgeDeadFilter:     bind(qPurgeDeadFilter, "11", ""),
+		deadLetterIDs:       bind(qDeadLetterIDs, "3", ""),
+		deadLetterFilter:    bind(qDeadLetterFilter, "11", ""),
 	}
 }
