@@ -120,7 +120,7 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		switch {
 		case len(newer) > 0:
 			last := newer[len(newer)-1]
-			fmt.Fprintf(e.stdout, "schema %s has every migration of this modkit-outbox, and %d newer ones it does not know, up to %04d_%s: "+
+			fmt.Fprintf(e.stdout, "schema %s has every migration of this modkit-outbox, and %d newer migration(s) it does not know, up to %04d_%s: "+
 				"a newer version applied them; use that version's modkit-outbox for this schema\n", f.schema, len(newer), last.Version, last.Name)
 		case *applied.count == 0:
 			fmt.Fprintf(e.stdout, "schema %s is up to date\n", f.schema)

@@ -145,7 +145,7 @@ func TestMigrateCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out,
-		"1 newer ones it does not know, up to 9999_from_the_future") || strings.Contains(out, "up to date") {
+		"1 newer migration(s) it does not know, up to 9999_from_the_future") || strings.Contains(out, "up to date") {
 		t.Fatalf("up on a schema a newer version migrated:\n%s", out)
 	}
 	if s := status(); !strings.Contains(s, "from_the_future (newer than this modkit-outbox)") {
