@@ -90,8 +90,10 @@ func runServe(ctx context.Context, e env, args []string) error {
 	if *payloads && role.Known && !role.ReadPayloads {
 		mode += fmt.Sprintf("; payloads hidden: database role %s may not read them", role.User)
 	}
+	// ctx, whose end begins the shutdown, ends a purge from the dashboard
+	// too: it goes on when its visitor leaves, but not past the shutdown.
 	ui, err := outboxui.New(c.Admin(), outboxui.Options{OperatorToken: *token, ShowPayloads: *payloads,
-		By: "modkit-outbox serve", Logger: logger, SigningKey: key, SecureCookies: *secureCookies})
+		By: "modkit-outbox serve", Logger: logger, SigningKey: key, SecureCookies: *secureCookies, Context: ctx})
 	if errors.Is(err, outboxui.ErrWeakToken) || errors.Is(err, outboxui.ErrWeakSigningKey) {
 		return withCode(exitUsage, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -326,5 +328,77 @@ func TestServeShutdownCutsAWaitingRequest(t *testing.T) {
 	case <-time.After(2 * time.Minute): // a guard: the lock is released only below
 		_ = tx.Rollback(bg)
 		t.Fatalf("serve did not end while a request waited on the database")
+	}
+}
+
+// A purge of delivered events from the dashboard goes on when its visitor
+// leaves, but not past serve's shutdown: the shutdown ends it at once (not
+// at the purge's time limit), and its answer says how many it deleted and
+// that the dashboard is shutting down.
+func TestServeShutdownEndsAPurge(t *testing.T) {
+	f := newFixture(t)
+	f.enqueue(t, orders, 1)
+	f.settle(t, orders, 1, driver.Delivered, 0)
+	const token = "0123456789abcdef-operator"
+	out, ended, stop := background(t, f.dsn, "serve", "--addr", "127.0.0.1:0", "--token", token)
+	out.waitFor(t, "dashboard on", ended)
+	base := regexp.MustCompile(`http://\S+/`).FindString(out.String())
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	m := csrfInput.FindStringSubmatch(httpGet(t, client, base))
+	if m == nil {
+		t.Fatal("no CSRF token on the overview")
+	}
+	if resp, err := client.PostForm(base+"login", url.Values{"csrf": {m[1]}, "token": {token}}); err != nil || resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign in: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	tx, err := f.pool.Begin(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(bg) }()
+	if _, err := tx.Exec(bg, "LOCK TABLE modkit_outbox_events IN SHARE MODE"); err != nil { // the purge's DELETE waits
+		t.Fatal(err)
+	}
+	flash := make(chan string, 1)
+	go func() {
+		resp, err := client.PostForm(base+"purge", url.Values{"csrf": {m[1]}, "topic": {orders.String()}, "older_than": {"0s"}})
+		if err != nil {
+			flash <- err.Error()
+			return
+		}
+		resp.Body.Close()
+		to, _ := resp.Location()
+		if to == nil {
+			flash <- fmt.Sprintf("an answer of %d, not a redirect", resp.StatusCode)
+			return
+		}
+		flash <- to.Query().Get("flash")
+	}()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		var waiting int
+		if err := f.pool.QueryRow(bg, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()
+			AND query LIKE '%modkit_outbox_purge_recorded%'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the purge never waited for the lock")
+		}
+	}
+	start := time.Now()
+	if code := stop(); code != exitOK {
+		t.Fatalf("serve ended with %d", code)
+	}
+	want := "Purged 0 delivered event(s) of shop/order_paid, then stopped before it was done (the dashboard is shutting down); the batch it was deleting may have gone too. Purge again for the rest."
+	if got := <-flash; got != want {
+		t.Fatalf("the purge's answer: %q, want %q", got, want)
+	}
+	if took := time.Since(start); took > 3*time.Second { // the purge's time limit is 4 s
+		t.Fatalf("serve took %v to end while a purge ran; the shutdown should end it at once", took)
 	}
 }

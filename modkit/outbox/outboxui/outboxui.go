@@ -96,6 +96,12 @@
 //     afresh). The events page reads an index for pending, processing
 //     and dead events; with no status, or delivered, it reads the whole
 //     table (no index holds events by enqueue time).
+//   - A purge of delivered events (an operator's action) is bounded by
+//     PurgeTimeLimit rather than by its request: a visitor or proxy that
+//     gives up does not cut it short midway, unreported. Its answer, and
+//     the log, say how many it deleted and, when it stopped before it was
+//     done (at the time limit, or at the shutdown: Options.Context), to
+//     purge again for the rest.
 //
 // Every call goes through outbox.Admin; the dashboard has no SQL of its
 // own.
@@ -192,6 +198,14 @@ type Options struct {
 	// a client can set itself, or each forged value gets an allowance of its
 	// own. An IPv6 address counts by its /64 either way.
 	ClientAddr func(r *http.Request) string
+	// Context, when set, is the dashboard's lifetime: cancel it when the
+	// server shuts down. A purge of delivered events goes on when its
+	// request is cancelled (a visitor or proxy that gives up does not cut
+	// it short), for PurgeTimeLimit at most; cancelling Context ends it
+	// sooner, with an answer that says how many it deleted. Nil: only
+	// PurgeTimeLimit ends it. modkit-outbox serve cancels it when its
+	// shutdown begins.
+	Context context.Context
 }
 
 //go:embed assets
@@ -228,6 +242,8 @@ type handler struct {
 	signIns *signInLimiter
 	// rights keeps what the database login may do (rights.go).
 	rights *readCache[outbox.Rights]
+	// purgeLimit is PurgeTimeLimit (purgeTimeLimit when New ran).
+	purgeLimit time.Duration
 }
 
 // New returns the dashboard on admin.
@@ -248,7 +264,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 		opts.Logger = slog.Default()
 	}
 	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger,
-		reads: make(chan struct{}, maxConcurrentReads), signIns: newSignInLimiter(time.Now)}
+		reads: make(chan struct{}, maxConcurrentReads), signIns: newSignInLimiter(time.Now), purgeLimit: purgeTimeLimit}
 	h.series = &readCache[outbox.Series]{now: time.Now, ttl: seriesTTL, read: func(ctx context.Context) (outbox.Series, error) {
 		return admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	}}
@@ -641,6 +657,24 @@ func (h *handler) skipHead(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// PurgeTimeLimit bounds a purge of delivered events from the dashboard:
+// it deletes in batches (Admin.Purge) for at most this long, then answers
+// with how many it deleted and whether it stopped before it was done, in
+// which case the operator purges again for the rest (modkit-outbox purge
+// has no limit). It is short enough that the answer comes before a
+// client or proxy gives up on the request.
+const PurgeTimeLimit = 4 * time.Second
+
+// purgeTimeLimit is PurgeTimeLimit, shortened by tests (for the handlers
+// New makes afterwards).
+var purgeTimeLimit = PurgeTimeLimit
+
+// purge deletes a topic's delivered events (Admin.Purge). It runs on past
+// the request's cancellation: a visitor or proxy that gives up must not
+// cut it short midway, with what was deleted reported to no one. What
+// bounds it is its time limit (PurgeTimeLimit) and Options.Context (the
+// dashboard's shutdown); either answers with the count deleted and says
+// to purge again, as does the log.
 func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 	ns, topic, ok := strings.Cut(r.PostForm.Get("topic"), "/")
 	older, err := time.ParseDuration(r.PostForm.Get("older_than"))
@@ -648,18 +682,45 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "Purge needs a topic (namespace/topic) and an age such as 24h.")
 		return
 	}
-	n, err := h.admin.Purge(r.Context(), older, outbox.Topic{Namespace: ns, Topic: topic})
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.purgeLimit)
+	defer cancel()
+	if h.opts.Context != nil {
+		stop := context.AfterFunc(h.opts.Context, cancel)
+		defer stop()
+	}
+	n, err := h.admin.Purge(ctx, older, outbox.Topic{Namespace: ns, Topic: topic})
 	if errors.Is(err, outbox.ErrInvalidConfig) { // a malformed name: nothing was purged
 		h.fail(w, r, http.StatusBadRequest, "Purge needs a topic (namespace/topic) and an age such as 24h: "+err.Error())
 		return
 	}
-	if err != nil {
-		h.failInternal(w, r, "purge", err)
-		return
+	name := ns + "/" + topic
+	stopped := ""
+	switch {
+	case err != nil && h.opts.Context != nil && h.opts.Context.Err() != nil:
+		stopped = "the dashboard is shutting down"
+	case err != nil && ctx.Err() != nil:
+		stopped = fmt.Sprintf("a purge from the dashboard runs for %v at most", h.purgeLimit)
 	}
 	h.series.forget() // the overview this redirects to shows the deliveries left
-	h.log.Info("outboxui: purge", "topic", ns+"/"+topic, "older_than", older, "deleted", n, "remote", r.RemoteAddr)
-	h.redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s/%s.", n, ns, topic))
+	// The visitor may have gone (the request's context is cancelled): then
+	// the log is what tells what was done.
+	gone := r.Context().Err() != nil
+	if err != nil && stopped == "" {
+		id := h.logInternal(r, slog.LevelError, "purge", fmt.Errorf("%w (%d deleted before the error)", err, n))
+		h.fail(w, r, http.StatusInternalServerError, fmt.Sprintf("Purge failed after it deleted %d delivered event(s) of %s; "+
+			"the dashboard's log has the details under error_id=%s.", n, name, id))
+		return
+	}
+	h.log.Info("outboxui: purge", "topic", name, "older_than", older, "deleted", n, "done", stopped == "", "stopped", stopped,
+		"visitor_gone", gone, "remote", r.RemoteAddr)
+	if stopped != "" {
+		// The statement under way was cut short on the client's side; the
+		// database may still finish it, so its batch is not counted.
+		h.redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s, then stopped before it was done (%s); "+
+			"the batch it was deleting may have gone too. Purge again for the rest.", n, name, stopped))
+		return
+	}
+	h.redirect(w, r, "./", fmt.Sprintf("Purged %d delivered event(s) of %s.", n, name))
 }
 
 func fmtAge(d time.Duration) string {
