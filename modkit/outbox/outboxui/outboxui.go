@@ -95,7 +95,10 @@
 //     the page loads meanwhile (a purge from the dashboard reads them
 //     afresh). The events page reads an index for pending, processing
 //     and dead events; with no status, or delivered, it reads the whole
-//     table (no index holds events by enqueue time).
+//     table (no index holds events by enqueue time). So the overview's
+//     links lead to the indexed lists: a topic's name to its pending
+//     events, each count to the events of its status; only the count of
+//     the last hour's deliveries leads to the delivered ones.
 //   - A purge of delivered events (an operator's action) is bounded by
 //     PurgeTimeLimit rather than by its request: a visitor or proxy that
 //     gives up does not cut it short midway, unreported. Its answer, and
