@@ -158,6 +158,73 @@ func TestStatsWhenUnservedIsRefused(t *testing.T) {
 	}
 }
 
+// TestStatsBlockedKeysUnderSkipDeadHeads: under a publisher with
+// SkipDeadHeads a key goes on past each of its dead events, each then a
+// dead head (Admin.BlockedKeys lists each); the table lists the key once,
+// with its earliest head and how many it has, counts keys rather than dead
+// events, and says that under SkipDeadHeads nothing waits. The JSON lists
+// every head, as before. (It listed acct-k three times, and a trial's
+// "45 ordering key(s) have a dead head" counted 45 dead events of 26 keys.)
+func TestStatsBlockedKeysUnderSkipDeadHeads(t *testing.T) {
+	f := newFixture(t)
+	ids := f.enqueueKey(t, orders, "acct-k", 6)
+	for i, kind := range []driver.OutcomeKind{driver.Dead, driver.Delivered, driver.Dead, driver.Delivered, driver.Dead} {
+		if got := f.settleSkippingDead(t, orders, 1, kind); len(got) != 1 || got[0] != ids[i] {
+			t.Fatalf("settled %v, want the key's event %d %s", got, i+1, ids[i])
+		}
+	}
+	// Two keys whose dead heads hold nothing back: acct-l's two (nothing
+	// after the second) and acct-m's only event.
+	l := f.enqueueKey(t, mails, "acct-l", 3)
+	for i, kind := range []driver.OutcomeKind{driver.Dead, driver.Delivered, driver.Dead} {
+		if got := f.settleSkippingDead(t, mails, 1, kind); len(got) != 1 || got[0] != l[i] {
+			t.Fatalf("settled %v, want acct-l's event %d %s", got, i+1, l[i])
+		}
+	}
+	f.enqueueKey(t, mails, "acct-m", 1)
+	if got := f.settle(t, mails, 1, driver.Dead, 0); len(got) != 1 {
+		t.Fatalf("settled %v, want acct-m's event", got)
+	}
+	if heads := f.blockedHeads(t); len(heads) != 6 {
+		t.Fatalf("dead heads %v, want acct-k's three, acct-l's two and acct-m's one", heads)
+	}
+	lines := func(out, part string) int {
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, part) {
+				n++
+			}
+		}
+		return n
+	}
+	out := cli(t, f.dsn, "stats").must(t, exitOK).stdout
+	row := regexp.MustCompile(`(?m)^shop +order_paid +acct-k +` + ids[0].String() + ` +1 +3 +1 +\S+$`)
+	if lines(out, "acct-k") != 1 || !row.MatchString(out) || !strings.Contains(out, "under a publisher with SkipDeadHeads nothing waits") ||
+		!strings.Contains(out, "\n2 more ordering key(s), not listed, have a dead head") || strings.Contains(out, "more dead heads") {
+		t.Fatalf("stats with a key of three dead heads (one line: its first, seq 1, 3 heads, 1 waiting) and two keys "+
+			"of idle heads, counted as two:\n%s", out)
+	}
+	var st statsJSON
+	if err := json.Unmarshal([]byte(cli(t, f.dsn, "stats", "--json").must(t, exitOK).stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.BlockedKeys) != 6 || st.MoreBlockedKeys {
+		t.Fatalf("stats --json lists %d dead heads (more: %v), want all 6", len(st.BlockedKeys), st.MoreBlockedKeys)
+	}
+
+	// Three dead heads read of six, all acct-k's: one key, and more.
+	out = cli(t, f.dsn, "stats", "--blocked-keys", "3").must(t, exitOK).stdout
+	if lines(out, "acct-k") != 1 || !row.MatchString(out) || strings.Contains(out, "acct-l") || strings.Contains(out, "ordering key(s)") ||
+		!strings.Contains(out, "more dead heads than the 3 read, of 1 key(s)") {
+		t.Fatalf("stats --blocked-keys 3 of six dead heads:\n%s", out)
+	}
+	// Six of six: no more.
+	if out := cli(t, f.dsn, "stats", "--blocked-keys", "6").must(t, exitOK).stdout; strings.Contains(out, "more dead heads") ||
+		!strings.Contains(out, "2 more ordering key(s), not listed") {
+		t.Fatalf("stats --blocked-keys 6 of six dead heads:\n%s", out)
+	}
+}
+
 // TestStatsBlockedKeys: an ordering key whose head is dead is listed after
 // the table, and in the JSON.
 func TestStatsBlockedKeys(t *testing.T) {
@@ -167,7 +234,7 @@ func TestStatsBlockedKeys(t *testing.T) {
 	f.enqueueKey(t, orders, "acct-9", 1)
 	idle := f.settle(t, orders, 1, driver.Dead, 0)
 	out := cli(t, f.dsn, "stats").must(t, exitOK).stdout
-	if strings.Contains(out, "BLOCKED ORDERING KEYS") || strings.Contains(out, "acct-9") ||
+	if strings.Contains(out, "ORDERING KEYS WITH A DEAD HEAD") || strings.Contains(out, "acct-9") ||
 		!strings.Contains(out, "\n1 ordering key(s) have a dead head with no event waiting behind it") {
 		t.Fatalf("stats with a dead head that holds nothing back:\n%s", out)
 	}
@@ -178,7 +245,7 @@ func TestStatsBlockedKeys(t *testing.T) {
 		t.Fatalf("claimed %d events of one key, want its head alone", len(head))
 	}
 	out = cli(t, f.dsn, "stats").must(t, exitOK).stdout
-	if !strings.Contains(out, "BLOCKED ORDERING KEYS") || !strings.Contains(out, "acct-7") || !strings.Contains(out, head[0].String()) ||
+	if !strings.Contains(out, "ORDERING KEYS WITH A DEAD HEAD") || !strings.Contains(out, "acct-7") || !strings.Contains(out, head[0].String()) ||
 		strings.Contains(out, "acct-9") || !strings.Contains(out, "1 more ordering key(s), not listed, have a dead head with no event waiting") {
 		t.Fatalf("stats with a blocked key (acct-7) and a dead head holding nothing back (acct-9):\n%s", out)
 	}
@@ -188,7 +255,7 @@ func TestStatsBlockedKeys(t *testing.T) {
 	}
 	if len(st.BlockedKeys) != 2 || st.BlockedKeys[0].OrderingKey != "acct-9" || st.BlockedKeys[0].Waiting != 0 ||
 		st.BlockedKeys[0].Head != idle[0].String() || st.BlockedKeys[1].OrderingKey != "acct-7" || st.BlockedKeys[1].Waiting != 2 ||
-		st.BlockedKeys[1].HeadSequence != 1 || st.MoreBlockedKeys || strings.Contains(out, "more ordering keys") {
+		st.BlockedKeys[1].HeadSequence != 1 || st.MoreBlockedKeys || strings.Contains(out, "more dead heads") {
 		t.Fatalf("stats --json blocked keys (both, longest dead first): %+v", st)
 	}
 
@@ -198,7 +265,7 @@ func TestStatsBlockedKeys(t *testing.T) {
 		t.Fatalf("claimed %d events, want acct-8's head", len(head))
 	}
 	out = cli(t, f.dsn, "stats", "--blocked-keys", "2").must(t, exitOK).stdout
-	if !strings.Contains(out, "acct-7") || strings.Contains(out, "acct-8") || !strings.Contains(out, "more ordering keys have a dead head than the 2 read") {
+	if !strings.Contains(out, "acct-7") || strings.Contains(out, "acct-8") || !strings.Contains(out, "more dead heads than the 2 read, of 2 key(s)") {
 		t.Fatalf("stats --blocked-keys 2 of three keys with a dead head:\n%s", out)
 	}
 	st = statsJSON{}
@@ -209,7 +276,7 @@ func TestStatsBlockedKeys(t *testing.T) {
 		t.Fatalf("stats --json --blocked-keys 2 of three keys with a dead head: %+v", st)
 	}
 	if out := cli(t, f.dsn, "stats", "--blocked-keys", "3").must(t, exitOK).stdout; !strings.Contains(out, "acct-7") || !strings.Contains(out, "acct-8") ||
-		strings.Contains(out, "acct-9") || strings.Contains(out, "more ordering keys") || !strings.Contains(out, "1 more ordering key(s), not listed") {
+		strings.Contains(out, "acct-9") || strings.Contains(out, "more dead heads") || !strings.Contains(out, "1 more ordering key(s), not listed") {
 		t.Fatalf("stats --blocked-keys 3 of three keys with a dead head:\n%s", out)
 	}
 }
@@ -950,7 +1017,7 @@ func TestDeadSkipHead(t *testing.T) {
 	pending := f.enqueue(t, mails, 1)[0]
 
 	stats := cli(t, f.dsn, "stats").must(t, exitOK).stdout
-	if !strings.Contains(stats, `skip it with "dead skip-head HEAD"`) {
+	if !strings.Contains(stats, `skipped with "dead skip-head HEAD"`) {
 		t.Fatalf("stats does not name the command that skips a head:\n%s", stats)
 	}
 

@@ -16,16 +16,20 @@ const statsExamples = `  modkit-outbox stats
   modkit-outbox stats --json | jq '.blocked_keys[] | select(.waiting == 0)'   # dead heads with nothing behind them yet
 
   # The table lists the ordering keys whose dead head holds events back
-  # (WAITING above 0), and counts those whose dead head has nothing behind
-  # it yet: it blocks only the key's events still to come. The JSON lists
-  # both, each with its "waiting".
+  # (WAITING above 0), one line each, and counts those whose dead head has
+  # nothing behind it yet: it blocks only the key's events still to come.
+  # Under a publisher with SkipDeadHeads nothing waits for a dead head, and
+  # a key has one after each run of events that went on without it (HEADS;
+  # the line shows the earliest). The JSON lists every dead head read, a
+  # key once for each, with its "waiting".
 `
 
 type statsJSON struct {
 	Topics      []topicStatsJSON `json:"topics"`
 	Total       topicStatsJSON   `json:"total"`
 	BlockedKeys []blockedKeyJSON `json:"blocked_keys"`
-	// MoreBlockedKeys: more keys are blocked than --blocked-keys listed.
+	// MoreBlockedKeys: there are more dead heads than the --blocked-keys
+	// read.
 	MoreBlockedKeys bool `json:"more_blocked_keys,omitempty"`
 	// Unserved: the topics whose due events no running dispatcher serves
 	// (Admin.Unserved); absent when that cannot be told (a schema before
@@ -77,8 +81,9 @@ func runStats(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "stats", "stats [flags]", statsExamples)
 	asJSON := f.Bool("json", false, "print JSON instead of a table")
 	backlog := f.Bool("backlog", false, "count pending, processing and dead events only, from their indexes, without reading the delivered events kept (no DELIVERED column; no \"delivered\" in the JSON; on a schema before migration 0027 it reads the whole table)")
-	shown := f.Int("blocked-keys", 100, "read at most this many ordering keys with a dead head, longest dead first (at most 10000): "+
-		"the table lists those with events waiting behind the head and counts the others, the JSON lists all")
+	shown := f.Int("blocked-keys", 100, "read at most this many dead heads of ordering keys, longest dead first (at most 10000; "+
+		"a key has several under a publisher with SkipDeadHeads): the table lists by key those with events waiting behind "+
+		"the head and counts the others, the JSON lists every head read")
 	pos, err := f.parse(e, args)
 	if err != nil {
 		return err
@@ -168,39 +173,79 @@ func runStats(ctx context.Context, e env, args []string) error {
 			return err
 		}
 	}
-	// A key whose dead head has nothing behind it holds nothing back yet
-	// (often a key's only event): counted, not listed among the keys that
-	// hold events back, which it would crowd out.
-	var holding []outbox.BlockedKey
-	for _, b := range blocked {
-		if b.Waiting > 0 {
-			holding = append(holding, b)
+	// Admin.BlockedKeys returns dead heads: under a publisher with
+	// SkipDeadHeads a key gets one each time an event of it dies and the
+	// key goes on without it, so the table goes by key, each with its earliest
+	// head (the one its later events wait for, when they wait) and how many
+	// it has. A key whose earliest head has nothing behind it holds nothing
+	// back yet (often a key's only event): counted, not listed among the
+	// keys that hold events back, which it would crowd out.
+	keys := byKey(blocked)
+	var holding []blockedKeyRow
+	for _, k := range keys {
+		if k.Waiting > 0 {
+			holding = append(holding, k)
 		}
 	}
 	if len(holding) > 0 {
-		// Ordering keys held back by a dead event: replay it (dead replay
-		// ID) to deliver it first, or skip it (dead skip-head ID).
-		fmt.Fprintf(e.stdout, "\nBLOCKED ORDERING KEYS (a dead event holds back the rest of its key; replay it with \"dead replay HEAD\", or skip it with \"dead skip-head HEAD\")\n")
+		fmt.Fprintf(e.stdout, "\nORDERING KEYS WITH A DEAD HEAD (a dead head holds back the later events of its key, WAITING, until it "+
+			"is replayed with \"dead replay HEAD\" or skipped with \"dead skip-head HEAD\"; under a publisher with SkipDeadHeads "+
+			"nothing waits, and a key may have several dead heads, HEADS, of which HEAD is the earliest)\n")
 		tw = tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tKEY\tHEAD\tSEQ\tWAITING\tDEAD FOR")
-		for _, b := range holding {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", b.Topic.Namespace, b.Topic.Topic, b.OrderingKey, b.Head, b.HeadSequence,
-				b.Waiting, fmtAge(time.Since(b.DeadSince)))
+		fmt.Fprintln(tw, "NAMESPACE\tTOPIC\tKEY\tHEAD\tSEQ\tHEADS\tWAITING\tDEAD FOR")
+		for _, k := range holding {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", k.Topic.Namespace, k.Topic.Topic, k.OrderingKey, k.Head, k.HeadSequence,
+				k.Heads, k.Waiting, fmtAge(time.Since(k.DeadSince)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
-	if idle := len(blocked) - len(holding); idle > 0 {
+	if idle := len(keys) - len(holding); idle > 0 {
 		what := "\n%d ordering key(s) have"
 		if len(holding) > 0 {
 			what = "%d more ordering key(s), not listed, have"
 		}
 		fmt.Fprintf(e.stdout, what+" a dead head with no event waiting behind it, which holds back only the key's events "+
-			"still to come (stats --json lists them, with \"waiting\": 0)\n", idle)
+			"still to come (none under a publisher with SkipDeadHeads; stats --json lists them, with \"waiting\": 0)\n", idle)
 	}
 	if more {
-		fmt.Fprintf(e.stdout, "… more ordering keys have a dead head than the %d read; --blocked-keys reads more (at most %d)\n", *shown, blockedKeysMax)
+		fmt.Fprintf(e.stdout, "… more dead heads than the %d read, of %d key(s): other keys may have one, and these more than "+
+			"counted; --blocked-keys reads more (at most %d)\n", *shown, len(keys), blockedKeysMax)
 	}
 	return nil
+}
+
+// blockedKeyRow is one ordering key of stats' table: its earliest dead
+// head among those read, and how many dead heads of it were read.
+type blockedKeyRow struct {
+	outbox.BlockedKey
+	Heads int
+}
+
+// byKey groups dead heads (Admin.BlockedKeys, longest dead first) by
+// ordering key, in the order each key first appears. A key's row is its
+// dead head earliest in the key, whose Waiting counts every pending or
+// leased event after it: all the key's events that may wait.
+func byKey(heads []outbox.BlockedKey) []blockedKeyRow {
+	type key struct {
+		topic outbox.Topic
+		key   string
+	}
+	at := map[key]int{}
+	var out []blockedKeyRow
+	for _, h := range heads {
+		k := key{h.Topic, h.OrderingKey}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, blockedKeyRow{BlockedKey: h, Heads: 1})
+			continue
+		}
+		out[i].Heads++
+		if h.HeadSequence < out[i].HeadSequence {
+			out[i].BlockedKey = h
+		}
+	}
+	return out
 }
