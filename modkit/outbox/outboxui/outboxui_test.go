@@ -231,6 +231,11 @@ func TestDashboardInChromium(t *testing.T) {
 	if n := count(t, ctx, p, "#events tbody tr[data-id]"); n != 4 {
 		t.Fatalf("unfiltered list: %d rows, want 4", n)
 	}
+	// It says it reads the whole table; the navigation's first list, the
+	// pending events, reads an index.
+	if n, m := count(t, ctx, p, "#whole-table"), count(t, ctx, p, `header nav a[href$="events?status=pending"]`); n != 1 || m != 1 {
+		t.Fatalf("the unfiltered list: %d notes that it reads the whole table, %d links to the pending events; want 1, 1", n, m)
+	}
 	if err := p.Do(ctx, `document.querySelector('#filters select[name=status]').value = 'dead';
 		document.querySelector('#filters input[name=namespace]').value = 'shop';
 		document.querySelector('#filters').requestSubmit()`); err != nil {
@@ -238,6 +243,9 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	if n := count(t, ctx, p, "#events tbody tr[data-id]"); n != 1 {
 		t.Fatalf("dead events of shop: %d rows, want 1", n)
+	}
+	if n := count(t, ctx, p, "#whole-table"); n != 0 {
+		t.Fatalf("the list of dead events notes that it reads the whole table")
 	}
 	screenshot(t, ctx, p, "events-dead.png")
 
