@@ -467,14 +467,7 @@ func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 	// enqueued since) are reported for ten minutes after the last.
 	mode.Store(0)
 	quiet := enqueueN(t, c, pool, 2)
-	outcomes.waitFor(t, "two more events dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
-		for _, id := range quiet {
-			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != outbox.StatusDead {
-				return false
-			}
-		}
-		return true
-	})
+	outcomes.waitFor(t, "two more events dead", allEnded(outbox.StatusDead, quiet))
 	if p := problem(); !strings.Contains(p, "its last 4 publishes failed") {
 		t.Fatalf("health after four failed publishes in a row: %+v, want the topic named", d.Health())
 	}
@@ -489,14 +482,7 @@ func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 
 	mode.Store(2)
 	poison := enqueueN(t, c, pool, 3)
-	outcomes.waitFor(t, "three poison events dead", func(m map[uuid.UUID][]outbox.Outcome) bool {
-		for _, id := range poison {
-			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != outbox.StatusDead {
-				return false
-			}
-		}
-		return true
-	})
+	outcomes.waitFor(t, "three poison events dead", allEnded(outbox.StatusDead, poison))
 	if h := d.Health(); h.Degraded {
 		t.Fatalf("health after three Permanent failures: %+v, want not degraded (the events were at fault)", h)
 	}

@@ -72,6 +72,18 @@ func finalCount(status outbox.Status, n int) func(map[uuid.UUID][]outbox.Outcome
 	}
 }
 
+// allEnded holds when the last outcome of each of ids has status.
+func allEnded(status outbox.Status, ids []uuid.UUID) func(map[uuid.UUID][]outbox.Outcome) bool {
+	return func(m map[uuid.UUID][]outbox.Outcome) bool {
+		for _, id := range ids {
+			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != status {
+				return false
+			}
+		}
+		return true
+	}
+}
+
 func testConfig(log *outcomeLog) outbox.DispatcherConfig {
 	return outbox.DispatcherConfig{
 		LeaseDuration: 30 * time.Second,

@@ -1117,14 +1117,7 @@ func TestHeldEventsGoOnUnderSteadyTraffic(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	log.waitFor(t, "the key's successors delivered past its dead head", func(m map[uuid.UUID][]outbox.Outcome) bool {
-		for _, id := range ids[1:] {
-			if os := m[id]; len(os) == 0 || os[len(os)-1].Status != outbox.StatusDelivered {
-				return false
-			}
-		}
-		return true
-	})
+	log.waitFor(t, "the key's successors delivered past its dead head", allEnded(outbox.StatusDelivered, ids[1:]))
 }
 
 // On a SkipDeadHeads topic the events behind a head that dies go on at
