@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -134,10 +135,14 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 			// A newer version's migrations (Status lists them last) make
 			// Down refuse, naming them: nothing to confirm.
 			newer := len(st) > 0 && st[len(st)-1].Unknown
-			var names []string
+			var names, dropping []string
 			for i := len(st) - 1; i >= 0 && len(names) < *steps && !newer; i-- {
 				if st[i].Applied {
-					names = append(names, fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name))
+					name := fmt.Sprintf("%04d_%s", st[i].Version, st[i].Name)
+					names = append(names, name)
+					if dropsTables(m, st[i].Version) {
+						dropping = append(dropping, name)
+					}
 				}
 			}
 			switch {
@@ -146,8 +151,11 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 				fmt.Fprintf(e.stdout, "schema %s has no migration applied\n", f.schema)
 				return nil
 			default:
-				if err := confirm(e, fmt.Sprintf("Revert %s in schema %s? A migration that created tables drops them, with their events.",
-					strings.Join(names, ", "), f.schema)); err != nil {
+				what := "Their down scripts drop no table."
+				if len(dropping) > 0 {
+					what = fmt.Sprintf("The down script of %s drops tables, with the rows in them (events, history).", strings.Join(dropping, ", "))
+				}
+				if err := confirm(e, fmt.Sprintf("Revert %s in schema %s? %s", strings.Join(names, ", "), f.schema, what)); err != nil {
 					return err
 				}
 			}
@@ -189,6 +197,20 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// dropTable finds a DROP TABLE statement in a down script.
+var dropTable = regexp.MustCompile(`(?i)\bDROP\s+TABLE\b`)
+
+// dropsTables says whether the down script of m's migration version drops
+// a table (and so the rows in it).
+func dropsTables(m *db.Migrator, version int64) bool {
+	for _, mig := range m.Migrations() {
+		if mig.Version == version {
+			return dropTable.MatchString(mig.DownSQL())
+		}
+	}
+	return false
 }
 
 func printMigrations(e env, format, dir string) error {

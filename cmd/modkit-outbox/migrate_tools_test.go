@@ -161,8 +161,14 @@ func TestMigrateCommands(t *testing.T) {
 	sameSchema(t, f, "ops")
 	// The prompt names what it would revert (its answer, empty here, is no).
 	if r := cli(t, f.dsn, "migrate", "down", "--schema", "ops").must(t, exitAborted); !strings.Contains(r.stderr+r.stdout,
-		fmt.Sprintf("Revert %04d_%s in schema ops?", last.Version, last.Name)) {
+		fmt.Sprintf("Revert %04d_%s in schema ops? Their down scripts drop no table.", last.Version, last.Name)) {
 		t.Fatalf("the prompt of migrate down:\n%s%s", r.stdout, r.stderr)
+	}
+	// It names the migrations whose down scripts drop tables, only those.
+	r := cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", fmt.Sprint(len(known))).must(t, exitAborted)
+	if _, what, _ := strings.Cut(r.stderr+r.stdout, "The down script of "); !strings.Contains(what, "0001_outbox_events") ||
+		!strings.Contains(what, "drops tables") || strings.Contains(what, fmt.Sprintf("%04d_%s", last.Version, last.Name)) {
+		t.Fatalf("the prompt of migrate down of every migration:\n%s%s", r.stdout, r.stderr)
 	}
 	out := cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "1", "--yes").must(t, exitOK).stdout
 	if out != fmt.Sprintf("reverted %04d_%s\n", last.Version, last.Name) {
@@ -207,7 +213,7 @@ func TestMigrateCommands(t *testing.T) {
 	if _, err := f.pool.Exec(bg, "CREATE SCHEMA open_ops; GRANT CREATE ON SCHEMA open_ops TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
-	r := cli(t, f.dsn, "migrate", "up", "--schema", "open_ops").must(t, exitFailure)
+	r = cli(t, f.dsn, "migrate", "up", "--schema", "open_ops").must(t, exitFailure)
 	if !strings.Contains(r.stderr, "REVOKE CREATE ON SCHEMA open_ops FROM PUBLIC") || !strings.Contains(r.stderr, "nothing was migrated") ||
 		strings.Contains(r.stderr, "modkit_outbox_reader") {
 		t.Fatalf("migrate up of a schema PUBLIC may create in:\n%s", r.stderr)
