@@ -846,6 +846,42 @@ func TestDeadLetter(t *testing.T) {
 	if !strings.Contains(r.stdout, "replayed 3 event(s)") || !strings.Contains(r.stderr, "no running dispatcher serves shop/order_paid") {
 		t.Fatalf("replay of events no dispatcher serves: %+v", r)
 	}
+
+	// Leased events: one under a live lease is left alone; one whose lease
+	// ended (its dispatcher died) goes with the pending ones.
+	f.enqueue(t, mails, 2)
+	leased, err := f.store.Claim(bg, driver.ClaimParams{Topics: []string{"crm:welcome_mail"}, Limit: 3, MaxAttempts: 5,
+		Worker: uuid.New(), Lease: time.Minute})
+	if err != nil || len(leased) != 3 || leased[0].ID != mail {
+		t.Fatalf("leased %v, %v; want the 3 mails, %s first", leased, err, mail)
+	}
+	if _, err := f.pool.Exec(bg, "UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = ANY($1)",
+		[]uuid.UUID{leased[0].ID, leased[1].ID}); err != nil {
+		t.Fatal(err)
+	}
+	r = cli(t, f.dsn, "dead", "letter", leased[2].ID.String(), "--yes").must(t, exitOK)
+	if !strings.Contains(r.stderr, "it is processing (leased until") || !strings.Contains(r.stdout, "nothing to dead-letter") {
+		t.Fatalf("dead-lettering an event under a live lease: %+v", r)
+	}
+	r = cli(t, f.dsn, "dead", "letter", "--topic", "crm/welcome_mail", "--yes").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dead-lettered 2 event(s)") {
+		t.Fatalf("dead letter of events whose lease ended:\n%s%s", r.stdout, r.stderr)
+	}
+	for i, want := range []outbox.Status{outbox.StatusDead, outbox.StatusDead, outbox.StatusProcessing} {
+		if s := f.status(t, leased[i].ID); s != want {
+			t.Fatalf("leased event %d is %s, want %s", i, s, want)
+		}
+	}
+
+	// On a schema without migration 0044 it says what to run, before it
+	// lists or asks anything.
+	if _, err := f.pool.Exec(bg, "DROP FUNCTION modkit_outbox_dead_letter_filter, modkit_outbox_dead_letter"); err != nil {
+		t.Fatal(err)
+	}
+	r = cli(t, f.dsn, "dead", "letter", "--topic", "shop/order_paid", "--dry-run").must(t, exitFailure)
+	if !strings.Contains(r.stderr, "dead letter needs migration 0044") || strings.Contains(r.stdout, "dry run") {
+		t.Fatalf("dead letter without migration 0044: %+v", r)
+	}
 }
 
 func TestPurge(t *testing.T) {

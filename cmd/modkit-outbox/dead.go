@@ -22,6 +22,9 @@ const deadExamples = `  modkit-outbox dead replay 0192b7a4-5c1e-7d3f-9a2b-6c8d4e
   modkit-outbox dead skip-head --topic shop/order_paid --key acct-7 --dry-run
   modkit-outbox dead skip-head 0192b7a4-5c1e-7d3f-9a2b-6c8d4e0f1a2b --yes --by "alice, refunded by hand"
   modkit-outbox dead letter --topic legacy/orphan --dry-run   # pending events no one will publish: dead, to replay or purge
+
+dead letter takes pending events, and leased ones whose lease has ended (a
+dispatcher died holding them), never those under a live lease.
 `
 
 // deadUsage is the usage line of dead: its four subcommands.
@@ -146,6 +149,17 @@ func runDead(ctx context.Context, e env, args []string) error {
 	}
 	defer pool.Close()
 	a := c.Admin()
+	if action.selects == outbox.StatusPending {
+		// Asked before the events are listed (which an older schema, or a
+		// login that may only read, allows): dead-lettering the nil id
+		// changes nothing, and fails as the real one would.
+		if _, err := a.DeadLetter(ctx, *by, outbox.EventFilter{}, uuid.Nil); err != nil {
+			if errors.Is(err, outbox.ErrNotMigrated) {
+				return fmt.Errorf("dead letter needs migration 0044 in schema %s: run modkit-outbox migrate up as its owner: %w", f.schema, err)
+			}
+			return err
+		}
+	}
 
 	targets, more, err := deadTargets(ctx, e, a, action, ids, filter, *limit)
 	if err != nil {
@@ -247,15 +261,53 @@ func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction,
 			if err != nil {
 				return nil, false, err
 			}
-			if ev.Status != action.selects {
+			switch {
+			case ev.Status == action.selects || leaseEnded(action, ev):
+				out = append(out, ev)
+			case ev.Status == outbox.StatusProcessing && ev.LockedUntil != nil:
+				fmt.Fprintf(e.stderr, "skipping %s: it is processing (leased until %s), not %s\n", id, fmtTime(*ev.LockedUntil), action.selects)
+			default:
 				fmt.Fprintf(e.stderr, "skipping %s: it is %s, not %s\n", id, ev.Status, action.selects)
-				continue
 			}
-			out = append(out, ev)
 		}
 		return out, false, nil
 	}
-	f.Status = action.selects
+	out, more, err = listAll(ctx, a, f, action.selects, limit, nil)
+	if err != nil || action.selects != outbox.StatusPending {
+		return out, more, err
+	}
+	// dead letter takes the events whose lease ended with the pending
+	// ones, oldest first (the database checks each lease again).
+	ended, moreEnded, err := listAll(ctx, a, f, outbox.StatusProcessing, limit, func(ev outbox.Event) bool { return leaseEnded(action, ev) })
+	if err != nil {
+		return nil, false, err
+	}
+	out = append(out, ended...)
+	slices.SortStableFunc(out, func(x, y outbox.Event) int {
+		if c := x.CreatedAt.Compare(y.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(x.ID.String(), y.ID.String())
+	})
+	if len(out) > limit {
+		return out[:limit], true, nil
+	}
+	return out, more || moreEnded, nil
+}
+
+// leaseEnded says whether ev is a leased event whose lease has ended, which
+// dead letter takes with the pending ones: a dispatcher that died holding
+// it left it, and no sweep repairs it on a topic no dispatcher serves.
+func leaseEnded(action deadAction, ev outbox.Event) bool {
+	return action.selects == outbox.StatusPending && ev.Status == outbox.StatusProcessing && ev.LockedUntil != nil &&
+		ev.LockedUntil.Before(time.Now())
+}
+
+// listAll lists the events of status f matches (those keep accepts, all
+// when it is nil), oldest first, at most limit; more says that more match.
+func listAll(ctx context.Context, a *outbox.Admin, f outbox.EventFilter, status outbox.Status, limit int,
+	keep func(outbox.Event) bool) (out []outbox.Event, more bool, err error) {
+	f.Status = status
 	for {
 		f.Limit = min(1000, limit-len(out))
 		page, err := a.List(ctx, f)
@@ -265,7 +317,11 @@ func deadTargets(ctx context.Context, e env, a *outbox.Admin, action deadAction,
 		if err != nil {
 			return nil, false, err
 		}
-		out = append(out, page.Events...)
+		for _, ev := range page.Events {
+			if keep == nil || keep(ev) {
+				out = append(out, ev)
+			}
+		}
 		if page.NextPage == "" {
 			return out, false, nil
 		}

@@ -604,8 +604,12 @@ func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...
 // StatusPending). It is for events that must not be published now: those
 // of a topic no dispatcher serves (see Unserved; every claim of every
 // topic reads their due events), or of a producer's bug. Leased events
-// are being published and are left alone, as are ids that are unknown or
-// not pending; it returns the ids dead-lettered. Each keeps its attempts;
+// are being published and are left alone, but not those whose lease has
+// ended (a dispatcher died holding them; no sweep repairs the leases of a
+// topic nobody serves): by filter they are selected with the pending
+// ones, and their History records the lease's end first. Ids that are
+// unknown, settled or under a live lease are skipped; it returns the ids
+// dead-lettered. Each keeps its attempts;
 // its LastError says who dead-lettered it (after the publish error it
 // had, if any) and its History holds a "dead_lettered" entry with by and
 // the database session user. ReplayDead brings such events back, and

@@ -379,9 +379,12 @@ type notMigratedError struct {
 }
 
 func (e *notMigratedError) Error() string {
-	return fmt.Sprintf("%v: %v (the outbox tables are missing from schema %q: run Client.Migrate, "+
-		"or add outbox.WithMigrations to the fx app, or apply modkit's migrations/ with your tool, before enqueueing or dispatching)",
-		ErrNotMigrated, e.err, e.schema)
+	what := "the outbox tables are missing from schema %q"
+	if c := pgCode(e.err); c == "42883" || c == "42703" {
+		what = "schema %q lacks the outbox's objects, all of them or those of a later migration"
+	}
+	return fmt.Sprintf("%v: %v ("+what+": run Client.Migrate, or add outbox.WithMigrations to the fx app, "+
+		"or run modkit-outbox migrate up, or apply modkit's migrations/ with your tool)", ErrNotMigrated, e.err, e.schema)
 }
 
 func (e *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.err} }

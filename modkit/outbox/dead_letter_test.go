@@ -39,7 +39,15 @@ func TestDeadLetterPendingEvents(t *testing.T) {
 	if leasedID != first[2] {
 		t.Fatalf("leased %s, want %s", leasedID, first[2])
 	}
-	total, pendingRows := countRows(t, pool, "true"), countRows(t, pool, "status = 'pending'")
+	// The oldest orphan's lease ended without an outcome: its dispatcher
+	// died, and no sweep serves its topic.
+	if expired := admClaim(t, st, 1, other); len(expired) != 1 || expired[0].ID != orphans[0] {
+		t.Fatalf("leased %v, want %s", expired, orphans[0])
+	}
+	if _, err := pool.Exec(ctx, "UPDATE modkit_outbox_events SET locked_until = now() - interval '1 second' WHERE id = $1", orphans[0]); err != nil {
+		t.Fatal(err)
+	}
+	total, pendingRows := countRows(t, pool, "true"), countRows(t, pool, "status IN ('pending', 'processing')")
 
 	admin := c.Admin()
 	for name, try := range map[string]func() ([]uuid.UUID, error){
@@ -63,7 +71,7 @@ func TestDeadLetterPendingEvents(t *testing.T) {
 		!strings.Contains(err.Error(), "set EventFilter.Status to StatusPending") {
 		t.Fatalf("an empty selection: %v; want it to say how to mean every pending event", err)
 	}
-	if n, p := countRows(t, pool, "true"), countRows(t, pool, "status = 'pending'"); n != total || p != pendingRows {
+	if n, p := countRows(t, pool, "true"), countRows(t, pool, "status IN ('pending', 'processing')"); n != total || p != pendingRows {
 		t.Fatalf("%d rows, %d pending after refused calls; want %d, %d", n, p, total, pendingRows)
 	}
 
@@ -93,8 +101,9 @@ func TestDeadLetterPendingEvents(t *testing.T) {
 		}
 	}
 
-	// By filter: the oldest first, at most Limit, of the topic named; then
-	// every pending event left of it. The operator role may.
+	// By filter: the oldest first, at most Limit, of the topic named (the
+	// event whose lease ended among them); then every pending event left
+	// of it. The operator role may.
 	operator := clientOn(t, tdb.LoginAs(t, "modkit_outbox_operator"), outbox.Config{Logger: quietLog})
 	f := outbox.EventFilter{Namespace: other.Namespace, Topic: other.Topic, Limit: 3}
 	if got, err := operator.Admin().DeadLetter(ctx, "ops", f); err != nil || !slices.Equal(sorted(got, orphans), orphans[:3]) {
@@ -109,6 +118,14 @@ func TestDeadLetterPendingEvents(t *testing.T) {
 			t.Fatalf("event %s of another topic was dead-lettered", id)
 		}
 	}
+	hist, err = admin.History(ctx, orphans[0])
+	if n := len(hist); err != nil || n < 2 || hist[n-2].Outcome != "lease_expired" || hist[n-1].Outcome != "dead_lettered" ||
+		hist[n-1].No != n {
+		t.Fatalf("history of the event whose lease ended: %+v, %v; want lease_expired, then dead_lettered", hist, err)
+	}
+	if e, err := admin.Get(ctx, orphans[0]); err != nil || e.Status != outbox.StatusDead || e.Attempts != 1 || e.LockedUntil != nil {
+		t.Fatalf("the event whose lease ended: %+v, %v; want dead, its attempt kept, no lease", e, err)
+	}
 	reader := clientOn(t, tdb.LoginAs(t, "modkit_outbox_reader"), outbox.Config{Logger: quietLog})
 	if got, err := reader.Admin().DeadLetter(ctx, "eve", outbox.EventFilter{Status: outbox.StatusPending}); err == nil ||
 		!strings.Contains(err.Error(), "modkit_outbox_operator") || len(got) != 0 {
@@ -122,6 +139,19 @@ func TestDeadLetterPendingEvents(t *testing.T) {
 	}
 	if n := countRows(t, pool, "namespace = 'legacy' AND status = 'pending' AND attempts = 0"); n != len(orphans) {
 		t.Fatalf("%d replayed events pending, want %d", n, len(orphans))
+	}
+
+	// Replayed and dead-lettered again: the publish error stays, the
+	// earlier dead-lettering's words do not pile up.
+	if _, err := admin.ReplayDead(ctx, "bob@ops", outbox.EventFilter{}, retrying); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := admin.DeadLetter(ctx, "alice", outbox.EventFilter{}, retrying); err != nil || len(got) != 1 {
+		t.Fatalf("dead-letter again: %v, %v", got, err)
+	}
+	if e, err := admin.Get(ctx, retrying); err != nil || e.LastError == nil ||
+		*e.LastError != "dead-lettered by alice before it was delivered; last publish error: the broker said no" {
+		t.Fatalf("dead-lettered twice: %+v, %v", e, err)
 	}
 
 	// A schema without migration 0044: ErrNotMigrated.
