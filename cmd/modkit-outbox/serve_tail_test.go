@@ -390,15 +390,12 @@ func TestServeShutdownEndsAPurge(t *testing.T) {
 			t.Fatal("the purge never waited for the lock")
 		}
 	}
-	start := time.Now()
 	if code := stop(); code != exitOK {
 		t.Fatalf("serve ended with %d", code)
 	}
 	want := "Purged 0 delivered event(s) of shop/order_paid, then stopped before it was done (the dashboard is shutting down); the batch it was deleting may have gone too. Purge again for the rest."
+	// The answer says the shutdown ended it, not its time limit (4 s).
 	if got := <-flash; got != want {
 		t.Fatalf("the purge's answer: %q, want %q", got, want)
-	}
-	if took := time.Since(start); took > 3*time.Second { // the purge's time limit is 4 s
-		t.Fatalf("serve took %v to end while a purge ran; the shutdown should end it at once", took)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -421,19 +422,32 @@ func TestHealthOfANilDispatcher(t *testing.T) {
 func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 	c, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
-	var mode atomic.Int32 // 0 the endpoint is down, 1 up, 2 every event is poison
+	// mode: 0 the endpoint is down, 1 up, 2 every event is poison, 3 a
+	// publish waits for up (set by the third failure, so that the check of
+	// three failures in a row is not raced by the next retry's).
+	var mode atomic.Int32
+	var failures atomic.Int32
+	up := make(chan struct{})
 	outcomes := newOutcomeLog()
 	cfg := testConfig(outcomes)
 	cfg.MaxAttempts = 2
 	d := startDispatcher(t, c, cfg, outbox.Publisher{Topic: testTopic, Publish: func(context.Context, outbox.Delivery) error {
 		switch mode.Load() {
 		case 0:
+			if failures.Add(1) == 3 {
+				mode.Store(3)
+			}
 			return errors.New("the endpoint is down")
 		case 2:
 			return outbox.Permanent(errors.New("poison"))
+		case 3:
+			<-up
 		}
 		return nil
 	}})
+	var upOnce sync.Once
+	letUp := func() { upOnce.Do(func() { close(up) }) }
+	t.Cleanup(letUp) // before the dispatcher's stop, should the test end early
 	problem := func() string {
 		for _, p := range d.Health().Problems {
 			if strings.Contains(p, "publishes failed") {
@@ -455,6 +469,7 @@ func TestHealthDegradedWhileATopicsPublishesFail(t *testing.T) {
 	}
 
 	mode.Store(1)
+	letUp()
 	outcomes.waitFor(t, "the second event delivered", func(m map[uuid.UUID][]outbox.Outcome) bool {
 		os := m[second]
 		return len(os) > 0 && os[len(os)-1].Status == outbox.StatusDelivered

@@ -790,23 +790,23 @@ func (s *store) History(ctx context.Context, id uuid.UUID) ([]driver.Attempt, er
 
 // Replay implements driver.Store.
 func (s *store) Replay(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
-	return s.changeDead(ctx, s.sql.replayIDs, s.sql.replayFilter, p)
+	return s.changeSelected(ctx, s.sql.replayIDs, s.sql.replayFilter, p)
 }
 
 // PurgeDead implements driver.Store.
 func (s *store) PurgeDead(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
-	return s.changeDead(ctx, s.sql.purgeDeadIDs, s.sql.purgeDeadFilter, p)
+	return s.changeSelected(ctx, s.sql.purgeDeadIDs, s.sql.purgeDeadFilter, p)
 }
 
 // DeadLetter implements driver.Store.
 func (s *store) DeadLetter(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
-	return s.changeDead(ctx, s.sql.deadLetterIDs, s.sql.deadLetterFilter, p)
+	return s.changeSelected(ctx, s.sql.deadLetterIDs, s.sql.deadLetterFilter, p)
 }
 
-// changeDead runs byIDs (with p's ids) or byFilter (with p's filter), each
+// changeSelected runs byIDs (with p's ids) or byFilter (with p's filter), each
 // with p.By, and returns the ids of the events it changed (dead events,
 // or pending ones for DeadLetter).
-func (s *store) changeDead(ctx context.Context, byIDs, byFilter string, p driver.ReplayParams) ([]uuid.UUID, error) {
+func (s *store) changeSelected(ctx context.Context, byIDs, byFilter string, p driver.ReplayParams) ([]uuid.UUID, error) {
 	var rows pgx.Rows
 	var err error
 	if len(p.IDs) > 0 {

@@ -100,7 +100,7 @@
 //     events, each count to the events of its status; only the count of
 //     the last hour's deliveries leads to the delivered ones.
 //   - A purge of delivered events (an operator's action) is bounded by
-//     PurgeTimeLimit rather than by its request: a visitor or proxy that
+//     Options.PurgeTimeLimit rather than by its request: a visitor or proxy that
 //     gives up does not cut it short midway, unreported. Its answer, and
 //     the log, say how many it deleted and, when it stopped before it was
 //     done (at the time limit, or at the shutdown: Options.Context), to
@@ -201,14 +201,22 @@ type Options struct {
 	// a client can set itself, or each forged value gets an allowance of its
 	// own. An IPv6 address counts by its /64 either way.
 	ClientAddr func(r *http.Request) string
-	// Context, when set, is the dashboard's lifetime: cancel it when the
-	// server shuts down. A purge of delivered events goes on when its
-	// request is cancelled (a visitor or proxy that gives up does not cut
-	// it short), for PurgeTimeLimit at most; cancelling Context ends it
-	// sooner, with an answer that says how many it deleted. Nil: only
-	// PurgeTimeLimit ends it. modkit-outbox serve cancels it when its
-	// shutdown begins.
+	// Context, when set, ends the purges of delivered events under way
+	// when it is cancelled: cancel it when the server shuts down. Such a
+	// purge goes on when its request is cancelled (a visitor or proxy that
+	// gives up does not cut it short), for PurgeTimeLimit at most;
+	// cancelling Context ends it sooner, with an answer that says how many
+	// it deleted. Nil: only PurgeTimeLimit ends it. modkit-outbox serve
+	// cancels it when its shutdown begins. Nothing else uses it.
 	Context context.Context
+	// PurgeTimeLimit bounds a purge of delivered events from the
+	// dashboard: it deletes in batches (Admin.Purge) for at most this
+	// long, then answers with how many it deleted and whether it stopped
+	// before it was done, in which case the operator purges again for the
+	// rest. Zero means DefaultPurgeTimeLimit, short enough that the answer
+	// comes before a client or proxy gives up on the request; a negative
+	// value is refused.
+	PurgeTimeLimit time.Duration
 }
 
 //go:embed assets
@@ -245,8 +253,6 @@ type handler struct {
 	signIns *signInLimiter
 	// rights keeps what the database login may do (rights.go).
 	rights *readCache[outbox.Rights]
-	// purgeLimit is PurgeTimeLimit (purgeTimeLimit when New ran).
-	purgeLimit time.Duration
 }
 
 // New returns the dashboard on admin.
@@ -263,11 +269,17 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	if opts.By == "" {
 		opts.By = "outboxui"
 	}
+	switch {
+	case opts.PurgeTimeLimit < 0:
+		return nil, fmt.Errorf("outboxui: Options.PurgeTimeLimit is %v; it must be positive, or zero for %v", opts.PurgeTimeLimit, DefaultPurgeTimeLimit)
+	case opts.PurgeTimeLimit == 0:
+		opts.PurgeTimeLimit = DefaultPurgeTimeLimit
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	h := &handler{admin: admin, opts: opts, mux: http.NewServeMux(), log: opts.Logger,
-		reads: make(chan struct{}, maxConcurrentReads), signIns: newSignInLimiter(time.Now), purgeLimit: purgeTimeLimit}
+		reads: make(chan struct{}, maxConcurrentReads), signIns: newSignInLimiter(time.Now)}
 	h.series = &readCache[outbox.Series]{now: time.Now, ttl: seriesTTL, read: func(ctx context.Context) (outbox.Series, error) {
 		return admin.Series(ctx, outbox.SeriesQuery{Window: time.Hour, Bucket: time.Minute})
 	}}
@@ -660,22 +672,14 @@ func (h *handler) skipHead(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// PurgeTimeLimit bounds a purge of delivered events from the dashboard:
-// it deletes in batches (Admin.Purge) for at most this long, then answers
-// with how many it deleted and whether it stopped before it was done, in
-// which case the operator purges again for the rest (modkit-outbox purge
-// has no limit). It is short enough that the answer comes before a
-// client or proxy gives up on the request.
-const PurgeTimeLimit = 4 * time.Second
-
-// purgeTimeLimit is PurgeTimeLimit, shortened by tests (for the handlers
-// New makes afterwards).
-var purgeTimeLimit = PurgeTimeLimit
+// DefaultPurgeTimeLimit is Options.PurgeTimeLimit when it is zero
+// (modkit-outbox purge has no limit).
+const DefaultPurgeTimeLimit = 4 * time.Second
 
 // purge deletes a topic's delivered events (Admin.Purge). It runs on past
 // the request's cancellation: a visitor or proxy that gives up must not
 // cut it short midway, with what was deleted reported to no one. What
-// bounds it is its time limit (PurgeTimeLimit) and Options.Context (the
+// bounds it is its time limit (Options.PurgeTimeLimit) and Options.Context (the
 // dashboard's shutdown); either answers with the count deleted and says
 // to purge again, as does the log.
 func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
@@ -685,7 +689,7 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "Purge needs a topic (namespace/topic) and an age such as 24h.")
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.purgeLimit)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.opts.PurgeTimeLimit)
 	defer cancel()
 	if h.opts.Context != nil {
 		stop := context.AfterFunc(h.opts.Context, cancel)
@@ -702,7 +706,7 @@ func (h *handler) purge(w http.ResponseWriter, r *http.Request) {
 	case err != nil && h.opts.Context != nil && h.opts.Context.Err() != nil:
 		stopped = "the dashboard is shutting down"
 	case err != nil && ctx.Err() != nil:
-		stopped = fmt.Sprintf("a purge from the dashboard runs for %v at most", h.purgeLimit)
+		stopped = fmt.Sprintf("a purge from the dashboard runs for %v at most", h.opts.PurgeTimeLimit)
 	}
 	h.series.forget() // the overview this redirects to shows the deliveries left
 	// The visitor may have gone (the request's context is cancelled): then

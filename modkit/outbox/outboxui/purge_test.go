@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,12 +32,15 @@ import (
 // so that it is still running when the visitor leaves, the time limit
 // passes or the shutdown begins.
 func TestDashboardPurgeIsBoundedAndReported(t *testing.T) {
-	outboxui.SetPurgeTimeLimit(t, 300*time.Millisecond)
 	w := newWorld(t)
+	if _, err := outboxui.New(w.client.Admin(), outboxui.Options{PurgeTimeLimit: -time.Second}); err == nil ||
+		!strings.Contains(err.Error(), "PurgeTimeLimit") {
+		t.Fatalf("a negative PurgeTimeLimit: %v, want it refused", err)
+	}
 	log := newLogRecorder()
 	life, shutdown := context.WithCancel(bg)
 	defer shutdown()
-	base := serve(t, w, outboxui.Options{OperatorToken: token, Logger: slog.New(log), Context: life})
+	base := serve(t, w, outboxui.Options{OperatorToken: token, Logger: slog.New(log), Context: life, PurgeTimeLimit: 300 * time.Millisecond})
 	var jar *http.Client
 	form := url.Values{"topic": {orders.String()}, "older_than": {"0s"}}
 	// signIn signs a new browser in to the dashboard at base; the client
@@ -112,8 +117,7 @@ func TestDashboardPurgeIsBoundedAndReported(t *testing.T) {
 	release()
 
 	// The shutdown ends one, and says so.
-	outboxui.SetPurgeTimeLimit(t, time.Minute)
-	base = serve(t, w, outboxui.Options{OperatorToken: token, Logger: slog.New(log), Context: life})
+	base = serve(t, w, outboxui.Options{OperatorToken: token, Logger: slog.New(log), Context: life, PurgeTimeLimit: time.Minute})
 	signIn()
 	release = lock()
 	type answer struct {
@@ -163,7 +167,24 @@ func TestDashboardPurgeIsBoundedAndReported(t *testing.T) {
 	if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Delivered}}); err != nil {
 		t.Fatal(err)
 	}
-	base = serve(t, w, outboxui.Options{OperatorToken: token, Logger: slog.New(log)})
+	// The server's side of the visitor's request: gone is closed when the
+	// server sees the visitor leave (its request's context is cancelled).
+	ui, err := outboxui.New(w.client.Admin(), outboxui.Options{OperatorToken: token, Logger: slog.New(log)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := make(chan struct{})
+	var goneOnce sync.Once
+	mux := http.NewServeMux()
+	mux.Handle("/outbox/", http.StripPrefix("/outbox", http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/purge") {
+			context.AfterFunc(r.Context(), func() { goneOnce.Do(func() { close(gone) }) })
+		}
+		ui.ServeHTTP(rw, r)
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	base = srv.URL + "/outbox/"
 	signIn()
 	form.Set("topic", receipts.String())
 	release = lock()
@@ -186,7 +207,11 @@ func TestDashboardPurgeIsBoundedAndReported(t *testing.T) {
 	if err := <-left; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the visitor's request: %v, want it cancelled", err)
 	}
-	time.Sleep(500 * time.Millisecond) // for the server to see the visitor go (and, without the fix, to cancel the purge)
+	select { // the server has seen the visitor go (without the fix, the purge is cancelled)
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not see the visitor leave")
+	}
 	release()
 	for deadline := time.Now().Add(10 * time.Second); log.count("outboxui: purge") < 3; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
