@@ -1069,6 +1069,49 @@ func TestOverviewMarksTopicsNobodyServes(t *testing.T) {
 	if strings.Contains(rowOf("shop/orders"), "unserved") {
 		t.Errorf("shop/orders, whose maintenance lease is held, is marked as served by none:\n%s", rowOf("shop/orders"))
 	}
+	if strings.Contains(body, "dead-letter") {
+		t.Errorf("a read-only dashboard offers to dead-letter events:\n%s", rowOf("shop/oders"))
+	}
+
+	// An operator may dead-letter the pending events of the topic nobody
+	// serves, from its row; the served topic's row offers nothing of the
+	// kind.
+	base = serve(t, w, outboxui.Options{OperatorToken: token, By: "ops dashboard"})
+	jar := newJar()
+	_, csrf := get(t, jar, base)
+	if code, _ := post(t, jar, base+"login", url.Values{"csrf": {csrf}, "token": {token}}, ""); code != http.StatusSeeOther {
+		t.Fatalf("sign in: %d", code)
+	}
+	body, _ = get(t, jar, base)
+	if !strings.Contains(rowOf("shop/oders"), `dead-letter" class="inline dead-letter">`) {
+		t.Fatalf("no dead-letter form on the row of the topic nobody serves:\n%s", rowOf("shop/oders"))
+	}
+	if strings.Contains(rowOf("shop/orders"), "dead-letter") {
+		t.Fatalf("a dead-letter form on the row of a served topic:\n%s", rowOf("shop/orders"))
+	}
+	resp, err := jar.PostForm(base+"dead-letter", url.Values{"csrf": {csrf}, "topic": {"shop/oders"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	to, err := resp.Location()
+	if resp.StatusCode != http.StatusSeeOther || err != nil {
+		t.Fatalf("dead-letter: %d %v", resp.StatusCode, err)
+	}
+	page, _ := get(t, jar, to.String())
+	if want := "Dead-lettered 1 pending event(s) of shop/oders: replay them from the dead list once a publisher runs."; flashOf(page) != want {
+		t.Fatalf("after the dead-lettering: message %q, want %q", flashOf(page), want)
+	}
+	st2, err := w.client.Admin().Backlog(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"oders": 0, "orders": 1}
+	for _, ts := range st2.Topics {
+		if n, ok := want[ts.Topic.Topic]; ok && ts.Namespace == "shop" && ts.Pending != n {
+			t.Fatalf("%s: %d pending after the dead-lettering, want %d", ts.Topic, ts.Pending, n)
+		}
+	}
 }
 
 // Wrong operator tokens are limited per address: after ten, a wrong one is

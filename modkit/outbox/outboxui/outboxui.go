@@ -30,7 +30,8 @@
 //
 //   - Read-only by default. With Options.OperatorToken set, an operator who
 //     signs in with that token may replay, purge or skip (the dead head
-//     of an ordering key) dead events and purge delivered ones. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
+//     of an ordering key) dead events, purge delivered ones and dead-letter
+//     the pending events of a topic no dispatcher serves. The sign-in sets an HttpOnly, SameSite=Strict session cookie,
 //     valid for at most OperatorSessionMax and until the handler is rebuilt
 //     (a restart signs everyone out) unless Options.SigningKey is set, as
 //     below. Signing out replaces the browser's id, to which the sign-in
@@ -153,15 +154,17 @@ var ErrWeakSigningKey = fmt.Errorf("%w: outboxui: the signing key is too short: 
 // dashboard that hides payloads.
 type Options struct {
 	// OperatorToken, when set, lets an operator who signs in with it replay,
-	// purge or skip (Admin.SkipHead) dead events and purge delivered ones. At least TokenMinLen
+	// purge or skip (Admin.SkipHead) dead events, purge delivered ones and
+	// dead-letter the pending events of a topic no dispatcher serves
+	// (Admin.DeadLetter). At least TokenMinLen
 	// characters. Empty: read-only. A database login that may not replay
 	// (Admin.Rights) makes the dashboard read-only all the same.
 	OperatorToken string
 	// ShowPayloads shows event payloads on the event page, when the
 	// database login may read them (Admin.Rights).
 	ShowPayloads bool
-	// By names the dashboard in the audit trail of replays, purges and
-	// skips of dead events ("replayed by …"). Default "outboxui".
+	// By names the dashboard in the audit trail of replays, purges, skips
+	// and dead-letterings ("replayed by …"). Default "outboxui".
 	By string
 	// Logger receives a record of every action, and of every failure that
 	// is not the visitor's doing, under the error_id the page shows.
@@ -309,6 +312,7 @@ func New(admin *outbox.Admin, opts Options) (http.Handler, error) {
 	h.mux.HandleFunc("POST /purge", h.action(true, h.purge))
 	h.mux.HandleFunc("POST /purge-dead", h.action(true, h.purgeDead))
 	h.mux.HandleFunc("POST /skip-head", h.action(true, h.skipHead))
+	h.mux.HandleFunc("POST /dead-letter", h.action(true, h.deadLetter))
 	return h, nil
 }
 
@@ -607,6 +611,38 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	h.redirect(w, r, "events/"+ids[0].String(), flash)
 }
+
+// deadLetter makes the pending events of a topic dead (Admin.DeadLetter,
+// at most its default limit a click), for a topic no dispatcher serves:
+// every claim reads its due events. They can be replayed from the dead
+// list once a publisher runs.
+func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request) {
+	ns, topic, ok := strings.Cut(r.PostForm.Get("topic"), "/")
+	if !ok || ns == "" || topic == "" {
+		h.fail(w, r, http.StatusBadRequest, "Dead-lettering needs a topic (namespace/topic).")
+		return
+	}
+	done, err := h.admin.DeadLetter(r.Context(), h.opts.By, outbox.EventFilter{Namespace: ns, Topic: topic})
+	if errors.Is(err, outbox.ErrInvalidConfig) { // a malformed name: nothing changed
+		h.fail(w, r, http.StatusBadRequest, "Dead-lettering needs a topic (namespace/topic): "+err.Error())
+		return
+	}
+	if err != nil {
+		h.failInternal(w, r, "dead-letter", err)
+		return
+	}
+	h.log.Info("outboxui: dead-letter", "topic", ns+"/"+topic, "dead_lettered", len(done), "remote", r.RemoteAddr)
+	flash := fmt.Sprintf("Dead-lettered %d pending event(s) of %s/%s: replay them from the dead list once a publisher runs.",
+		len(done), ns, topic)
+	if len(done) >= deadLetterMax {
+		flash += " More may wait: dead-letter again."
+	}
+	h.redirect(w, r, "./", flash)
+}
+
+// deadLetterMax is what one dead-lettering takes at most (Admin.DeadLetter's
+// default limit).
+const deadLetterMax = 10000
 
 // purgeDead deletes one dead event (Admin.PurgeDead): one that must never
 // be published. Its history stays, with the purge.
