@@ -118,7 +118,10 @@ type MigrationStatus struct {
 // Migrator applies and reverts the versioned SQL files in a schema. Every
 // migration runs in its own transaction together with its tracking row, and
 // a PostgreSQL advisory lock per schema serialises concurrent migrators (two
-// replicas starting at once), so each migration runs exactly once.
+// replicas starting at once), so each migration runs exactly once. The
+// lock is a session's: migrate over a direct or session-pooled connection,
+// not through a pooler in transaction mode (PgBouncer's), which would run
+// its unlock on another server connection and leave the lock held.
 type Migrator struct {
 	pool       *pgxpool.Pool
 	schema     string

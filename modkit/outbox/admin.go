@@ -64,6 +64,9 @@ func (a *Admin) wrapErrFor(role string, err error, format string, args ...any) e
 	if pgCode(err) == privilegeDenied {
 		return fmt.Errorf("outbox: "+format+": %w (schema %s: %s)", append(args, err, a.c.cfg.Schema, privilegeHint(role))...)
 	}
+	if poolerConflict(err) {
+		return fmt.Errorf("outbox: "+format+": %w (%s)", append(args, err, poolerHint)...)
+	}
 	return fmt.Errorf("outbox: "+format+": %w", append(args, err)...)
 }
 

@@ -115,7 +115,8 @@ func (d *Dispatcher) claimer(ctx context.Context, ready func(), pool *workerPool
 					// The round goes on: one claim failing (one topic's
 					// slow walk, say) does not hold back the others.
 					d.setClaimErr(err)
-					d.log.Warn("claim failed; retrying", "error", err, "topics", slices.Sorted(slices.Values(g.topics)), "retry_in", nextErrDelay(errDelay, d.cfg.PollInterval))
+					d.log.Warn("claim failed; retrying", append(d.errorAttrs(err), "topics", slices.Sorted(slices.Values(g.topics)),
+						"retry_in", nextErrDelay(errDelay, d.cfg.PollInterval))...)
 					d.metrics.claimErrors.Add(ctx, 1)
 					failed = true
 					continue

@@ -439,6 +439,8 @@ func (c *Client) enqueueError(what string, err error) error {
 	case pgConstraint(err) == payloadSizeConstraint:
 		return fmt.Errorf("outbox: %s: %w: its stored (binary jsonb) form exceeds the database's limit, 4 MiB unless raised "+
 			"with %s.modkit_outbox_set_payload_limit(bytes); see Config.MaxPayloadBytes: %w", what, ErrPayloadTooLarge, c.cfg.Schema, err)
+	case poolerConflict(err):
+		return fmt.Errorf("outbox: %s: %w (%s)", what, err, poolerHint)
 	case c.store.Fatal(err) && (refusedConnection(err) || pgCode(err) == privilegeDenied):
 		return fmt.Errorf("outbox: %s: %w (%s)", what, err, fatalHint(err, roleProducer))
 	case c.store.Fatal(err):
@@ -477,6 +479,20 @@ func fatalHint(err error, role string) string {
 	}
 	return "did the migrations run into this schema? see Client.Migrate"
 }
+
+// poolerConflict reports whether err is a prepared statement that exists
+// already (42P05) or not at all (26000) on the server connection: pgx's
+// statement cache behind a pooler in transaction mode (PgBouncer), which
+// hands each transaction another server connection.
+func poolerConflict(err error) bool {
+	code := pgCode(err)
+	return code == "42P05" || code == "26000"
+}
+
+// poolerHint says what to do about a poolerConflict.
+const poolerHint = "a prepared statement of another server connection: is the pool behind PgBouncer in transaction mode? " +
+	"set its max_prepared_statements (PgBouncer 1.21 or later), or add default_query_exec_mode=cache_describe to the " +
+	"connection string; see the README's Behind PgBouncer"
 
 // privilegeHint says which outbox role a login role refused a privilege
 // needs.

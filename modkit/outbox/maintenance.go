@@ -251,6 +251,9 @@ func (d *Dispatcher) warnNoAutovacuum(ctx context.Context) {
 // schema not migrated logs its election's failure before the claimer's
 // error says what is wrong).
 func (d *Dispatcher) errorAttrs(err error) []any {
+	if poolerConflict(err) {
+		return []any{"error", err, "hint", poolerHint}
+	}
 	if d.c.store.Fatal(err) {
 		return []any{"error", err, "hint", fatalHint(err, roleDispatcher)}
 	}

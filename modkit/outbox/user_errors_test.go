@@ -7,10 +7,13 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/outbox"
+	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
 
 // Enqueueing or dispatching before the migrations ran fails with
@@ -158,5 +161,75 @@ func TestAdminRightsFollowTheLoginsRole(t *testing.T) {
 	unmigrated := clientOn(t, tdb.Provider.Pool, outbox.Config{Schema: "not_migrated", Logger: quietLog})
 	if r, err := unmigrated.Admin().Rights(ctx); err != nil || r.Known || r.Operate || r.ReadPayloads {
 		t.Errorf("a schema without the outbox: Rights() = %+v, %v; want nothing known", r, err)
+	}
+}
+
+// poolerStore fails every insert and list as pgx's statement cache does
+// behind PgBouncer in transaction mode: a prepared statement that another
+// server connection holds (42P05) or that this one does not (26000).
+type poolerStore struct {
+	driver.Store
+	code string
+}
+
+func (s poolerStore) Insert(context.Context, any, []driver.InsertRow, []string) ([]driver.Inserted, error) {
+	return nil, &pgconn.PgError{Code: s.code, Message: `prepared statement "stmtcache_1" already exists`}
+}
+
+func (s poolerStore) List(context.Context, driver.ListFilter) ([]driver.Event, error) {
+	return nil, &pgconn.PgError{Code: s.code, Message: `prepared statement "stmtcache_1" does not exist`}
+}
+
+// A prepared statement's conflict behind a pooler says so and what to set,
+// rather than asking whether the outbox was migrated (42P05 is of class 42,
+// which the driver took for a missing table or a privilege).
+func TestPoolerConflictsSayWhatToSet(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	for _, code := range []string{"42P05", "26000"} {
+		c := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { return poolerStore{Store: st, code: code} })
+		_, err := c.Enqueue(ctx, pool, msg(1))
+		if err == nil || !strings.Contains(err.Error(), "max_prepared_statements") || strings.Contains(err.Error(), "migrated") {
+			t.Errorf("enqueue meeting %s: %v; want the pooler's hint, not the migrations'", code, err)
+		}
+		_, err = c.Admin().List(ctx, outbox.EventFilter{Status: outbox.StatusDead})
+		if err == nil || !strings.Contains(err.Error(), "default_query_exec_mode=cache_describe") {
+			t.Errorf("list meeting %s: %v; want the pooler's hint", code, err)
+		}
+	}
+}
+
+// The operator's writes by id work on a pool in pgx's exec and simple
+// protocol modes (the usual advice for a pool behind PgBouncer in
+// transaction mode): they sent the ids as []uuid.UUID, which pgx cannot
+// encode as text ("unable to encode []uuid.UUID … into text format").
+func TestOperatorWritesByIDInTextModes(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	st := admStore(t, pool, "public", nil)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		cfg, err := pgxpool.ParseConfig(tdb.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.DefaultQueryExecMode = mode
+		textPool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer textPool.Close()
+		c := clientOn(t, textPool, outbox.Config{Logger: quietLog})
+		ids := enqueueN(t, c, textPool, 3)
+		admin := c.Admin()
+		if got, err := admin.DeadLetter(ctx, "ops", outbox.EventFilter{}, ids...); err != nil || len(got) != 3 {
+			t.Fatalf("%v: dead-letter by id: %v, %v", mode, got, err)
+		}
+		if got, err := admin.ReplayDead(ctx, "ops", outbox.EventFilter{}, ids[:2]...); err != nil || len(got) != 2 {
+			t.Fatalf("%v: replay by id: %v, %v", mode, got, err)
+		}
+		if got, err := admin.PurgeDead(ctx, "ops", outbox.EventFilter{}, ids[2]); err != nil || len(got) != 1 {
+			t.Fatalf("%v: purge dead by id: %v, %v", mode, got, err)
+		}
+		admSettle(t, st, driver.Delivered, "", admClaim(t, st, 2)...)
 	}
 }

@@ -810,7 +810,14 @@ func (s *store) changeSelected(ctx context.Context, byIDs, byFilter string, p dr
 	var rows pgx.Rows
 	var err error
 	if len(p.IDs) > 0 {
-		rows, err = s.pool.Query(ctx, byIDs, s.args(p.IDs, p.By)...)
+		// pgtype.UUIDs, which encode in text as well: []uuid.UUID does
+		// not, and a pool in pgx's exec or simple protocol mode (the
+		// usual advice behind PgBouncer) failed to send it.
+		ids := make([]pgtype.UUID, len(p.IDs))
+		for i, id := range p.IDs {
+			ids[i] = uuidArg(id)
+		}
+		rows, err = s.pool.Query(ctx, byIDs, s.args(ids, p.By)...)
 	} else {
 		rows, err = s.pool.Query(ctx, byFilter, s.args(append(filterArgs(p.Filter), p.By)...)...)
 	}
@@ -1121,6 +1128,9 @@ func (s *store) MissingMigrations(ctx context.Context) ([]string, error) {
 func (s *store) Fatal(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || len(pgErr.Code) != 5 {
+		return false
+	}
+	if pgErr.Code == "42P05" { // duplicate_prepared_statement: a pooler's, which the next attempt may not meet
 		return false
 	}
 	switch pgErr.Code[:2] {
