@@ -61,7 +61,8 @@ type Config struct {
 	// milliseconds more for delivery may raise it (BENCHMARKS.md).
 	NotifyInterval time.Duration
 	// DisableNotify stops enqueues from sending NOTIFY at all: dispatchers
-	// then rely on polling alone.
+	// then rely on polling alone. Set it behind PgBouncer in transaction
+	// mode, with DispatcherConfig.PollOnly (README, Behind PgBouncer).
 	DisableNotify bool
 	// SynchronousCommit makes claims and the outcomes recorded on the
 	// client's own connections wait for their WAL flush. By default they

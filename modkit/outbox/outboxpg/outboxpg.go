@@ -883,7 +883,7 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		// The wait ran out (its deadline leaves the connection usable):
 		// quiet for listenQuiet, or the check did not come back.
 		silent := fmt.Errorf("outboxpg: the notification listener's connection delivered no notification, not even its own check, "+
-			"for %v: reconnecting (behind PgBouncer in transaction mode, set DispatcherConfig.PollOnly)", listenQuiet+listenEchoWait)
+			"for %v: reconnecting (behind PgBouncer in transaction mode, set DispatcherConfig.PollOnly, and Config.DisableNotify on the producers)", listenQuiet+listenEchoWait)
 		if !echoSent.IsZero() {
 			return silent
 		}
