@@ -117,11 +117,12 @@ type MigrationStatus struct {
 
 // Migrator applies and reverts the versioned SQL files in a schema. Every
 // migration runs in its own transaction together with its tracking row, and
-// a PostgreSQL advisory lock per schema serialises concurrent migrators (two
-// replicas starting at once), so each migration runs exactly once. The
-// lock is a session's: migrate over a direct or session-pooled connection,
-// not through a pooler in transaction mode (PgBouncer's), which would run
-// its unlock on another server connection and leave the lock held.
+// a PostgreSQL advisory lock per schema, taken by that transaction,
+// serialises concurrent migrators (two replicas starting at once), so each
+// migration runs exactly once; a transaction's lock works through a pooler
+// in transaction mode (PgBouncer's) too. Migrators of one schema may take
+// turns between migrations: each applies those it finds still missing
+// when it holds the lock.
 type Migrator struct {
 	pool       *pgxpool.Pool
 	schema     string
@@ -265,10 +266,13 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 			if _, ok := done[mig.Version]; ok {
 				continue
 			}
-			if err := m.run(ctx, conn, mig, true); err != nil {
+			ran, err := m.run(ctx, conn, mig, true)
+			if err != nil {
 				return err
 			}
-			applied = append(applied, mig)
+			if ran {
+				applied = append(applied, mig)
+			}
 		}
 		return nil
 	})
@@ -297,10 +301,13 @@ func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 			if _, ok := done[mig.Version]; !ok {
 				continue
 			}
-			if err := m.run(ctx, conn, mig, false); err != nil {
+			ran, err := m.run(ctx, conn, mig, false)
+			if err != nil {
 				return err
 			}
-			reverted = append(reverted, mig)
+			if ran {
+				reverted = append(reverted, mig)
+			}
 		}
 		return nil
 	})
@@ -368,46 +375,79 @@ func (m *Migrator) withOwnConn(ctx context.Context, fn func(conn *pgx.Conn) erro
 	return fn(conn)
 }
 
-// locked runs fn on one connection holding the schema's advisory lock,
-// creating the schema and the migrations table first when create is set
-// (Up; a Down has nothing to revert in a schema that has neither). The
-// lock is session-level, so it is released at the latest when the
-// connection dies. The connection is closed afterwards, not given back
-// to the pool (withOwnConn).
+// locked runs fn on a connection of its own (withOwnConn: closed
+// afterwards, not given back to the pool), creating the schema and the
+// migrations table first when create is set (Up; a Down has nothing to
+// revert in a schema that has neither). The schema's advisory lock is
+// taken by each transaction that changes the schema (lockTx): this one,
+// and each migration's (run). It is a transaction's lock, not a
+// session's, so that a pooler in transaction mode (PgBouncer's), which
+// may run each transaction on another server connection, keeps it and
+// its release on one: a session's lock was released on another server
+// connection than the one that held it, and stayed held.
 func (m *Migrator) locked(ctx context.Context, create bool, fn func(conn *pgx.Conn) error) error {
 	return m.withOwnConn(ctx, func(conn *pgx.Conn) error {
-		if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", m.lockKey()); err != nil {
-			return fmt.Errorf("modkit/db: migrate: take advisory lock: %w", err)
-		}
-		defer func() {
-			_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", m.lockKey())
-		}()
 		// Each is created only when missing: PostgreSQL checks the right
 		// to create before IF NOT EXISTS, so a role that may use an
 		// existing schema, but not create schemas in the database (no
 		// role but the owner may, by default), could not migrate.
 		schema := pgx.Identifier{m.schema}.Sanitize()
-		var schemaExists, tableExists bool
-		if err := conn.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL", schema, m.table()).
-			Scan(&schemaExists, &tableExists); err != nil {
-			return fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
+		exist := func(q interface {
+			QueryRow(context.Context, string, ...any) pgx.Row
+		}) (schemaExists, tableExists bool, err error) {
+			err = q.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL", schema, m.table()).
+				Scan(&schemaExists, &tableExists)
+			if err != nil {
+				err = fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
+			}
+			return schemaExists, tableExists, err
 		}
 		if !create {
 			return fn(conn)
 		}
-		if !schemaExists {
-			if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
-				return fmt.Errorf("modkit/db: migrate: create schema %s: %w", schema, err)
-			}
+		schemaExists, tableExists, err := exist(conn)
+		if err != nil {
+			return err
 		}
-		if !tableExists {
-			if _, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+m.table()+
-				" (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
-				return fmt.Errorf("modkit/db: migrate: create %s: %w", m.table(), err)
+		if schemaExists && tableExists {
+			return fn(conn) // the usual case: nothing to create, no lock to wait for
+		}
+		err = InTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+			if err := m.lockTx(ctx, tx); err != nil {
+				return err
 			}
+			schemaExists, tableExists, err := exist(tx)
+			if err != nil {
+				return err
+			}
+			if !schemaExists {
+				if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+					return fmt.Errorf("modkit/db: migrate: create schema %s: %w", schema, err)
+				}
+			}
+			if !tableExists {
+				if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS "+m.table()+
+					" (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"); err != nil {
+					return fmt.Errorf("modkit/db: migrate: create %s: %w", m.table(), err)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		return fn(conn)
 	})
+}
+
+// lockTx takes the schema's advisory lock for the rest of tx: migrators of
+// the schema (two replicas starting at once, or sets sharing the schema)
+// change it one transaction at a time.
+func (m *Migrator) lockTx(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", m.lockKey()); err != nil {
+		return fmt.Errorf("modkit/db: migrate: take advisory lock: %w", err)
+	}
+	return nil
 }
 
 // atLine adds to err, a file's failure, the line and column of the file
@@ -498,12 +538,28 @@ func (m *Migrator) checkRecorded(done map[int64]recorded, newest bool) error {
 	return nil
 }
 
-func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bool) error {
+// run applies (up) or reverts mig in a transaction of its own, holding
+// the schema's advisory lock, and reports whether it did: another migrator
+// may have done it while this one waited for the lock (the migrations
+// table, read again under the lock, says), and then it does nothing.
+func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bool) (bool, error) {
 	direction, body := "up", mig.up
 	if !up {
 		direction, body = "down", mig.down
 	}
+	skipped := false
 	err := InTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+		if err := m.lockTx(ctx, tx); err != nil {
+			return err
+		}
+		var recorded bool
+		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+m.table()+" WHERE version = $1)", mig.Version).Scan(&recorded); err != nil {
+			return fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
+		}
+		if recorded == up {
+			skipped = true
+			return nil
+		}
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
 			return err
 		}
@@ -545,13 +601,15 @@ func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bo
 	})
 	switch {
 	case errors.Is(err, ErrTransactionInMigration):
-		return fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s was not recorded and may be partly applied: %w; "+
+		return false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s was not recorded and may be partly applied: %w; "+
 			"each migration runs in a transaction of its own: remove BEGIN, COMMIT and ROLLBACK from the file, "+
 			"repair the schema by hand, and migrate again", mig.Version, mig.Name, direction, m.schema, err)
 	case err != nil:
-		return fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
+		return false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
 			mig.Version, mig.Name, direction, m.schema, err)
+	case skipped:
+		return false, nil
 	}
 	m.logger.Info("migration "+direction, "version", mig.Version, "name", mig.Name, "schema", m.schema)
-	return nil
+	return true, nil
 }

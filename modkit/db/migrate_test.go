@@ -10,8 +10,10 @@ import (
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -497,5 +499,122 @@ func TestMigratorDownCreatesNothing(t *testing.T) {
 	var exists bool
 	if err := pool.QueryRow(ctx, "SELECT to_regnamespace('mk_never') IS NOT NULL").Scan(&exists); err != nil || exists {
 		t.Fatalf("the schema exists after Down (%v)", err)
+	}
+}
+
+// queryLog is a pgx tracer that keeps the text of every statement.
+type queryLog struct {
+	mu   sync.Mutex
+	sqls []string
+}
+
+func (l *queryLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sqls = append(l.sqls, d.SQL)
+	return ctx
+}
+
+func (l *queryLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// The migrator's advisory lock is a transaction's, taken by each
+// transaction that changes the schema: behind a pooler in transaction mode
+// (PgBouncer's), a session's lock was released on another server
+// connection than the one holding it, and stayed held, and every later
+// migration of the schema hung. A migrator that waited for the lock while
+// another applied a migration reads the migrations table again under it,
+// and goes on with the next one rather than applying that one twice.
+func TestMigratorLocksEachTransaction(t *testing.T) {
+	ctx := context.Background()
+	tdb := pgtest.NewDB(t)
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &queryLog{}
+	cfg.ConnConfig.Tracer = log
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	fsys := fstest.MapFS{
+		"0001_a.up.sql":   {Data: []byte("CREATE TABLE a (x int);")},
+		"0001_a.down.sql": {Data: []byte("DROP TABLE a;")},
+		"0002_b.up.sql":   {Data: []byte("CREATE TABLE b (x int);")},
+		"0002_b.down.sql": {Data: []byte("DROP TABLE b;")},
+	}
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_waits", Logger: quiet, FS: fsys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The schema and its migrations table exist; another migrator of the
+	// schema is in the middle of applying 0001.
+	if _, err := tdb.Provider.Pool.Exec(ctx, `CREATE SCHEMA mk_waits; CREATE TABLE mk_waits.modkit_schema_migrations
+		(version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	other, err := tdb.Provider.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	for _, q := range []string{
+		fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", db.LockKey(m)),
+		"CREATE TABLE mk_waits.a (x int)",
+		"INSERT INTO mk_waits.modkit_schema_migrations (version, name) VALUES (1, 'a')",
+	} {
+		if _, err := other.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	type result struct {
+		applied []db.Migration
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		applied, err := m.Up(ctx)
+		done <- result{applied, err}
+	}()
+	for {
+		var waiting bool
+		if err := tdb.Provider.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the migrator did not wait for the other's lock: %v, %v", r.applied, r.err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || len(r.applied) != 1 || r.applied[0].Version != 2 {
+		t.Fatalf("Up after another migrator applied 0001: %v, %v; want 0002 alone", r.applied, r.err)
+	}
+	if _, err := m.Down(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	var xact int
+	for _, q := range log.sqls {
+		if strings.Contains(q, "pg_advisory_lock") || strings.Contains(q, "pg_advisory_unlock") {
+			t.Errorf("the migrator took or released a session's advisory lock: %s", q)
+		}
+		if strings.Contains(q, "pg_advisory_xact_lock") {
+			xact++
+		}
+	}
+	if xact < 4 { // two migrations up, two down
+		t.Errorf("the migrator took the transaction's advisory lock %d times, want one for each transaction that changes the schema", xact)
 	}
 }

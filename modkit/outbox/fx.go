@@ -68,10 +68,9 @@ var Module = fx.Module("modkit-outbox",
 // tables. (The outbox's own migrations then run once per call; after the
 // first they find nothing to do.)
 //
-// Migrations are safe to run from several replicas at once (a session's
-// advisory lock serialises them: over a direct or session-pooled
-// connection, not through PgBouncer in transaction mode, which leaks it;
-// see the README's Behind PgBouncer) and do nothing when the schema is up to date. They
+// Migrations are safe to run from several replicas at once (an advisory
+// lock, taken by each migration's transaction, serialises them, also
+// through PgBouncer in transaction mode) and do nothing when the schema is up to date. They
 // run within fx's start timeout. A migration that fails stops the app from
 // starting, with the migrator's error.
 func WithMigrations(app ...db.MigratorConfig) fx.Option {
