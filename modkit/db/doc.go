@@ -18,8 +18,9 @@
 //     commits or rolls it back itself gets an error saying so.
 //   - Migrator applies versioned NNNN_name.up.sql / .down.sql files
 //     (golang-migrate's naming) from an fs.FS into a schema, each in its own
-//     transaction with its tracking row, serialised across processes by an
-//     advisory lock.
+//     transaction with its tracking row, holding the schema's advisory lock
+//     (a transaction's, which a pooler in transaction mode keeps): migrators
+//     of several processes take turns, one migration at a time.
 //
 // # Example
 //

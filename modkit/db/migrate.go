@@ -116,13 +116,14 @@ type MigrationStatus struct {
 }
 
 // Migrator applies and reverts the versioned SQL files in a schema. Every
-// migration runs in its own transaction together with its tracking row, and
-// a PostgreSQL advisory lock per schema, taken by that transaction,
-// serialises concurrent migrators (two replicas starting at once), so each
-// migration runs exactly once; a transaction's lock works through a pooler
-// in transaction mode (PgBouncer's) too. Migrators of one schema may take
-// turns between migrations: each applies those it finds still missing
-// when it holds the lock.
+// migration runs in its own transaction together with its tracking row,
+// holding a PostgreSQL advisory lock per schema, and which migration that
+// is gets decided under the lock, from the migrations table read there: so
+// concurrent migrators (two replicas starting at once, sets sharing the
+// schema) take turns one migration at a time, each migration runs exactly
+// once, in version order, and an Up and a Down at once leave the applied
+// migrations a prefix of the set. A transaction's lock works through a
+// pooler in transaction mode (PgBouncer's) too.
 type Migrator struct {
 	pool       *pgxpool.Pool
 	schema     string
@@ -262,19 +263,15 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 				"schema", m.schema, "newest_recorded", fmt.Sprintf("%04d_%s", last.Version, last.Name),
 				"newest_known", fmt.Sprintf("%04d_%s", ours.Version, ours.Name), "count", len(newer))
 		}
-		for _, mig := range m.migrations {
-			if _, ok := done[mig.Version]; ok {
-				continue
-			}
-			ran, err := m.run(ctx, conn, mig, true)
-			if err != nil {
+		mine := map[int64]bool{}
+		for {
+			mig, ok, err := m.step(ctx, conn, true, mine)
+			if err != nil || !ok {
 				return err
 			}
-			if ran {
-				applied = append(applied, mig)
-			}
+			mine[mig.Version] = true
+			applied = append(applied, mig)
 		}
-		return nil
 	})
 	return applied, err
 }
@@ -282,7 +279,9 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 // Down reverts the last steps applied migrations, newest first, and returns
 // the ones it reverted. steps must be positive; asking for more than are
 // applied reverts them all. It refuses (ErrMigrationConflict) when the
-// database has a migration applied that is newer than the set's newest.
+// database has a migration applied that is newer than the set's newest,
+// checked again before each step: an Up of a newer program running at the
+// same time may apply one.
 func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 	if steps <= 0 {
 		return nil, fmt.Errorf("modkit/db: Down needs a positive number of steps (got %d)", steps)
@@ -296,18 +295,12 @@ func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 		if err := m.checkRecorded(done, true); err != nil {
 			return err
 		}
-		for i := len(m.migrations) - 1; i >= 0 && len(reverted) < steps; i-- {
-			mig := m.migrations[i]
-			if _, ok := done[mig.Version]; !ok {
-				continue
-			}
-			ran, err := m.run(ctx, conn, mig, false)
-			if err != nil {
+		for len(reverted) < steps {
+			mig, ok, err := m.step(ctx, conn, false, nil)
+			if err != nil || !ok {
 				return err
 			}
-			if ran {
-				reverted = append(reverted, mig)
-			}
+			reverted = append(reverted, mig)
 		}
 		return nil
 	})
@@ -365,6 +358,9 @@ func (m *Migrator) withConn(ctx context.Context, fn func(conn *pgx.Conn) error) 
 // afterwards: a migration file may change its session (SET search_path,
 // SET lock_timeout, set_config(…, false), as pg_dump's output does), and
 // the application's queries must not inherit that on a pooled connection.
+// (Behind a pooler in transaction mode the server connection goes on to
+// other clients all the same: there, files must change only their
+// transaction, SET LOCAL; see the README's Behind PgBouncer.)
 func (m *Migrator) withOwnConn(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	c, err := m.pool.Acquire(ctx)
 	if err != nil {
@@ -479,7 +475,14 @@ type recorded struct {
 	at   time.Time
 }
 
-func (m *Migrator) appliedVersions(ctx context.Context, conn *pgx.Conn) (map[int64]recorded, error) {
+// querier is what appliedVersions reads with: a connection or a
+// transaction.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (m *Migrator) appliedVersions(ctx context.Context, conn querier) (map[int64]recorded, error) {
 	var exists bool
 	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", m.table()).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("modkit/db: migrate: look up %s: %w", m.table(), err)
@@ -538,78 +541,109 @@ func (m *Migrator) checkRecorded(done map[int64]recorded, newest bool) error {
 	return nil
 }
 
-// run applies (up) or reverts mig in a transaction of its own, holding
-// the schema's advisory lock, and reports whether it did: another migrator
-// may have done it while this one waited for the lock (the migrations
-// table, read again under the lock, says), and then it does nothing.
-func (m *Migrator) run(ctx context.Context, conn *pgx.Conn, mig Migration, up bool) (bool, error) {
-	direction, body := "up", mig.up
-	if !up {
-		direction, body = "down", mig.down
-	}
-	skipped := false
-	err := InTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+// step applies (up) or reverts one migration in a transaction of its own,
+// holding the schema's advisory lock, and returns it: what it does is
+// decided under the lock, from the migrations table read again there, as
+// another migrator may have changed it meanwhile. Up applies the set's
+// lowest version not applied (unless it is in mine, the ones this Up
+// applied already, which a Down meanwhile reverted: then it stops), Down
+// reverts its newest applied and refuses when the table records a newer
+// one (checkRecorded); ok is false when there is nothing to do. A plan
+// made from an earlier read could leave a gap: a Down reverting 2 after an
+// Up applied 3.
+func (m *Migrator) step(ctx context.Context, conn *pgx.Conn, up bool, mine map[int64]bool) (mig Migration, ok bool, err error) {
+	var applyErr error
+	err = InTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
 		if err := m.lockTx(ctx, tx); err != nil {
 			return err
 		}
-		var recorded bool
-		if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+m.table()+" WHERE version = $1)", mig.Version).Scan(&recorded); err != nil {
-			return fmt.Errorf("modkit/db: migrate: read %s: %w", m.table(), err)
+		done, err := m.appliedVersions(ctx, tx)
+		if err != nil {
+			return err
 		}
-		if recorded == up {
-			skipped = true
+		if err := m.checkRecorded(done, !up); err != nil {
+			return err
+		}
+		for i := range m.migrations {
+			cand := m.migrations[i]
+			if !up {
+				cand = m.migrations[len(m.migrations)-1-i]
+			}
+			if _, applied := done[cand.Version]; applied != up {
+				mig, ok = cand, !mine[cand.Version]
+				break
+			}
+		}
+		if !ok {
 			return nil
 		}
-		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
-			return err
-		}
-		// The transaction's id, to tell whether the file ended the
-		// transaction and began another (COMMIT AND CHAIN, ROLLBACK AND
-		// CHAIN), which leaves the connection in a transaction all the same.
-		var before int64
-		if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&before); err != nil {
-			return err
-		}
-		// No arguments: pgx uses the simple protocol, which allows several
-		// statements in one file.
-		_, err := tx.Exec(ctx, body)
-		// Idle ('I'), not in a transaction ('T') or a failed one ('E'):
-		// the file committed or rolled back the migrator's transaction.
-		if tx.Conn().PgConn().TxStatus() == 'I' && !tx.Conn().IsClosed() {
-			if err != nil {
-				return fmt.Errorf("%w; after it: %w", ErrTransactionInMigration, err)
-			}
-			return ErrTransactionInMigration
-		}
-		if err != nil {
-			return atLine(body, err)
-		}
-		var after int64
-		if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&after); err != nil {
-			return err
-		}
-		if after != before {
-			return fmt.Errorf("%w (it ended the migrator's transaction and began another: COMMIT AND CHAIN or ROLLBACK AND CHAIN)",
-				ErrTransactionInMigration)
-		}
-		if up {
-			_, err = tx.Exec(ctx, "INSERT INTO "+m.table()+" (version, name) VALUES ($1, $2)", mig.Version, mig.Name)
-		} else {
-			_, err = tx.Exec(ctx, "DELETE FROM "+m.table()+" WHERE version = $1", mig.Version)
-		}
-		return err
+		applyErr = m.apply(ctx, tx, mig, up)
+		return applyErr
 	})
+	direction := "up"
+	if !up {
+		direction = "down"
+	}
 	switch {
-	case errors.Is(err, ErrTransactionInMigration):
-		return false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s was not recorded and may be partly applied: %w; "+
+	case applyErr != nil && errors.Is(err, ErrTransactionInMigration):
+		return mig, false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s was not recorded and may be partly applied: %w; "+
 			"each migration runs in a transaction of its own: remove BEGIN, COMMIT and ROLLBACK from the file, "+
 			"repair the schema by hand, and migrate again", mig.Version, mig.Name, direction, m.schema, err)
-	case err != nil:
-		return false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
+	case applyErr != nil:
+		return mig, false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
 			mig.Version, mig.Name, direction, m.schema, err)
-	case skipped:
-		return false, nil
+	case err != nil:
+		return mig, false, err
+	case !ok:
+		return Migration{}, false, nil
 	}
 	m.logger.Info("migration "+direction, "version", mig.Version, "name", mig.Name, "schema", m.schema)
-	return true, nil
+	return mig, true, nil
+}
+
+// apply runs mig's up or down file in tx and records it in the migrations
+// table.
+func (m *Migrator) apply(ctx context.Context, tx pgx.Tx, mig Migration, up bool) error {
+	body := mig.up
+	if !up {
+		body = mig.down
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{m.schema}.Sanitize()); err != nil {
+		return err
+	}
+	// The transaction's id, to tell whether the file ended the
+	// transaction and began another (COMMIT AND CHAIN, ROLLBACK AND
+	// CHAIN), which leaves the connection in a transaction all the same.
+	var before int64
+	if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&before); err != nil {
+		return err
+	}
+	// No arguments: pgx uses the simple protocol, which allows several
+	// statements in one file.
+	_, err := tx.Exec(ctx, body)
+	// Idle ('I'), not in a transaction ('T') or a failed one ('E'):
+	// the file committed or rolled back the migrator's transaction.
+	if tx.Conn().PgConn().TxStatus() == 'I' && !tx.Conn().IsClosed() {
+		if err != nil {
+			return fmt.Errorf("%w; after it: %w", ErrTransactionInMigration, err)
+		}
+		return ErrTransactionInMigration
+	}
+	if err != nil {
+		return atLine(body, err)
+	}
+	var after int64
+	if err := tx.QueryRow(ctx, "SELECT txid_current()").Scan(&after); err != nil {
+		return err
+	}
+	if after != before {
+		return fmt.Errorf("%w (it ended the migrator's transaction and began another: COMMIT AND CHAIN or ROLLBACK AND CHAIN)",
+			ErrTransactionInMigration)
+	}
+	if up {
+		_, err = tx.Exec(ctx, "INSERT INTO "+m.table()+" (version, name) VALUES ($1, $2)", mig.Version, mig.Name)
+	} else {
+		_, err = tx.Exec(ctx, "DELETE FROM "+m.table()+" WHERE version = $1", mig.Version)
+	}
+	return err
 }

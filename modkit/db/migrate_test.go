@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -616,5 +617,147 @@ func TestMigratorLocksEachTransaction(t *testing.T) {
 	}
 	if xact < 4 { // two migrations up, two down
 		t.Errorf("the migrator took the transaction's advisory lock %d times, want one for each transaction that changes the schema", xact)
+	}
+}
+
+// Each step is decided under the lock, from the migrations table read
+// there: an Up and a Down that both waited for the lock plan nothing from
+// their earlier reads. Planned from those, with 1 and 2 applied, an Up
+// applied 3 and then a Down reverted 2, leaving 1 and 3; and an older
+// program's Down, which must refuse a schema a newer one migrated further,
+// reverted 2 after a newer program's Up applied 3.
+func TestMigratorStepsAreDecidedUnderTheLock(t *testing.T) {
+	ctx := context.Background()
+	tdb := pgtest.NewDB(t)
+	pool := tdb.Provider.Pool
+	files := func(n int) fstest.MapFS {
+		fsys := fstest.MapFS{}
+		for v := 1; v <= n; v++ {
+			fsys[fmt.Sprintf("%04d_m%d.up.sql", v, v)] = &fstest.MapFile{Data: []byte(fmt.Sprintf("CREATE TABLE m%d (x int);", v))}
+			fsys[fmt.Sprintf("%04d_m%d.down.sql", v, v)] = &fstest.MapFile{Data: []byte(fmt.Sprintf("DROP TABLE m%d;", v))}
+		}
+		return fsys
+	}
+	newer, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_steps", Logger: quiet, FS: files(3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	older, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_steps", Logger: quiet, FS: files(2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := func() []int64 {
+		t.Helper()
+		st, err := newer.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var vs []int64
+		for _, s := range st {
+			if s.Applied {
+				vs = append(vs, s.Version)
+			}
+		}
+		return vs
+	}
+	type result struct {
+		migs []db.Migration
+		err  error
+	}
+	// race holds the lock while up and then down queue for it, lets them
+	// go, and returns their results.
+	race := func(up, down func() ([]db.Migration, error)) (result, result) {
+		t.Helper()
+		hold, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hold.Exec(ctx, fmt.Sprintf("SELECT pg_advisory_xact_lock(%d)", db.LockKey(newer))); err != nil {
+			t.Fatal(err)
+		}
+		ups, downs := make(chan result, 1), make(chan result, 1)
+		for i, f := range []func() ([]db.Migration, error){up, down} {
+			out := []chan result{ups, downs}[i]
+			go func() { migs, err := f(); out <- result{migs, err} }()
+			for waiting := 0; waiting < i+1; {
+				if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+					AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock%'`).Scan(&waiting); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(5 * time.Millisecond) // polling the server's view: nothing to wait on
+			}
+		}
+		if err := hold.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-ups, <-downs
+	}
+
+	if _, err := older.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	u, d := race(func() ([]db.Migration, error) { return newer.Up(ctx) }, func() ([]db.Migration, error) { return newer.Down(ctx, 1) })
+	if u.err != nil || d.err != nil || len(u.migs) != 1 || u.migs[0].Version != 3 || len(d.migs) != 1 || d.migs[0].Version != 3 {
+		t.Fatalf("Up then Down(1) from 1 and 2 applied: up %v %v, down %v %v; want 3 applied, then 3 reverted", u.migs, u.err, d.migs, d.err)
+	}
+	if got := applied(); !slices.Equal(got, []int64{1, 2}) {
+		t.Fatalf("applied after Up and Down(1): %v, want [1 2]", got)
+	}
+
+	u, d = race(func() ([]db.Migration, error) { return newer.Up(ctx) }, func() ([]db.Migration, error) { return older.Down(ctx, 1) })
+	if u.err != nil || !errors.Is(d.err, db.ErrMigrationConflict) || len(d.migs) != 0 {
+		t.Fatalf("a newer Up then an older Down(1): up %v %v, down %v %v; want the Down refused", u.migs, u.err, d.migs, d.err)
+	}
+	if got := applied(); !slices.Equal(got, []int64{1, 2, 3}) {
+		t.Fatalf("applied after a newer Up and an older Down: %v, want [1 2 3]", got)
+	}
+}
+
+// Migrators running Up and Down at once on one schema keep its
+// migrations a prefix of the set, each step in order: every file checks,
+// when it runs, that the one before it is applied and the one after it is
+// not, and none fails.
+func TestConcurrentUpsAndDownsKeepTheOrder(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	const n = 6
+	fsys := fstest.MapFS{}
+	for v := 1; v <= n; v++ {
+		check := fmt.Sprintf(`DO $$ BEGIN
+			IF %d > 1 AND to_regclass('m%d') IS NULL THEN RAISE EXCEPTION 'up %d before %d'; END IF;
+			IF to_regclass('m%d') IS NOT NULL THEN RAISE EXCEPTION 'up %d after %d'; END IF;
+		END $$;`, v, v-1, v, v-1, v+1, v, v+1)
+		fsys[fmt.Sprintf("%04d_m%d.up.sql", v, v)] = &fstest.MapFile{Data: []byte(check + fmt.Sprintf("CREATE TABLE m%d (x int);", v))}
+		fsys[fmt.Sprintf("%04d_m%d.down.sql", v, v)] = &fstest.MapFile{Data: []byte(fmt.Sprintf(`DO $$ BEGIN
+			IF to_regclass('m%d') IS NOT NULL THEN RAISE EXCEPTION 'down %d before %d'; END IF;
+		END $$; DROP TABLE m%d;`, v+1, v, v+1, v))}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 6*10)
+	for g := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_churn", Logger: quiet, FS: fsys})
+			if err != nil {
+				errs <- err
+				return
+			}
+			for i := range 10 {
+				if (g+i)%2 == 0 {
+					_, err = m.Up(ctx)
+				} else {
+					_, err = m.Down(ctx, 1+(g*7+i)%3)
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
