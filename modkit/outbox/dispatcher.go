@@ -396,6 +396,9 @@ func (d *Dispatcher) lastClaimErr() error {
 	if d.claimErr == nil {
 		return nil
 	}
+	if poolerConflict(d.claimErr) {
+		return fmt.Errorf("the last claim failed: %w (%s)", d.claimErr, poolerHint)
+	}
 	return fmt.Errorf("the last claim failed: %w", d.claimErr)
 }
 

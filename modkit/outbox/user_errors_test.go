@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -176,6 +177,10 @@ func (s poolerStore) Insert(context.Context, any, []driver.InsertRow, []string) 
 	return nil, &pgconn.PgError{Code: s.code, Message: `prepared statement "stmtcache_1" already exists`}
 }
 
+func (s poolerStore) Claim(context.Context, driver.ClaimParams) ([]driver.Claimed, error) {
+	return nil, &pgconn.PgError{Code: s.code, Message: `prepared statement "stmtcache_1" already exists`}
+}
+
 func (s poolerStore) List(context.Context, driver.ListFilter) ([]driver.Event, error) {
 	return nil, &pgconn.PgError{Code: s.code, Message: `prepared statement "stmtcache_1" does not exist`}
 }
@@ -195,6 +200,21 @@ func TestPoolerConflictsSayWhatToSet(t *testing.T) {
 		_, err = c.Admin().List(ctx, outbox.EventFilter{Status: outbox.StatusDead})
 		if err == nil || !strings.Contains(err.Error(), "default_query_exec_mode=cache_describe") {
 			t.Errorf("list meeting %s: %v; want the pooler's hint", code, err)
+		}
+		// A dispatcher retries such claims (the next may not meet it), and
+		// a start that runs out of time says what to set.
+		d, err := c.NewDispatcher(testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic, Publish: noopPublish})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		err = d.Start(sctx)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "max_prepared_statements") {
+			t.Errorf("a start whose claims meet %s: %v; want the pooler's hint", code, err)
+		}
+		if err := d.Stop(ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -1099,8 +1099,12 @@ func TestOverviewMarksTopicsNobodyServes(t *testing.T) {
 		t.Fatalf("dead-letter: %d %v", resp.StatusCode, err)
 	}
 	page, _ := get(t, jar, to.String())
-	if want := "Dead-lettered 1 pending event(s) of shop/oders: replay them from the dead list once a publisher runs."; flashOf(page) != want {
+	if want := "Dead-lettered 1 event(s) of shop/oders: replay them from the dead list once a publisher runs."; flashOf(page) != want {
 		t.Fatalf("after the dead-lettering: message %q, want %q", flashOf(page), want)
+	}
+	// A topic a dispatcher serves is refused, and nothing changes.
+	if code, _ := post(t, jar, base+"dead-letter", url.Values{"csrf": {csrf}, "topic": {"shop/orders"}}, ""); code != http.StatusConflict {
+		t.Fatalf("dead-letter of a served topic: %d, want 409", code)
 	}
 	st2, err := w.client.Admin().Backlog(bg)
 	if err != nil {

@@ -126,6 +126,7 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -622,6 +623,19 @@ func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusBadRequest, "Dead-lettering needs a topic (namespace/topic).")
 		return
 	}
+	// Only a topic no dispatcher serves: a page loaded before one started,
+	// or a hand-made request, must not take a served topic's events.
+	unserved, err := h.admin.Unserved(r.Context())
+	if err != nil {
+		h.failInternal(w, r, "dead-letter: reading which topics a dispatcher serves", err)
+		return
+	}
+	if !slices.ContainsFunc(unserved, func(t outbox.TopicStats) bool { return t.Namespace == ns && t.Topic.Topic == topic }) {
+		h.fail(w, r, http.StatusConflict, fmt.Sprintf("Nothing was dead-lettered: %s/%s has no due event that no dispatcher "+
+			"serves (a dispatcher serves it now, or its events were delivered or dead-lettered already). "+
+			"modkit-outbox dead letter takes any topic's pending events.", ns, topic))
+		return
+	}
 	done, err := h.admin.DeadLetter(r.Context(), h.opts.By, outbox.EventFilter{Namespace: ns, Topic: topic})
 	if errors.Is(err, outbox.ErrInvalidConfig) { // a malformed name: nothing changed
 		h.fail(w, r, http.StatusBadRequest, "Dead-lettering needs a topic (namespace/topic): "+err.Error())
@@ -632,7 +646,7 @@ func (h *handler) deadLetter(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.Info("outboxui: dead-letter", "topic", ns+"/"+topic, "dead_lettered", len(done), "remote", r.RemoteAddr)
-	flash := fmt.Sprintf("Dead-lettered %d pending event(s) of %s/%s: replay them from the dead list once a publisher runs.",
+	flash := fmt.Sprintf("Dead-lettered %d event(s) of %s/%s: replay them from the dead list once a publisher runs.",
 		len(done), ns, topic)
 	if len(done) >= deadLetterMax {
 		flash += " More may wait: dead-letter again."
