@@ -800,19 +800,7 @@ func TestOverviewListsTopicsDeliveredInTheLastHour(t *testing.T) {
 		Payload: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	worker := uuid.New()
-	got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{receipts.Namespace + ":" + receipts.Topic}, Limit: 1,
-		MaxAttempts: 5, Worker: worker, Lease: time.Minute})
-	if err != nil || len(got) != 1 {
-		t.Fatalf("claim: %v %v", got, err)
-	}
-	if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Delivered}}); err != nil {
-		t.Fatal(err)
-	}
+	settleNext(t, w, receipts, driver.Delivered)
 	if b, err := w.client.Admin().Backlog(bg); err != nil || slices.ContainsFunc(b.Topics, func(s outbox.TopicStats) bool { return s.Topic == receipts }) {
 		t.Fatalf("backlog: %+v, %v; want no row of %s, whose only event was delivered", b, err, receipts)
 	}
@@ -872,22 +860,7 @@ func TestDashboardPurgeOfADeadEventBehindItsKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	kill := func() uuid.UUID { // claims the key's head and records it dead
-		worker := uuid.New()
-		got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{keyed.Namespace + ":" + keyed.Topic}, Limit: 1,
-			MaxAttempts: 5, Worker: worker, Lease: time.Minute})
-		if err != nil || len(got) != 1 {
-			t.Fatalf("claim: %v %v", got, err)
-		}
-		if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Dead, Error: "x"}}); err != nil {
-			t.Fatal(err)
-		}
-		return got[0].ID
-	}
+	kill := func() uuid.UUID { return settleNext(t, w, keyed, driver.Dead) } // the key's head, dead
 	adm := w.client.Admin()
 	first := kill()
 	if err := adm.SkipHead(bg, "test", first); err != nil {
@@ -1337,4 +1310,28 @@ func TestWrongOperatorTokensPerClientAddr(t *testing.T) {
 	if code := signIn("198.51.100.2"); code != http.StatusForbidden {
 		t.Fatalf("another client behind the same proxy: %d, want 403 (an allowance of its own)", code)
 	}
+}
+
+// settleNext claims the next due event of topic and records kind for it
+// (Dead with the error "x"), and returns its id.
+func settleNext(t *testing.T, w *world, topic outbox.Topic, kind driver.OutcomeKind) uuid.UUID {
+	t.Helper()
+	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := uuid.New()
+	got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{topic.Namespace + ":" + topic.Topic}, Limit: 1,
+		MaxAttempts: 5, Worker: worker, Lease: time.Minute})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	o := driver.Outcome{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: kind}
+	if kind == driver.Dead {
+		o.Error = "x"
+	}
+	if _, err := st.Complete(bg, nil, worker, []driver.Outcome{o}); err != nil {
+		t.Fatal(err)
+	}
+	return got[0].ID
 }

@@ -15,11 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
-	"github.com/modkit-go/modkit/modkit/outbox/outboxpg"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxui"
 )
 
@@ -154,19 +151,7 @@ func TestDashboardPurgeIsBoundedAndReported(t *testing.T) {
 		Payload: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	st, err := outboxpg.New(w.pool).Open(driver.Options{Schema: "public"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	worker := uuid.New()
-	got, err := st.Claim(bg, driver.ClaimParams{Topics: []string{receipts.Namespace + ":" + receipts.Topic}, Limit: 1,
-		MaxAttempts: 5, Worker: worker, Lease: time.Minute})
-	if err != nil || len(got) != 1 {
-		t.Fatalf("claim: %v %v", got, err)
-	}
-	if _, err := st.Complete(bg, nil, worker, []driver.Outcome{{ID: got[0].ID, LeaseToken: got[0].LeaseToken, Kind: driver.Delivered}}); err != nil {
-		t.Fatal(err)
-	}
+	delivered := settleNext(t, w, receipts, driver.Delivered)
 	// The server's side of the visitor's request: gone is closed when the
 	// server sees the visitor leave (its request's context is cancelled).
 	ui, err := outboxui.New(w.client.Admin(), outboxui.Options{OperatorToken: token, Logger: slog.New(log)})
@@ -222,7 +207,7 @@ func TestDashboardPurgeIsBoundedAndReported(t *testing.T) {
 	if rec == nil || rec["deleted"] != "1" || rec["done"] != "true" {
 		t.Fatalf("the log record of the purge whose visitor left: %v, want 1 deleted, done", rec)
 	}
-	if _, err := w.client.Admin().Get(bg, got[0].ID); !errors.Is(err, outbox.ErrNotFound) {
+	if _, err := w.client.Admin().Get(bg, delivered); !errors.Is(err, outbox.ErrNotFound) {
 		t.Fatalf("the delivered event after the purge whose visitor left: %v, want it purged", err)
 	}
 }
