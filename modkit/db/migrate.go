@@ -376,7 +376,7 @@ func (m *Migrator) withOwnConn(ctx context.Context, fn func(conn *pgx.Conn) erro
 // migrations table first when create is set (Up; a Down has nothing to
 // revert in a schema that has neither). The schema's advisory lock is
 // taken by each transaction that changes the schema (lockTx): this one,
-// and each migration's (run). It is a transaction's lock, not a
+// and each migration's (step). It is a transaction's lock, not a
 // session's, so that a pooler in transaction mode (PgBouncer's), which
 // may run each transaction on another server connection, keeps it and
 // its release on one: a session's lock was released on another server
@@ -589,7 +589,7 @@ func (m *Migrator) step(ctx context.Context, conn *pgx.Conn, up bool, mine map[i
 		return mig, false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s was not recorded and may be partly applied: %w; "+
 			"each migration runs in a transaction of its own: remove BEGIN, COMMIT and ROLLBACK from the file, "+
 			"repair the schema by hand, and migrate again", mig.Version, mig.Name, direction, m.schema, err)
-	case applyErr != nil:
+	case applyErr != nil || (ok && err != nil): // the file failed, or the commit did
 		return mig, false, fmt.Errorf("modkit/db: migration %04d_%s (%s) in schema %s failed and was rolled back: %w",
 			mig.Version, mig.Name, direction, m.schema, err)
 	case err != nil:
