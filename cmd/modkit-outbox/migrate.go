@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -17,6 +18,7 @@ import (
 )
 
 const migrateExamples = `  modkit-outbox migrate up                        # apply what is missing
+  modkit-outbox migrate up --to 38                # stop after 0038 (the rest later, at a quiet time)
   modkit-outbox migrate status
   modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (drops its tables)
   modkit-outbox migrate sql --format goose --out db/outbox   # then: goose -dir db/outbox -table outbox_goose_db_version …
@@ -30,6 +32,7 @@ schema of the search_path of the session that runs them.
 func runMigrate(ctx context.Context, e env, args []string) error {
 	f := newFlags(e, "migrate", "migrate up|down|status|sql [flags]", migrateExamples)
 	steps := f.Int("steps", 1, "down: how many migrations to revert, newest first")
+	to := f.String("to", "", "up: apply the migrations up to this version only (38 or 0038), leaving the later ones for another run")
 	yes := f.Bool("yes", false, "up, down: do not ask for confirmation")
 	format := f.String("format", "plain", "sql: golang-migrate, goose or plain")
 	out := f.String("out", "", "sql: write the files into this directory instead of printing them")
@@ -47,7 +50,7 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	// A flag the subcommand does not use is refused, not ignored: a
 	// schema that sql ignored put the tables in another schema.
 	set := f.setFlags()
-	for name, subcommands := range map[string][]string{"steps": {"down"}, "yes": {"up", "down"}, "format": {"sql"}, "out": {"sql"}} {
+	for name, subcommands := range map[string][]string{"steps": {"down"}, "yes": {"up", "down"}, "format": {"sql"}, "out": {"sql"}, "to": {"up"}} {
 		if set[name] && !slices.Contains(subcommands, pos[0]) {
 			return usageErr("--%s is for migrate %s only", name, strings.Join(subcommands, " and "))
 		}
@@ -71,6 +74,19 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 	}
 	if pos[0] == "down" && *steps <= 0 {
 		return usageErr("--steps is %d; it must be at least 1", *steps)
+	}
+	var upTo int64
+	if set["to"] {
+		known, err := db.ReadMigrations(migrations.FS)
+		if err != nil {
+			return err
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(*to), 10, 64)
+		if err != nil || !slices.ContainsFunc(known, func(m db.Migration) bool { return m.Version == v }) {
+			return usageErr("--to %q is not a migration of this modkit-outbox: use a version from %04d to %04d (migrate status lists them)",
+				*to, known[0].Version, known[len(known)-1].Version)
+		}
+		upTo = v
 	}
 	pool, err := f.connect(ctx)
 	if err != nil {
@@ -110,15 +126,30 @@ func runMigrate(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return usageErr("%v", err)
 		}
-		if err := client.Migrate(ctx); err != nil {
+		migrate := client.Migrate
+		if upTo != 0 {
+			migrate = func(ctx context.Context) error { return client.MigrateTo(ctx, upTo) }
+		}
+		if err := migrate(ctx); err != nil {
 			return err
 		}
 		st, err := m.Status(ctx)
 		if err != nil {
 			return err
 		}
+		var later int
+		for _, s := range st {
+			if !s.Applied && s.Version > upTo {
+				later++
+			}
+		}
 		newer := slices.DeleteFunc(st, func(s db.MigrationStatus) bool { return !s.Unknown })
 		switch {
+		case upTo != 0 && later > 0:
+			if *applied.count == 0 {
+				fmt.Fprintf(e.stdout, "schema %s is up to date up to %04d\n", f.schema, upTo)
+			}
+			fmt.Fprintf(e.stdout, "%d later migration(s) wait: run migrate up (or migrate up --to) for them\n", later)
 		case len(newer) > 0:
 			last := newer[len(newer)-1]
 			fmt.Fprintf(e.stdout, "schema %s has every migration of this modkit-outbox, and %d newer migration(s) it does not know, up to %04d_%s: "+

@@ -127,9 +127,23 @@ func TestMigrateCommands(t *testing.T) {
 	if s := status(); strings.Count(s, " no\n") != len(known) {
 		t.Fatalf("status before up:\n%s", s)
 	}
+	// Up to a version: the later ones wait, and say so. A version this
+	// modkit-outbox does not have, or --to with another subcommand, is a
+	// bad command line.
+	cli(t, f.dsn, "migrate", "up", "--schema", "ops", "--to", "9998").must(t, exitUsage)
+	cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--to", "1").must(t, exitUsage)
+	stop := known[len(known)-3]
+	out := cli(t, f.dsn, "migrate", "up", "--schema", "ops", "--to", fmt.Sprint(stop.Version)).must(t, exitOK).stdout
+	if !strings.Contains(out, "applied 0001_outbox_events") || !strings.Contains(out, fmt.Sprintf("applied %04d_%s", stop.Version, stop.Name)) ||
+		strings.Contains(out, fmt.Sprintf("applied %04d_", known[len(known)-2].Version)) || !strings.Contains(out, "2 later migration(s) wait") {
+		t.Fatalf("up --to %d:\n%s", stop.Version, out)
+	}
+	if s := status(); strings.Count(s, " no\n") != 2 {
+		t.Fatalf("status after up --to %d:\n%s", stop.Version, s)
+	}
 	// Public holds the fixture's outbox; ops, named on purpose, is
 	// migrated without a question (TestSchemaWithoutAnOutbox).
-	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "applied 0001_outbox_events") {
+	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, fmt.Sprintf("applied %04d_%s", last.Version, last.Name)) {
 		t.Fatalf("up:\n%s", out)
 	}
 	if out := cli(t, f.dsn, "migrate", "up", "--schema", "ops").must(t, exitOK).stdout; !strings.Contains(out, "up to date") {
@@ -170,7 +184,7 @@ func TestMigrateCommands(t *testing.T) {
 		!strings.Contains(what, "drops tables") || strings.Contains(what, fmt.Sprintf("%04d_%s", last.Version, last.Name)) {
 		t.Fatalf("the prompt of migrate down of every migration:\n%s%s", r.stdout, r.stderr)
 	}
-	out := cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "1", "--yes").must(t, exitOK).stdout
+	out = cli(t, f.dsn, "migrate", "down", "--schema", "ops", "--steps", "1", "--yes").must(t, exitOK).stdout
 	if out != fmt.Sprintf("reverted %04d_%s\n", last.Version, last.Name) {
 		t.Fatalf("down 1:\n%s", out)
 	}

@@ -46,6 +46,10 @@ var ErrMigrationConflict = errors.New("modkit/db: the migrations table does not 
 // schema by hand, and migrate again.
 var ErrTransactionInMigration = errors.New("modkit/db: the migration file ended the migrator's transaction (a COMMIT or ROLLBACK in it)")
 
+// ErrUnknownVersion is returned by UpTo for a version that is not one of
+// the set's migrations.
+var ErrUnknownVersion = errors.New("modkit/db: no such migration version")
+
 // ErrInvalidSchema is returned for a schema (or table) name that is not a
 // plain PostgreSQL identifier.
 var ErrInvalidSchema = errors.New("modkit/db: invalid schema or table name: use 1-63 letters, digits or underscores, not starting with a digit or pg_")
@@ -248,6 +252,19 @@ func (m Migration) DownSQL() string { return m.down }
 // applied them) are left alone; Up logs them at Info, and Status lists
 // them as Unknown.
 func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
+	return m.UpTo(ctx, m.migrations[len(m.migrations)-1].Version)
+}
+
+// UpTo is Up that stops after version, which must be a version of the set
+// (ErrUnknownVersion otherwise, and nothing is applied): the migrations up
+// to it not yet applied are applied, in version order, and the later ones
+// are left for another call. It lets a deploy apply a migration that
+// locks a large table at a time of its choosing.
+func (m *Migrator) UpTo(ctx context.Context, version int64) ([]Migration, error) {
+	if !slices.ContainsFunc(m.migrations, func(mig Migration) bool { return mig.Version == version }) {
+		return nil, fmt.Errorf("%w: %04d is not a migration of this set (%04d_%s to %04d_%s)", ErrUnknownVersion, version,
+			m.migrations[0].Version, m.migrations[0].Name, m.migrations[len(m.migrations)-1].Version, m.migrations[len(m.migrations)-1].Name)
+	}
 	var applied []Migration
 	err := m.locked(ctx, true, func(conn *pgx.Conn) error {
 		done, err := m.appliedVersions(ctx, conn)
@@ -265,7 +282,7 @@ func (m *Migrator) Up(ctx context.Context) ([]Migration, error) {
 		}
 		mine := map[int64]bool{}
 		for {
-			mig, ok, err := m.step(ctx, conn, true, mine)
+			mig, ok, err := m.step(ctx, conn, true, mine, version)
 			if err != nil || !ok {
 				return err
 			}
@@ -296,7 +313,7 @@ func (m *Migrator) Down(ctx context.Context, steps int) ([]Migration, error) {
 			return err
 		}
 		for len(reverted) < steps {
-			mig, ok, err := m.step(ctx, conn, false, nil)
+			mig, ok, err := m.step(ctx, conn, false, nil, 0)
 			if err != nil || !ok {
 				return err
 			}
@@ -548,10 +565,10 @@ func (m *Migrator) checkRecorded(done map[int64]recorded, newest bool) error {
 // lowest version not applied (unless it is in mine, the ones this Up
 // applied already, which a Down meanwhile reverted: then it stops), Down
 // reverts its newest applied and refuses when the table records a newer
-// one (checkRecorded); ok is false when there is nothing to do. A plan
-// made from an earlier read could leave a gap: a Down reverting 2 after an
-// Up applied 3.
-func (m *Migrator) step(ctx context.Context, conn *pgx.Conn, up bool, mine map[int64]bool) (mig Migration, ok bool, err error) {
+// one (checkRecorded); ok is false when there is nothing to do, or when
+// Up's next migration is newer than upTo. A plan made from an earlier read
+// could leave a gap: a Down reverting 2 after an Up applied 3.
+func (m *Migrator) step(ctx context.Context, conn *pgx.Conn, up bool, mine map[int64]bool, upTo int64) (mig Migration, ok bool, err error) {
 	var applyErr error
 	err = InTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
 		if err := m.lockTx(ctx, tx); err != nil {
@@ -570,7 +587,7 @@ func (m *Migrator) step(ctx context.Context, conn *pgx.Conn, up bool, mine map[i
 				cand = m.migrations[len(m.migrations)-1-i]
 			}
 			if _, applied := done[cand.Version]; applied != up {
-				mig, ok = cand, !mine[cand.Version]
+				mig, ok = cand, !mine[cand.Version] && (!up || cand.Version <= upTo)
 				break
 			}
 		}

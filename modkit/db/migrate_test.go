@@ -761,3 +761,44 @@ func TestConcurrentUpsAndDownsKeepTheOrder(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// UpTo applies the migrations up to a version and leaves the later ones;
+// a version the set does not have is refused, and nothing is applied.
+func TestMigratorUpTo(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.NewDB(t).Provider.Pool
+	fsys := fstest.MapFS{}
+	for v := 1; v <= 3; v++ {
+		fsys[fmt.Sprintf("%04d_m%d.up.sql", v, v)] = &fstest.MapFile{Data: []byte(fmt.Sprintf("CREATE TABLE m%d (x int);", v))}
+		fsys[fmt.Sprintf("%04d_m%d.down.sql", v, v)] = &fstest.MapFile{Data: []byte(fmt.Sprintf("DROP TABLE m%d;", v))}
+	}
+	m, err := db.NewMigrator(pool, db.MigratorConfig{Schema: "mk_upto", Logger: quiet, FS: fsys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.UpTo(ctx, 4); !errors.Is(err, db.ErrUnknownVersion) || len(got) != 0 || !strings.Contains(err.Error(), "0001_m1 to 0003_m3") {
+		t.Fatalf("UpTo(4) of a set of 3: %v, %v; want ErrUnknownVersion naming the set's range", got, err)
+	}
+	if tableExists(t, pool, "mk_upto.modkit_schema_migrations") {
+		t.Fatal("a refused UpTo created the migrations table")
+	}
+	versions := func(ms []db.Migration) []int64 {
+		var vs []int64
+		for _, m := range ms {
+			vs = append(vs, m.Version)
+		}
+		return vs
+	}
+	for _, c := range []struct {
+		to   int64
+		want []int64
+	}{{2, []int64{1, 2}}, {2, nil}, {1, nil}, {3, []int64{3}}} {
+		got, err := m.UpTo(ctx, c.to)
+		if err != nil || !slices.Equal(versions(got), c.want) {
+			t.Fatalf("UpTo(%d): %v, %v; want %v", c.to, versions(got), err, c.want)
+		}
+		if c.to == 2 && tableExists(t, pool, "mk_upto.m3") {
+			t.Fatal("UpTo(2) applied 0003")
+		}
+	}
+}

@@ -183,6 +183,19 @@ func (c *Client) Migrate(ctx context.Context) error {
 	return nil
 }
 
+// MigrateTo is Migrate that stops after migration version (39 for
+// 0039_…): the later ones are left for another call, or for Migrate. A
+// deploy can so apply a migration that locks a large table at a time of its
+// choosing (README, "Upgrading"). A version that is not one of the outbox's
+// migrations is refused, matching db.ErrUnknownVersion, and nothing is
+// applied.
+func (c *Client) MigrateTo(ctx context.Context, version int64) error {
+	if err := c.store.MigrateTo(ctx, version); err != nil {
+		return fmt.Errorf("outbox: migrate schema %q up to %04d: %w", c.cfg.Schema, version, err)
+	}
+	return nil
+}
+
 // Config returns the configuration in force, defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 

@@ -927,15 +927,26 @@ func (s *store) listenConn(ctx context.Context) (*pgx.Conn, error) {
 
 // Migrate implements driver.Store with modkit/db's Migrator and the
 // embedded migrations.
-func (s *store) Migrate(ctx context.Context) error {
+func (s *store) Migrate(ctx context.Context) error { return s.MigrateTo(ctx, 0) }
+
+// MigrateTo implements driver.Store (Migrate: version 0, every migration).
+func (s *store) MigrateTo(ctx context.Context, version int64) error {
 	m, err := db.NewMigrator(s.pool, db.MigratorConfig{Schema: s.opts.Schema, Logger: s.opts.Logger})
 	if err != nil {
+		return err
+	}
+	all := m.Migrations()
+	if version == 0 {
+		version = all[len(all)-1].Version
+	}
+	if !slices.ContainsFunc(all, func(mig db.Migration) bool { return mig.Version == version }) {
+		_, err := m.UpTo(ctx, version) // its error names the versions
 		return err
 	}
 	if err := s.checkSchemaClosed(ctx, m); err != nil {
 		return err
 	}
-	if _, err = m.Up(ctx); err != nil {
+	if _, err = m.UpTo(ctx, version); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			return fmt.Errorf("%w; this login may not migrate schema %s, which has migrations to apply (a login that "+
