@@ -190,6 +190,9 @@ func (c *Client) Migrate(ctx context.Context) error {
 // migrations is refused, matching db.ErrUnknownVersion, and nothing is
 // applied.
 func (c *Client) MigrateTo(ctx context.Context, version int64) error {
+	if version <= 0 { // the driver reads 0 as every migration
+		return fmt.Errorf("outbox: migrate schema %q up to %d: %w: versions start at 1", c.cfg.Schema, version, db.ErrUnknownVersion)
+	}
 	if err := c.store.MigrateTo(ctx, version); err != nil {
 		return fmt.Errorf("outbox: migrate schema %q up to %04d: %w", c.cfg.Schema, version, err)
 	}

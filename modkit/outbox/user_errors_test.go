@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
+	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/driver"
 )
@@ -251,5 +252,19 @@ func TestOperatorWritesByIDInTextModes(t *testing.T) {
 			t.Fatalf("%v: purge dead by id: %v, %v", mode, got, err)
 		}
 		admSettle(t, st, driver.Delivered, "", admClaim(t, st, 2)...)
+	}
+}
+
+// MigrateTo refuses a version the outbox's migrations do not have, 0 and
+// negative ones included, and applies nothing.
+func TestMigrateToAnUnknownVersion(t *testing.T) {
+	c, _ := newClient(t, outbox.Config{})
+	for _, v := range []int64{0, -1, 99999} {
+		if err := c.MigrateTo(ctx, v); !errors.Is(err, db.ErrUnknownVersion) {
+			t.Errorf("MigrateTo(%d): %v, want ErrUnknownVersion", v, err)
+		}
+	}
+	if err := c.MigrateTo(ctx, 1); err != nil {
+		t.Fatalf("MigrateTo(1) on a migrated schema: %v", err)
 	}
 }

@@ -189,7 +189,8 @@ type Store interface {
 	Listen(ctx context.Context, onReady func(), wake func(topic string)) error
 	// Migrate applies the engine's migrations for this schema.
 	Migrate(ctx context.Context) error
-	// MigrateTo applies those up to version, which must be one of them.
+	// MigrateTo applies those up to version, which must be one of them
+	// (0: all of them, as Migrate).
 	MigrateTo(ctx context.Context, version int64) error
 	// Fatal reports whether err cannot be cured by retrying (missing
 	// table, permissions, bad SQL, no such database, a refused login), as
