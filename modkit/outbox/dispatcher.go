@@ -92,8 +92,9 @@ type DispatcherConfig struct {
 	// PollOnly turns LISTEN/NOTIFY wake-ups off: the dispatcher only polls.
 	// Use it behind PgBouncer in transaction pooling mode, where LISTEN does
 	// not work, with Config.DisableNotify on the producers (PgBouncer logs
-	// a warning for each notification no listener of its takes); see the
-	// README's Behind PgBouncer.
+	// a warning for each notification no listener of its takes), unless the
+	// listener has a direct connection (outboxpg's Driver.ListenOn); see
+	// the README's Behind PgBouncer.
 	PollOnly bool
 	// WakeWindow: after a wake-up, and after any claim that found events,
 	// the dispatcher keeps re-checking for this long, because producers

@@ -331,3 +331,40 @@ func testListenHearsItsOwnSchema(t *testing.T, schema string) {
 		t.Errorf("a listener of the public schema heard %q; want only the shared channel's announcement and its own marker", got)
 	}
 }
+
+// Driver.ListenOn gives the listener a connection of its own settings (a
+// direct one to the server, when the pool goes through PgBouncer in
+// transaction mode, where LISTEN does not work): it connects with them,
+// whatever the pool's settings are.
+func TestListenOnItsOwnConnection(t *testing.T) {
+	tdb := pgtest.NewDB(t)
+	cfg, err := pgxpool.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := cfg.ConnConfig.Copy()
+	direct.RuntimeParams["application_name"] = "modkit-test-direct-listener"
+	cfg.ConnConfig.Port = 1 // the pool's own settings reach nothing: only ListenOn's do
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st, err := outboxpg.New(pool).ListenOn(direct).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, done := listening(t, st)
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("the listener could not connect with ListenOn's settings: %v", err)
+	case <-time.After(guard):
+		t.Fatal("the listener never listened")
+	}
+	var n int
+	if err := tdb.Provider.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = 'modkit-test-direct-listener' AND query LIKE 'LISTEN%'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("listeners on ListenOn's connection: %d, %v; want 1", n, err)
+	}
+}

@@ -65,11 +65,29 @@ const maxChannelLen = 63
 // Driver is the PostgreSQL driver on one pgx pool.
 type Driver struct {
 	pool *pgxpool.Pool
+	// listen, when set, is what the notification listener connects with
+	// (ListenOn).
+	listen *pgx.ConnConfig
 }
 
 // New returns a driver on pool. The pool runs claims, outcomes, admin
 // queries and maintenance; enqueues run on the caller's runner.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+// ListenOn returns a copy of d whose dispatchers' notification listener
+// connects with cfg instead of the pool's settings: give it a direct
+// connection to the server when the pool goes through PgBouncer in
+// transaction mode, where LISTEN does not work, and the dispatchers are
+// woken at once all the same (README, "Behind PgBouncer?"). The listener
+// holds one connection per dispatcher; cfg is copied, and the pool's
+// BeforeConnect and AfterConnect hooks are not run for it.
+func (d *Driver) ListenOn(cfg *pgx.ConnConfig) *Driver {
+	c := *d
+	if cfg != nil {
+		c.listen = cfg.Copy()
+	}
+	return &c
+}
 
 // Open implements driver.Driver.
 func (d *Driver) Open(opts driver.Options) (driver.Store, error) {
@@ -84,7 +102,7 @@ func (d *Driver) Open(opts driver.Options) (driver.Store, error) {
 		return nil, err
 	}
 	return &store{
-		pool: d.pool, poolQ: q, opts: opts,
+		pool: d.pool, poolQ: q, opts: opts, listen: d.listen,
 		sql:   newQueries(opts.Schema, opts.SynchronousCommit, opts.Now != nil),
 		table: pgx.Identifier{opts.Schema, TableName},
 	}, nil
@@ -105,7 +123,8 @@ type store struct {
 	poolQ     db.Querier
 	opts      driver.Options
 	sql       queries
-	table     pgx.Identifier // for COPY
+	table     pgx.Identifier  // for COPY
+	listen    *pgx.ConnConfig // Driver.ListenOn's, or nil
 }
 
 // args appends the test clock, when there is one, to a statement's
@@ -845,7 +864,8 @@ const listenEchoPrefix = " modkit-outbox listener check "
 // Listen implements driver.Store on a connection of its own (LISTEN needs
 // one session for its whole life, which a pooled connection is not),
 // opened with the pool's connection settings and its BeforeConnect and
-// AfterConnect hooks (rotating credentials, service discovery).
+// AfterConnect hooks (rotating credentials, service discovery), or with
+// Driver.ListenOn's.
 func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic string)) error {
 	conn, err := s.listenConn(ctx)
 	if err != nil {
@@ -903,8 +923,12 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 	}
 }
 
-// listenConn opens the listener's connection as the pool opens its own.
+// listenConn opens the listener's connection as the pool opens its own,
+// or with Driver.ListenOn's settings.
 func (s *store) listenConn(ctx context.Context) (*pgx.Conn, error) {
+	if s.listen != nil {
+		return pgx.ConnectConfig(ctx, s.listen.Copy())
+	}
 	cfg := s.pool.Config()
 	cc := cfg.ConnConfig.Copy()
 	if cfg.BeforeConnect != nil {
