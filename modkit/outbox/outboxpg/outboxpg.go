@@ -80,9 +80,14 @@ func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 // transaction mode, where LISTEN does not work, and the dispatchers are
 // woken at once all the same (README, "Behind PgBouncer?"). The listener
 // holds one connection per dispatcher; cfg is copied, and the pool's
-// BeforeConnect and AfterConnect hooks are not run for it.
+// BeforeConnect and AfterConnect hooks are not run for it. A nil cfg
+// means the pool's settings again.
 func (d *Driver) ListenOn(cfg *pgx.ConnConfig) *Driver {
-	c := *d
+	var c Driver
+	if d != nil {
+		c = *d
+	}
+	c.listen = nil
 	if cfg != nil {
 		c.listen = cfg.Copy()
 	}
