@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -171,7 +170,8 @@ func TestAdminRightsFollowTheLoginsRole(t *testing.T) {
 // server connection holds (42P05) or that this one does not (26000).
 type poolerStore struct {
 	driver.Store
-	code string
+	code   string
+	claims chan struct{} // receives a value at each claim, when there is room
 }
 
 func (s poolerStore) Insert(context.Context, any, []driver.InsertRow, []string) ([]driver.Inserted, error) {
@@ -179,6 +179,10 @@ func (s poolerStore) Insert(context.Context, any, []driver.InsertRow, []string) 
 }
 
 func (s poolerStore) Claim(context.Context, driver.ClaimParams) ([]driver.Claimed, error) {
+	select {
+	case s.claims <- struct{}{}:
+	default:
+	}
 	return nil, &pgconn.PgError{Code: s.code, Message: `prepared statement "stmtcache_1" already exists`}
 }
 
@@ -193,7 +197,8 @@ func TestPoolerConflictsSayWhatToSet(t *testing.T) {
 	_, tdb := newClient(t, outbox.Config{})
 	pool := tdb.Provider.Pool
 	for _, code := range []string{"42P05", "26000"} {
-		c := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { return poolerStore{Store: st, code: code} })
+		claims := make(chan struct{}, 2)
+		c := clientWrappingStore(t, pool, func(st driver.Store) driver.Store { return poolerStore{Store: st, code: code, claims: claims} })
 		_, err := c.Enqueue(ctx, pool, msg(1))
 		if err == nil || !strings.Contains(err.Error(), "max_prepared_statements") || strings.Contains(err.Error(), "migrated") {
 			t.Errorf("enqueue meeting %s: %v; want the pooler's hint, not the migrations'", code, err)
@@ -203,14 +208,24 @@ func TestPoolerConflictsSayWhatToSet(t *testing.T) {
 			t.Errorf("list meeting %s: %v; want the pooler's hint", code, err)
 		}
 		// A dispatcher retries such claims (the next may not meet it), and
-		// a start that runs out of time says what to set.
+		// a start that runs out of time says what to set: here it ends once
+		// a claim has been tried again, the first one's failure recorded.
 		d, err := c.NewDispatcher(testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic, Publish: noopPublish})
 		if err != nil {
 			t.Fatal(err)
 		}
-		sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		err = d.Start(sctx)
+		sctx, cancel := context.WithCancel(ctx)
+		started := make(chan error, 1)
+		go func() { started <- d.Start(sctx) }()
+		for range 2 {
+			select {
+			case <-claims:
+			case err := <-started:
+				t.Fatalf("a start whose claims meet %s returned before its second claim: %v", code, err)
+			}
+		}
 		cancel()
+		err = <-started
 		if err == nil || !strings.Contains(err.Error(), "max_prepared_statements") {
 			t.Errorf("a start whose claims meet %s: %v; want the pooler's hint", code, err)
 		}
