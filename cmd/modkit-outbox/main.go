@@ -242,8 +242,8 @@ func hintFor(cmd string, err error) string {
 		return "the database role may not do this: migrating needs the schema's owner, or a role that may create in it " +
 			"(and, for the outbox's roles, create roles), such as a superuser"
 	case errors.As(err, &pgErr) && pgErr.Code == "42501": // insufficient_privilege
-		return "the database role may not do this: reading needs modkit_outbox_reader; replay, purge and skip-head " +
-			"need modkit_outbox_operator (grant it to the role, or connect as one that has it)"
+		return "the database role may not do this: reading needs modkit_outbox_reader; replay, purge, skip-head and " +
+			"dead letter need modkit_outbox_operator (grant it to the role, or connect as one that has it)"
 	}
 	return ""
 }

@@ -20,7 +20,7 @@ import (
 const migrateExamples = `  modkit-outbox migrate up                        # apply what is missing
   modkit-outbox migrate up --to 38                # stop after 0038 (the rest later, at a quiet time)
   modkit-outbox migrate status
-  modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (drops its tables)
+  modkit-outbox migrate down --steps 1 --yes      # revert the newest migration (the prompt names any that drops tables)
   modkit-outbox migrate sql --format goose --out db/outbox   # then: goose -dir db/outbox -table outbox_goose_db_version …
   modkit-outbox migrate sql --format plain | psql -v ON_ERROR_STOP=1 "$DATABASE_URL"
 

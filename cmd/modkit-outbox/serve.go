@@ -23,8 +23,8 @@ const serveExamples = `  modkit-outbox serve                                  # 
 
   # Least privilege: a login in modkit_outbox_reader gives a dashboard that
   # the database itself keeps read-only and without payloads; one in
-  # modkit_outbox_operator may replay and purge (with the token), and each
-  # replay is recorded under that login.
+  # modkit_outbox_operator may replay, purge, skip and dead-letter (with the
+  # token), and each such action is recorded under that login.
   #   CREATE ROLE outbox_ui LOGIN PASSWORD '…' IN ROLE modkit_outbox_reader;
   DATABASE_URL=postgres://outbox_ui@db.internal/app modkit-outbox serve
 

@@ -15,13 +15,14 @@ const statsExamples = `  modkit-outbox stats
   modkit-outbox stats --backlog    # a table that keeps many delivered events
   modkit-outbox stats --json | jq '.blocked_keys[] | select(.waiting == 0)'   # dead heads with nothing behind them yet
 
-  # The table lists the ordering keys whose dead head holds events back
-  # (WAITING above 0), one line each, and counts those whose dead head has
-  # nothing behind it yet: it blocks only the key's events still to come.
-  # Under a publisher with SkipDeadHeads nothing waits for a dead head, and
-  # a key has one after each run of events that went on without it (HEADS;
-  # the line shows the earliest). The JSON lists every dead head read, a
-  # key once for each, with its "waiting".
+  # The table lists, one line each, the ordering keys with a dead head and
+  # events after it (WAITING: the key's pending and leased events after its
+  # earliest dead head, which they wait for), and counts those with none
+  # yet: their head holds back only the key's events still to come. Under
+  # a publisher with SkipDeadHeads nothing waits (the events after a dead
+  # head go on without it), and a key has a dead head after each run of
+  # events that went on (HEADS; the line shows the earliest). The JSON
+  # lists every dead head read, a key once for each, with its "waiting".
 `
 
 type statsJSON struct {

@@ -613,8 +613,8 @@ func (a *Admin) PurgeDead(ctx context.Context, by string, f EventFilter, ids ...
 // ones, and their History records the lease's end first. Ids that are
 // unknown, settled or under a live lease are skipped; it returns the ids
 // dead-lettered. Each keeps its attempts;
-// its LastError says who dead-lettered it (after the publish error it
-// had, if any) and its History holds a "dead_lettered" entry with by and
+// its LastError says who dead-lettered it, followed by the publish error
+// it had, if any, and its History holds a "dead_lettered" entry with by and
 // the database session user. ReplayDead brings such events back, and
 // PurgeDead deletes them. An event with an ordering key is then a dead
 // event of its key like any other: the key's later events wait behind it

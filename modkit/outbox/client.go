@@ -61,8 +61,11 @@ type Config struct {
 	// milliseconds more for delivery may raise it (BENCHMARKS.md).
 	NotifyInterval time.Duration
 	// DisableNotify stops enqueues from sending NOTIFY at all: dispatchers
-	// then rely on polling alone. Set it behind PgBouncer in transaction
-	// mode, with DispatcherConfig.PollOnly (README, Behind PgBouncer).
+	// then rely on polling alone. Set it, with DispatcherConfig.PollOnly,
+	// behind PgBouncer in transaction mode when the dispatchers only poll;
+	// not when their listener has a connection of its own (outboxpg's
+	// Driver.ListenOn), which it would leave without a wake-up (README,
+	// Behind PgBouncer).
 	DisableNotify bool
 	// SynchronousCommit makes claims and the outcomes recorded on the
 	// client's own connections wait for their WAL flush. By default they
