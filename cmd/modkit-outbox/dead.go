@@ -222,10 +222,14 @@ func warnUnserved(ctx context.Context, e env, a *outbox.Admin, targets []outbox.
 	if err != nil || len(unserved) == 0 {
 		return
 	}
+	done := make(map[uuid.UUID]bool, len(replayed)) // up to --limit (10,000) of each: no quadratic scan
+	for _, id := range replayed {
+		done[id] = true
+	}
 	var names []string
 	for _, ev := range targets {
 		t := outbox.Topic{Namespace: ev.Namespace, Topic: ev.Topic}
-		if !slices.Contains(replayed, ev.ID) || slices.Contains(names, t.String()) {
+		if !done[ev.ID] || slices.Contains(names, t.String()) {
 			continue
 		}
 		if slices.ContainsFunc(unserved, func(u outbox.TopicStats) bool { return u.Topic == t }) {

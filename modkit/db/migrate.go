@@ -405,9 +405,7 @@ func (m *Migrator) locked(ctx context.Context, create bool, fn func(conn *pgx.Co
 		// existing schema, but not create schemas in the database (no
 		// role but the owner may, by default), could not migrate.
 		schema := pgx.Identifier{m.schema}.Sanitize()
-		exist := func(q interface {
-			QueryRow(context.Context, string, ...any) pgx.Row
-		}) (schemaExists, tableExists bool, err error) {
+		exist := func(q querier) (schemaExists, tableExists bool, err error) {
 			err = q.QueryRow(ctx, "SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL", schema, m.table()).
 				Scan(&schemaExists, &tableExists)
 			if err != nil {
@@ -492,7 +490,7 @@ type recorded struct {
 	at   time.Time
 }
 
-// querier is what appliedVersions reads with: a connection or a
+// querier is what the migrator reads with: a connection or a
 // transaction.
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
