@@ -224,6 +224,10 @@ type Dispatcher struct {
 	// has not been listening, once an attempt to listen again failed; 0
 	// while it listens (see notifier).
 	listenerDownSince atomic.Int64
+	// listenerDeafSince: since when (UnixNano) the listener has heard
+	// nothing, not even its driver's check (driver.ErrListenDeaf); 0 once
+	// it hears a notification (see notifier).
+	listenerDeafSince atomic.Int64
 	// maintErrAt: since when (UnixNano) maintenance has failed (an
 	// election, a step of a pass, or a pass out of time); 0 once a pass
 	// finishes cleanly or another dispatcher leads its topics.
@@ -635,7 +639,9 @@ func (h Health) State() string {
 // endpoint is down, say; Permanent errors, the event's fault, do not
 // count), until one delivers or ten minutes pass without a failure, claims are
 // failing, outcome writes are (until one succeeds), the notification
-// listener cannot listen, or maintenance is failing (until a pass works: a
+// listener cannot listen or hears nothing (its check, a notification sent
+// from the pool, did not come back: behind PgBouncer in transaction mode,
+// say; until it hears one), or maintenance is failing (until a pass works: a
 // failed election is retried within seconds, with the claims' backoff, so
 // this clears soon after the database answers again; a failed step of a
 // pass waits for the next SweepInterval). In an fx app, take
@@ -681,6 +687,12 @@ func (d *Dispatcher) Health() Health {
 	if at := d.listenerDownSince.Load(); at != 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("notification listener down since %s (the error is in the dispatcher's log): "+
 			"events wait for the poll, every PollInterval (%v)", time.Unix(0, at).Format(time.RFC3339), d.cfg.PollInterval))
+	}
+	if at := d.listenerDeafSince.Load(); at != 0 {
+		h.Problems = append(h.Problems, fmt.Sprintf("notification listener deaf since %s: its check, a notification sent from the pool, "+
+			"did not come back (behind PgBouncer in transaction mode LISTEN does not work: give the listener a direct connection with "+
+			"outboxpg's Driver.ListenOn, or set PollOnly); events wait for the poll, every PollInterval (%v)",
+			time.Unix(0, at).Format(time.RFC3339), d.cfg.PollInterval))
 	}
 	if at := d.maintErrAt.Load(); at != 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("maintenance failing since %s (the errors are in the dispatcher's log): "+

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -272,6 +273,67 @@ func TestHealthDegradedWhileTheListenerIsDown(t *testing.T) {
 	}
 	if h := d.Health(); h.Degraded {
 		t.Fatalf("health once the listener listens: %+v", h)
+	}
+}
+
+// deafListenStore's Listen listens, and while deaf is set ends as a
+// listener that hears nothing does (driver.ErrListenDeaf); otherwise it
+// reports a check that came back (wake with the empty topic). Each call
+// reports on calls: true once it heard.
+type deafListenStore struct {
+	driver.Store
+	deaf  atomic.Bool
+	calls chan bool
+}
+
+func (s *deafListenStore) Listen(ctx context.Context, onReady func(), wake func(string)) error {
+	onReady()
+	if s.deaf.Load() {
+		s.calls <- false
+		return fmt.Errorf("test: %w", driver.ErrListenDeaf)
+	}
+	wake("")
+	s.calls <- true
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A listener that listens but hears nothing (behind PgBouncer in
+// transaction mode, its LISTEN reaches no one) leaves events to the poll:
+// Health says so, although each reconnect listens again, and is healthy
+// once the listener hears.
+func TestHealthDegradedWhileTheListenerIsDeaf(t *testing.T) {
+	_, tdb := newClient(t, outbox.Config{})
+	st := &deafListenStore{calls: make(chan bool, 100)}
+	st.deaf.Store(true)
+	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
+	d := startDispatcher(t, c, testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic,
+		Publish: func(context.Context, outbox.Delivery) error { return nil }})
+	next := func() bool {
+		t.Helper()
+		select {
+		case heard := <-st.calls:
+			return heard
+		case <-time.After(guard):
+			t.Fatal("the listener was not tried again")
+			return false
+		}
+	}
+	// Two deaf connections: the second begins after the notifier has
+	// taken in the first.
+	next()
+	next()
+	h := d.Health()
+	if !h.Degraded || !slices.ContainsFunc(h.Problems, func(p string) bool {
+		return strings.Contains(p, "notification listener deaf since") && strings.Contains(p, "ListenOn")
+	}) {
+		t.Fatalf("health while the listener hears nothing: %+v", h)
+	}
+	st.deaf.Store(false)
+	for !next() { // connections already under way may still be deaf
+	}
+	if h := d.Health(); h.Degraded {
+		t.Fatalf("health once the listener hears: %+v", h)
 	}
 }
 

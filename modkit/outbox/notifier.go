@@ -12,8 +12,10 @@ import (
 // The notifier wakes the claimer on NOTIFY. A lost connection is re-opened
 // with backoff; the first wake after a reconnect covers what was missed.
 // The driver's Listen also gives up on a connection that stays silent
-// (outboxpg checks it with a NOTIFY to itself after 30s without one).
-// Polling goes on meanwhile, so a dead listener only costs latency.
+// (outboxpg checks it after 30s without a notification, with one sent from
+// the pool), and Health reports a listener that hears no one until it
+// hears a notification again. Polling goes on meanwhile, so a dead or deaf
+// listener only costs latency.
 func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 	signal := func() {
 		select {
@@ -25,7 +27,10 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 	for _, k := range d.reg.keys {
 		wanted[k] = true
 	}
-	onNotify := func(topic string) {
+	onNotify := func(topic string) { // the empty topic: the driver's check came back
+		if d.listenerDeafSince.Load() != 0 {
+			d.listenerDeafSince.Store(0)
+		}
 		if wanted[topic] {
 			d.metrics.observeWakeup(topic)
 			signal()
@@ -33,6 +38,7 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 	}
 	lostAt := time.Now() // when the listener last stopped listening (or first tried)
 	defer d.listenerDownSince.Store(0)
+	defer d.listenerDeafSince.Store(0)
 	for delay := time.Duration(0); ; {
 		if delay > 0 && !sleepCtx(ctx, delay) {
 			return
@@ -50,6 +56,9 @@ func (d *Dispatcher) notifier(ctx context.Context, wake chan<- struct{}) {
 		if errors.Is(err, driver.ErrListenUnsupported) {
 			d.log.Info("the database has no notifications; polling only")
 			return
+		}
+		if errors.Is(err, driver.ErrListenDeaf) {
+			d.listenerDeafSince.CompareAndSwap(0, time.Now().UnixNano())
 		}
 		delay = reconnectDelay(delay, listening.Load())
 		if listening.Load() { // a connection lost, not a failed attempt to open one

@@ -186,6 +186,9 @@ type Store interface {
 	// Listen calls onReady once it listens, then wake with each
 	// notification's payload, until ctx ends or the connection is lost
 	// (the error says which). ErrListenUnsupported: the engine cannot.
+	// A driver that checks that its listener hears notifications sent by
+	// other sessions calls wake with the empty topic when a check comes
+	// back, and returns an error wrapping ErrListenDeaf when one does not.
 	Listen(ctx context.Context, onReady func(), wake func(topic string)) error
 	// Migrate applies the engine's migrations for this schema.
 	Migrate(ctx context.Context) error
@@ -275,6 +278,10 @@ var (
 	ErrNotFound = errors.New("outbox driver: event not found")
 	// ErrListenUnsupported: the engine has no notifications; poll.
 	ErrListenUnsupported = errors.New("outbox driver: listen not supported")
+	// ErrListenDeaf: the listener's connection delivered no notification,
+	// not even a check sent to it from another session; it listens where
+	// no one notifies (behind a pooler in transaction mode, say).
+	ErrListenDeaf = errors.New("the notification listener hears nothing, not even its own check sent from another session")
 	// ErrInvisibleDuplicate: an insert conflicted with a row the caller's
 	// transaction cannot see (REPEATABLE READ or SERIALIZABLE, or a purge
 	// raced it).

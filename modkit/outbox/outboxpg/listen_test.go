@@ -2,6 +2,7 @@ package outboxpg_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -366,5 +367,70 @@ func TestListenOnItsOwnConnection(t *testing.T) {
 	if err := tdb.Provider.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 		WHERE application_name = 'modkit-test-direct-listener' AND query LIKE 'LISTEN%'`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("listeners on ListenOn's connection: %d, %v; want 1", n, err)
+	}
+}
+
+// A listener that hears no one else says so. Behind PgBouncer in
+// transaction mode LISTEN registers on a server connection that hands the
+// notifications to no one, yet the listener's check, sent on its own
+// connection, came back there: it listened deaf for ever, and Health said
+// nothing. The check is now sent from the pool. Here the deaf listener's
+// connection (ListenOn) is to another database, where the pool's
+// notifications never arrive: its check does not come back, and Listen
+// ends with ErrListenDeaf. A listener that hears calls wake with the empty
+// topic for each check that comes back, and goes on listening.
+func TestListenNoticesItHearsNoOneElse(t *testing.T) {
+	t.Cleanup(outboxpg.SetListenCheck(100*time.Millisecond, 2*time.Second))
+	tdb, other := pgtest.NewDB(t), pgtest.NewDB(t)
+
+	hearing := open(t, tdb.Provider.Pool, driver.Options{})
+	lctx, cancel := context.WithCancel(ctx)
+	checks, done, exited := make(chan struct{}, 100), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(exited)
+		done <- hearing.Listen(lctx, func() {}, func(topic string) {
+			if topic == "" {
+				select {
+				case checks <- struct{}{}:
+				default:
+				}
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-exited
+	})
+	for range 3 {
+		select {
+		case <-checks:
+		case err := <-done:
+			t.Fatalf("a listener that hears ended: %v", err)
+		case <-time.After(guard):
+			t.Fatal("a listener that hears reported no check that came back")
+		}
+	}
+
+	elsewhere, err := pgx.ParseConfig(other.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deaf, err := outboxpg.New(tdb.Provider.Pool).ListenOn(elsewhere).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready, deafDone := listening(t, deaf)
+	select {
+	case <-ready:
+	case err := <-deafDone:
+		t.Fatalf("the listener could not connect: %v", err)
+	}
+	select {
+	case err := <-deafDone:
+		if !errors.Is(err, driver.ErrListenDeaf) || !strings.Contains(err.Error(), "ListenOn") {
+			t.Fatalf("a deaf listener ended with %v; want driver.ErrListenDeaf, naming the cure", err)
+		}
+	case <-time.After(guard):
+		t.Fatal("a listener that hears no one else listened on")
 	}
 }

@@ -851,12 +851,16 @@ func (s *store) changeSelected(ctx context.Context, byIDs, byFilter string, p dr
 	return pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 }
 
-// The listener's check of its own connection: after listenQuiet without a
-// notification it sends one to itself and gives up on the connection when
-// it is not back within listenEchoWait. A connection whose server went
-// away behind a proxy that keeps the client's side open (or a PgBouncer in
-// transaction mode, where LISTEN does not work) otherwise waits forever
-// without an error, and every event waits for the poll.
+// The listener's check: after listenQuiet without a notification it sends
+// one to itself through the pool, from another session, and gives up on
+// the connection when it is not back within listenEchoWait. A connection
+// whose server went away behind a proxy that keeps the client's side open
+// otherwise waits forever without an error, and every event waits for the
+// poll. Behind PgBouncer in transaction mode LISTEN registers on a server
+// connection that hands the notifications to no one: a check the listener
+// sent on its own connection came back there all the same, so it is sent
+// from the pool; only when the pool cannot send it (exhausted, say) does
+// the listener send it itself, which checks its connection alone.
 var (
 	listenQuiet    = 30 * time.Second
 	listenEchoWait = 10 * time.Second
@@ -870,7 +874,9 @@ const listenEchoPrefix = " modkit-outbox listener check "
 // one session for its whole life, which a pooled connection is not),
 // opened with the pool's connection settings and its BeforeConnect and
 // AfterConnect hooks (rotating credentials, service discovery), or with
-// Driver.ListenOn's.
+// Driver.ListenOn's. A check that comes back calls wake with the empty
+// topic; one that does not ends it with an error wrapping
+// driver.ErrListenDeaf when the pool sent it.
 func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic string)) error {
 	conn, err := s.listenConn(ctx)
 	if err != nil {
@@ -886,6 +892,7 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 	onReady()
 	echo := listenEchoPrefix + uuid.NewString()
 	var echoSent time.Time // zero: no check under way
+	fromPool := false      // the check under way was sent by the pool
 	for {
 		wait := listenQuiet
 		if !echoSent.IsZero() {
@@ -897,6 +904,7 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		if err == nil {
 			if n.Payload == echo {
 				echoSent = time.Time{}
+				wake("")
 			} else {
 				wake(n.Payload)
 			}
@@ -908,15 +916,29 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		// The wait ran out (its deadline leaves the connection usable):
 		// quiet for listenQuiet, or the check did not come back.
 		silent := fmt.Errorf("outboxpg: the notification listener's connection delivered no notification, not even its own check, "+
-			"for %v: reconnecting (behind PgBouncer in transaction mode, set DispatcherConfig.PollOnly, and Config.DisableNotify on the producers)", listenQuiet+listenEchoWait)
+			"for %v: reconnecting", listenQuiet+listenEchoWait)
 		if !echoSent.IsZero() {
+			if fromPool {
+				return fmt.Errorf("outboxpg: %w (for %v): reconnecting. Behind PgBouncer in transaction mode LISTEN does not work: "+
+					"give the listener a direct connection (Driver.ListenOn), or set DispatcherConfig.PollOnly and Config.DisableNotify "+
+					"on the producers", driver.ErrListenDeaf, listenQuiet+listenEchoWait)
+			}
 			return silent
 		}
+		// In the simple protocol: no statement is prepared, on any pooler.
 		echoSent = time.Now()
-		ectx, cancel := context.WithTimeout(ctx, listenEchoWait)
-		_, err = conn.Exec(ectx, "SELECT pg_catalog.pg_notify($1, $2)", channel, echo)
-		timedOut := ectx.Err() != nil
+		const notify = "SELECT pg_catalog.pg_notify($1, $2)"
+		pctx, cancel := context.WithTimeout(ctx, listenEchoWait/2)
+		_, err = s.pool.Exec(pctx, notify, pgx.QueryExecModeSimpleProtocol, channel, echo)
 		cancel()
+		fromPool = err == nil
+		timedOut := false
+		if err != nil && ctx.Err() == nil {
+			ectx, cancel := context.WithTimeout(ctx, listenEchoWait-time.Since(echoSent))
+			_, err = conn.Exec(ectx, notify, pgx.QueryExecModeSimpleProtocol, channel, echo)
+			timedOut = ectx.Err() != nil
+			cancel()
+		}
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
