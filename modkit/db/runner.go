@@ -234,7 +234,7 @@ type sqlQuerier struct{ q SQLQuerier }
 func (s sqlQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := s.q.ExecContext(ctx, query, args...)
 	if err != nil {
-		return 0, err
+		return 0, notPgxStdlib(err)
 	}
 	return res.RowsAffected()
 }
@@ -242,7 +242,7 @@ func (s sqlQuerier) Exec(ctx context.Context, query string, args ...any) (int64,
 func (s sqlQuerier) Query(ctx context.Context, query string, args ...any) (Rows, error) {
 	rows, err := s.q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, err
+		return nil, notPgxStdlib(err)
 	}
 	return sqlRows{rows}, nil
 }

@@ -36,7 +36,9 @@ func init() { sql.Register("modkit-db-test-other", otherDriver{}) }
 // A handle on another driver than pgx's stdlib refuses the array arguments
 // modkit passes (EnqueueBatch's) with "unsupported type []pgtype.UUID",
 // which named neither the driver nor the fix; the error now says to use
-// pgx's stdlib driver.
+// pgx's stdlib driver, from the Runner SQL returns and from the Querier
+// AsQuerier returns for a *sql.DB or *sql.Tx (EnqueueBatch's path, which
+// gave the bare refusal).
 func TestSQLOnAnotherDriverSaysToUsePgxStdlib(t *testing.T) {
 	handle, err := sql.Open("modkit-db-test-other", "")
 	if err != nil {
@@ -48,7 +50,15 @@ func TestSQLOnAnotherDriverSaysToUsePgxStdlib(t *testing.T) {
 	_, execErr := r.Exec(context.Background(), "SELECT $1", arg)
 	_, queryErr := r.Query(context.Background(), "SELECT $1", arg)
 	scanErr := r.QueryRow(context.Background(), "SELECT $1", arg).Scan(new(int))
-	for what, err := range map[string]error{"Exec": execErr, "Query": queryErr, "QueryRow": scanErr} {
+	q, err := AsQuerier(handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, qExecErr := q.Exec(context.Background(), "SELECT $1", arg)
+	_, qQueryErr := q.Query(context.Background(), "SELECT $1", arg)
+	qScanErr := q.QueryRow(context.Background(), "SELECT $1", arg).Scan(new(int))
+	for what, err := range map[string]error{"Exec": execErr, "Query": queryErr, "QueryRow": scanErr,
+		"AsQuerier's Exec": qExecErr, "AsQuerier's Query": qQueryErr, "AsQuerier's QueryRow": qScanErr} {
 		if err == nil || !strings.Contains(err.Error(), "unsupported type") || !strings.Contains(err.Error(), "github.com/jackc/pgx/v5/stdlib") {
 			t.Errorf("%s with a pgx array on another driver: %v, want the driver's refusal and the fix", what, err)
 		}

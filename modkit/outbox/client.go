@@ -452,6 +452,9 @@ func (c *Client) enqueueError(what string, err error) error {
 		return fmt.Errorf("outbox: %s: %w", what, &notMigratedError{schema: c.cfg.Schema, err: err})
 	case pgCode(err) == "25P02": // in_failed_sql_transaction
 		return fmt.Errorf("outbox: %s: %w (an earlier statement of this transaction failed: roll it back and retry the whole transaction)", what, err)
+	case pgCode(err) == "25006": // read_only_sql_transaction
+		return fmt.Errorf("outbox: %s: %w (the transaction is read-only, or the server is a standby: enqueue in a read-write "+
+			"transaction on the primary)", what, err)
 	case errors.Is(err, driver.ErrInvisibleDuplicate), errors.Is(err, driver.ErrSerialization):
 		return fmt.Errorf("outbox: %s: %w: %w", what, ErrConflict, err)
 	case pgCode(err) == "40P01": // deadlock_detected: two transactions enqueued ordering keys (or dedupe keys) in opposite orders

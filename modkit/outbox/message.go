@@ -53,11 +53,17 @@ type Message struct {
 	// a header, telling their kinds apart). The order comes from a per-key
 	// sequence allocated in tx
 	// (gap-free: a rolled-back transaction takes none). Producers of one
-	// key wait for each other's transactions; producers of different keys
-	// never do. Two transactions that each enqueue several keys can
-	// therefore deadlock when they take them in opposite orders; the one
-	// PostgreSQL aborts gets ErrConflict, so enqueue a transaction's keys
-	// in one order (sorted, say). Many events of one key in one
+	// key wait for each other's transactions (under REPEATABLE READ or
+	// SERIALIZABLE the second gets ErrConflict instead); producers of
+	// different keys never do, but under SERIALIZABLE PostgreSQL's
+	// predicate locks make concurrent transactions that enqueue ordered
+	// events often fail at commit with a serialization failure (SQLSTATE
+	// 40001, from Commit) even for different keys: retry them, or enqueue
+	// ordered events from READ COMMITTED. As producers of one key wait,
+	// two transactions that each enqueue several keys can deadlock when
+	// they take them in opposite orders; the one PostgreSQL aborts gets
+	// ErrConflict, so enqueue a transaction's keys in one order (sorted,
+	// say). Many events of one key in one
 	// transaction go faster through one EnqueueBatch, which takes the key's
 	// sequence once: each Enqueue takes it again, and a transaction's
 	// repeated writes of one row slow each other down (about 0.5 s for

@@ -94,6 +94,32 @@ func TestEnqueueInFailedTransactionSaysRollBack(t *testing.T) {
 	}
 }
 
+// Enqueueing in a read-only transaction says so. It gave PostgreSQL's bare
+// error (for a batch, "cannot execute SELECT in a read-only transaction")
+// and for a batch hinted that the outbox was not migrated.
+func TestEnqueueInReadOnlyTransactionSaysSo(t *testing.T) {
+	c, tdb := newClient(t, outbox.Config{})
+	for name, enqueue := range map[string]func(pgx.Tx) error{
+		"Enqueue": func(tx pgx.Tx) error { _, err := c.Enqueue(ctx, tx, msg(1)); return err },
+		"EnqueueBatch": func(tx pgx.Tx) error {
+			_, err := c.EnqueueBatch(ctx, tx, []outbox.Message{msg(1), msg(2)})
+			return err
+		},
+	} {
+		tx, err := tdb.Provider.Pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = enqueue(tx)
+		_ = tx.Rollback(ctx)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "25006" || !strings.Contains(err.Error(), "read-write transaction") ||
+			strings.Contains(err.Error(), "migrated") {
+			t.Errorf("%s in a read-only transaction: %v", name, err)
+		}
+	}
+}
+
 // A login role refused a privilege (SQLSTATE 42501, still matched by
 // errors.As) is told which outbox role to grant it: the producer role for
 // an enqueue, the dispatcher role for a dispatcher's start, the reader or
