@@ -5,9 +5,11 @@
 //     database per test, on the server in TEST_DATABASE_URL or DATABASE_URL
 //     (the role needs CREATEDB), or on a throwaway PostgreSQL started from
 //     the local server binaries when neither is set.
-//   - RequireEnqueued / RequireEnqueuedTx and RequireNotEnqueued /
-//     RequireNotEnqueuedTx: assert that a topic has (or has not) an event,
-//     optionally matching its payload, dedupe key or tenant; the Tx forms
+//   - RequireEnqueued / RequireEnqueuedTx, RequireEnqueuedOnce /
+//     RequireEnqueuedOnceTx and RequireNotEnqueued / RequireNotEnqueuedTx:
+//     assert that a topic has an event (at least one, or exactly one) or
+//     has none, optionally matching its payload, dedupe key, tenant,
+//     ordering key or headers; the Tx forms
 //     look inside the caller's uncommitted transaction. A topic with an
 //     empty namespace or topic (such as the zero Topic an uninitialised
 //     TypedTopic returns) fails the test at once, in these and in Drain:
@@ -16,7 +18,9 @@
 //   - Drain: runs a dispatcher until the outbox has nothing left to deliver
 //     for the given publishers, and returns what they published; an event
 //     that keeps failing is dead after three attempts, or after the app's
-//     number with DrainWith (DrainOptions: MaxAttempts, Retry).
+//     number with DrainWith (DrainOptions: MaxAttempts, Retry). What it
+//     dead-letters, and its dispatcher's errors (a publisher's panic, with
+//     the stack), go to the test's log.
 //
 // A nil *outbox.Client fails the test, saying so, in every helper that
 // takes one.
@@ -31,7 +35,7 @@
 //		if err := orders.Place(ctx, "o-1"); err != nil {
 //			t.Fatal(err)
 //		}
-//		outboxtest.RequireEnqueued(t, client, OrderPlaced.Topic(), outboxtest.Payload(OrderPlacedEvent{OrderID: "o-1"}))
+//		outboxtest.RequireEnqueuedOnce(t, client, OrderPlaced.Topic(), outboxtest.Payload(OrderPlacedEvent{OrderID: "o-1"}))
 //		rec := outboxtest.NewRecorder()
 //		delivered := outboxtest.Drain(t, client, rec.Publisher(OrderPlaced.Topic()))
 //		…

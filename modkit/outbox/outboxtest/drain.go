@@ -21,11 +21,17 @@ import (
 // returned nil, in the order they returned. Events that fail are retried
 // after a millisecond or so, three attempts in all (not the app's
 // DispatcherConfig.MaxAttempts: DrainWith takes it), then dead-lettered:
-// check them with c.Admin(). Other topics' events are left alone.
+// check them with c.Admin(). Each event dead-lettered, with its error, and
+// the dispatcher's warnings and errors (a publisher's panic, with its
+// stack) go to t's log, which the test shows when it fails or runs with
+// -v. Other topics' events are left alone.
 //
 // It looks again after each outcome its dispatcher records, and every
 // 100ms besides, for events that another dispatcher (the module's
-// own, in an fx test) or the sweeper settles. It fails t if the dispatcher
+// own, in an fx test) or the sweeper settles. Such a dispatcher and
+// Drain's share the topics' events: Drain's publishers take some of them
+// from the app's, so a test of what the app's own publishers did should
+// give Drain those publishers, or wait on what they do. It fails t if the dispatcher
 // cannot start or the topics are not drained within WaitTimeout, naming
 // some of the events left and their last errors. Two kinds of event keep a topic from draining, so a
 // test that makes them waits out WaitTimeout and fails: one held behind a
@@ -112,14 +118,21 @@ func DrainWith(t TB, c *outbox.Client, opts DrainOptions, pubs ...outbox.Publish
 		wrapped[i] = p
 	}
 	outcome := make(chan struct{}, 1)
-	warnings := &lastLines{}
+	// The dispatcher's warnings and errors (a publisher's panic with its
+	// stack, say) go to the test's log, shown when it fails or with -v,
+	// and the last few into the message of a start that fails.
+	warnings := &lastLines{logf: t.Logf}
 	d, err := c.NewDispatcher(outbox.DispatcherConfig{
 		PollInterval:  10 * time.Millisecond,
 		Retry:         opts.Retry,
 		MaxAttempts:   opts.MaxAttempts,
 		SweepInterval: 100 * time.Millisecond,
 		Logger:        slog.New(slog.NewTextHandler(warnings, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		OnOutcome: func(outbox.Delivery, outbox.Outcome) {
+		OnOutcome: func(d outbox.Delivery, o outbox.Outcome) {
+			if o.Status == outbox.StatusDead {
+				t.Logf("outboxtest: drain: event %s of %s/%s dead-lettered after attempt %d: %s", d.ID, d.Namespace, d.Topic,
+					d.Attempt, o.Error)
+			}
 			select {
 			case outcome <- struct{}{}:
 			default:
@@ -179,6 +192,7 @@ func DrainWith(t TB, c *outbox.Client, opts DrainOptions, pubs ...outbox.Publish
 type lastLines struct {
 	mu    sync.Mutex
 	lines []string
+	logf  func(format string, args ...any) // each line written, when set
 }
 
 // lastLinesKept bounds lastLines.
@@ -187,7 +201,13 @@ const lastLinesKept = 5
 func (l *lastLines) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.lines = append(l.lines, strings.Split(strings.TrimRight(string(p), "\n"), "\n")...)
+	lines := strings.Split(strings.TrimRight(string(p), "\n"), "\n")
+	if l.logf != nil {
+		for _, line := range lines {
+			l.logf("outboxtest: drain: dispatcher: %s", line)
+		}
+	}
+	l.lines = append(l.lines, lines...)
 	if n := len(l.lines); n > lastLinesKept {
 		l.lines = slices.Delete(l.lines, 0, n-lastLinesKept)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -299,5 +300,45 @@ func TestDrainWithTheAppsRetryPolicy(t *testing.T) {
 	if wait := e.NextAttemptAt.Sub(e.UpdatedAt); e.Status != outbox.StatusPending || e.Attempts != 1 || wait < 30*time.Minute {
 		t.Fatalf("after one failure: %s, %d attempt(s), next attempt %v after it; want pending, 1, at least half an hour (an hour, jittered)",
 			e.Status, e.Attempts, wait)
+	}
+}
+
+// logT stands in for a *testing.T and keeps what is logged through it.
+type logT struct {
+	*testing.T
+	mu   sync.Mutex
+	logs []string
+}
+
+func (l *logT) Logf(format string, args ...any) {
+	l.mu.Lock()
+	l.logs = append(l.logs, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+	l.T.Logf(format, args...)
+}
+
+// Drain puts each event it dead-letters, with its error, and its
+// dispatcher's errors (a publisher's panic, with the stack) in the test's
+// log. Its dispatcher logged into a buffer shown only when it could not
+// start: a test whose publisher panicked passed with nothing in its -v
+// output, and the stored error has no file or line.
+func TestDrainLogsDeadEventsAndPanics(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
+	lt := &logT{T: t}
+	published := outboxtest.Drain(lt, c, outbox.Publisher{Topic: placed, Publish: func(context.Context, outbox.Delivery) error {
+		var m map[string]int
+		m["boom"]++ // a nil map: panics
+		return nil
+	}})
+	if len(published) != 0 {
+		t.Fatalf("published %d, want none", len(published))
+	}
+	logs := strings.Join(lt.logs, "\n")
+	for _, want := range []string{"dead-lettered after attempt 3", "shop/order_placed", "assignment to entry in nil map",
+		"publisher panicked", "drain_test.go"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("Drain's log lacks %q:\n%s", want, logs)
+		}
 	}
 }

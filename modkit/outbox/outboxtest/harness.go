@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/modkit-go/modkit/internal/pgtest"
@@ -25,10 +27,13 @@ type TB interface {
 
 // Main sets up the PostgreSQL server for the test binary, runs the tests,
 // drops what it created and, when every test passed, fails the binary if
-// goroutines leaked (go.uber.org/goleak). A binary that panics or times
-// out leaves its databases on a server of TEST_DATABASE_URL or
-// DATABASE_URL; the first test binary that starts on that server a day
-// later drops them (those nobody is connected to). Call it from TestMain;
+// goroutines leaked (go.uber.org/goleak). A binary that panics, times
+// out or is killed (SIGKILL, or Ctrl-C, which go test passes on as
+// SIGINT) leaves its databases on a server of TEST_DATABASE_URL or
+// DATABASE_URL, where the first test binary that starts on that server a
+// day later drops them (those nobody is connected to), and leaves a
+// throwaway server's directory under the temporary directory, which the
+// next binary to start one removes (the server itself exits with it). Call it from TestMain;
 // it calls os.Exit:
 //
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }
@@ -158,6 +163,20 @@ func summary(events []outbox.Event) string {
 		}
 		if e.TenantID != nil {
 			s += " tenant=" + e.TenantID.String()
+		}
+		if e.OrderingKey != "" {
+			s += fmt.Sprintf(" ordering_key=%q seq=%d", e.OrderingKey, e.Sequence)
+		}
+		if len(e.Headers) > 0 {
+			names := slices.Sorted(maps.Keys(e.Headers))
+			s += " headers={"
+			for i, n := range names {
+				if i > 0 {
+					s += ", "
+				}
+				s += fmt.Sprintf("%s: %q", n, e.Headers[n])
+			}
+			s += "}"
 		}
 	}
 	return s

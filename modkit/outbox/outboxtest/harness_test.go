@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/modkit-go/modkit/modkit/outbox"
 	"github.com/modkit-go/modkit/modkit/outbox/outboxtest"
 )
@@ -85,5 +87,19 @@ func TestNewClientMigratesQuietly(t *testing.T) {
 	}
 	if got := c.Config().Logger.Handler(); got != slog.Handler(own) {
 		t.Errorf("the Client's logger has handler %T, want the one of its Config", got)
+	}
+}
+
+// A per-test leak check as the README shows it, registered before
+// NewClient so that it runs after the database's cleanup, passes whether
+// the server is a throwaway one or TEST_DATABASE_URL's, with a dispatcher
+// run and stopped in the test.
+func TestPerTestLeakCheckAsTheREADMEShows(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	enqueue(t, c, tdb.Provider.Pool, placed, `{"id":"o-1"}`)
+	if got := outboxtest.Drain(t, c, outboxtest.NewRecorder().Publisher(placed)); len(got) != 1 {
+		t.Fatalf("drained %d, want 1", len(got))
 	}
 }

@@ -149,7 +149,10 @@ func normaliseNumbers(v any) any {
 // T for which f returns true. desc says what it checks, for failure
 // messages. A payload that does not decode into a T fails the assertion
 // (unless another matcher already rules the event out): RequireNotEnqueued
-// could not tell whether it is the event it must not find.
+// could not tell whether it is the event it must not find. Decoding is
+// encoding/json's: a payload without T's fields, or with others, decodes
+// into a T all the same (its fields zero), so f should check the fields it
+// relies on.
 func PayloadWhere[T any](desc string, f func(T) bool) Matcher {
 	return Matcher{desc: desc, match: func(e outbox.Event) (bool, string) {
 		if e.Payload == nil {
@@ -215,6 +218,33 @@ func Header(name, value string) Matcher {
 func RequireEnqueued(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) []outbox.Event {
 	t.Helper()
 	return requireEnqueued(t, c, topic, match, func() ([]outbox.Event, error) { return committedEvents(c, topic) })
+}
+
+// RequireEnqueuedOnce fails t unless exactly one committed event of topic
+// matches every matcher, and returns it: RequireEnqueued passes as well
+// when a bug enqueued the event twice.
+func RequireEnqueuedOnce(t TB, c *outbox.Client, topic outbox.Topic, match ...Matcher) outbox.Event {
+	t.Helper()
+	return requireOnce(t, topic, match, RequireEnqueued(t, c, topic, match...))
+}
+
+// RequireEnqueuedOnceTx is RequireEnqueuedOnce seen from inside tx, the
+// caller's transaction (or connection).
+func RequireEnqueuedOnceTx(t TB, c *outbox.Client, tx db.Runner, topic outbox.Topic, match ...Matcher) outbox.Event {
+	t.Helper()
+	return requireOnce(t, topic, match, RequireEnqueuedTx(t, c, tx, topic, match...))
+}
+
+func requireOnce(t TB, topic outbox.Topic, match []Matcher, found []outbox.Event) outbox.Event {
+	t.Helper()
+	switch len(found) {
+	case 0: // RequireEnqueued failed t
+		return outbox.Event{}
+	case 1:
+		return found[0]
+	}
+	fatal(t, "%d events of %s were enqueued%s; want exactly one:%s", len(found), topic, describe(match), summary(found))
+	return outbox.Event{}
 }
 
 // RequireEnqueuedTx is RequireEnqueued seen from inside tx, the caller's

@@ -79,7 +79,8 @@ func TestRequireEnqueued(t *testing.T) {
 	msg := failure(t, func(t outboxtest.TB) {
 		outboxtest.RequireEnqueued(t, c, placed, outboxtest.Payload(order{ID: "o-9", Cents: 1}))
 	})
-	for _, want := range []string{"shop/order_placed", `payload {"id":"o-9","cents":1}`, "2 other event(s)", `"o-1"`} {
+	for _, want := range []string{"shop/order_placed", `payload {"id":"o-9","cents":1}`, "2 other event(s)", `"o-1"`,
+		`ordering_key="order/o-2" seq=1`, `headers={source: "checkout"}`} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("RequireEnqueued's failure must mention %s: %q", want, msg)
 		}
@@ -109,6 +110,37 @@ func TestRequireEnqueued(t *testing.T) {
 	msg = failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Tenant(tenant)) })
 	if !strings.Contains(msg, "1 event(s) of shop/order_placed") || !strings.Contains(msg, "o-2") {
 		t.Errorf("RequireNotEnqueued's failure: %q", msg)
+	}
+}
+
+// RequireEnqueuedOnce fails when the event was enqueued twice, which
+// RequireEnqueued passes, and returns the one event otherwise.
+func TestRequireEnqueuedOnce(t *testing.T) {
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	pool := tdb.Provider.Pool
+	enqueue(t, c, pool, placed, `{"id":"o-1","cents":100}`)
+	enqueue(t, c, pool, placed, `{"id":"o-2","cents":100}`)
+	enqueue(t, c, pool, placed, `{"id":"o-2","cents":100}`)
+	if e := outboxtest.RequireEnqueuedOnce(t, c, placed, outboxtest.Payload(order{ID: "o-1", Cents: 100})); !strings.Contains(string(e.Payload), "o-1") {
+		t.Errorf("RequireEnqueuedOnce returned %+v, want the event of o-1", e)
+	}
+	msg := failure(t, func(t outboxtest.TB) {
+		outboxtest.RequireEnqueuedOnce(t, c, placed, outboxtest.Payload(order{ID: "o-2", Cents: 100}))
+	})
+	if !strings.Contains(msg, "2 events of shop/order_placed were enqueued") || !strings.Contains(msg, "want exactly one") {
+		t.Errorf("RequireEnqueuedOnce of an event enqueued twice: %q", msg)
+	}
+	if msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireEnqueuedOnce(t, c, shipped) }); !strings.Contains(msg, "the topic has none") {
+		t.Errorf("RequireEnqueuedOnce on an empty topic: %q", msg)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	enqueue(t, c, tx, placed, `{"id":"o-3","cents":1}`)
+	if e := outboxtest.RequireEnqueuedOnceTx(t, c, tx, placed, outboxtest.Payload(order{ID: "o-3", Cents: 1})); e.Namespace != "shop" {
+		t.Errorf("RequireEnqueuedOnceTx returned %+v", e)
 	}
 }
 
