@@ -64,10 +64,16 @@ func Main(m *testing.M) {
 	os.Exit(run(m))
 }
 
-func run(m *testing.M) int {
+// MainIgnoring is Main whose leak check also ignores the goroutines that
+// ignore matches (goleak.IgnoreTopFunction, say).
+func MainIgnoring(m *testing.M, ignore ...goleak.Option) {
+	os.Exit(run(m, ignore...))
+}
+
+func run(m *testing.M, ignore ...goleak.Option) int {
 	// Goroutines that run before the tests (started by a dependency's init,
 	// say) are not the tests' leaks.
-	before := goleak.IgnoreCurrent()
+	before := append([]goleak.Option{goleak.IgnoreCurrent()}, ignore...)
 	if err := setup(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -75,7 +81,7 @@ func run(m *testing.M) int {
 	code := m.Run()
 	teardown()
 	if code == 0 {
-		if err := goleak.Find(before); err != nil {
+		if err := goleak.Find(before...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: leaked goroutines after all tests passed:\n%v\n", err)
 			return 1
 		}

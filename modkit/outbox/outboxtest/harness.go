@@ -10,6 +10,8 @@ import (
 	"slices"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/modkit-go/modkit/internal/pgtest"
 	"github.com/modkit-go/modkit/modkit/db"
 	"github.com/modkit-go/modkit/modkit/outbox"
@@ -38,6 +40,18 @@ type TB interface {
 //
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }
 func Main(m *testing.M) { pgtest.Main(m) }
+
+// MainOptions adjust MainWith.
+type MainOptions struct {
+	// IgnoreGoroutines are goleak options for goroutines the test binary
+	// leaves running on purpose, which Main's leak check would report: a
+	// dependency's background worker, say
+	// (goleak.IgnoreTopFunction("example.com/dep.(*Client).loop")).
+	IgnoreGoroutines []goleak.Option
+}
+
+// MainWith is Main with opts. Call it from TestMain; it calls os.Exit.
+func MainWith(m *testing.M, opts MainOptions) { pgtest.MainIgnoring(m, opts.IgnoreGoroutines...) }
 
 // DB is one test's database, with the outbox's migrations applied in the
 // public schema.
