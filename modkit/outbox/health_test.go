@@ -221,6 +221,19 @@ func TestHealthRecoversWhenTransactionalDeliveriesRecordOutcomes(t *testing.T) {
 	}
 }
 
+// nextListen returns what the next call of a test store's Listen reported
+// on calls.
+func nextListen(t *testing.T, calls <-chan bool) bool {
+	t.Helper()
+	select {
+	case ok := <-calls:
+		return ok
+	case <-time.After(guard):
+		t.Fatal("the listener was not tried again")
+		return false
+	}
+}
+
 // failingListenStore's Listen fails while failing is set; otherwise it
 // listens (it calls onReady) until its context ends. Each call reports on
 // calls once it has failed or is listening.
@@ -250,16 +263,7 @@ func TestHealthDegradedWhileTheListenerIsDown(t *testing.T) {
 	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
 	d := startDispatcher(t, c, testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic,
 		Publish: func(context.Context, outbox.Delivery) error { return nil }})
-	next := func() bool {
-		t.Helper()
-		select {
-		case ok := <-st.calls:
-			return ok
-		case <-time.After(guard):
-			t.Fatal("the listener was not tried again")
-			return false
-		}
-	}
+	next := func() bool { t.Helper(); return nextListen(t, st.calls) }
 	// Two failed attempts: the second begins after the notifier has
 	// taken in the first.
 	next()
@@ -309,16 +313,7 @@ func TestHealthDegradedWhileTheListenerIsDeaf(t *testing.T) {
 	c := clientWrappingStore(t, tdb.Provider.Pool, func(s driver.Store) driver.Store { st.Store = s; return st })
 	d := startDispatcher(t, c, testConfig(newOutcomeLog()), outbox.Publisher{Topic: testTopic,
 		Publish: func(context.Context, outbox.Delivery) error { return nil }})
-	next := func() bool {
-		t.Helper()
-		select {
-		case heard := <-st.calls:
-			return heard
-		case <-time.After(guard):
-			t.Fatal("the listener was not tried again")
-			return false
-		}
-	}
+	next := func() bool { t.Helper(); return nextListen(t, st.calls) }
 	// Two deaf connections: the second begins after the notifier has
 	// taken in the first.
 	next()
