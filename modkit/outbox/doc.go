@@ -89,7 +89,8 @@
 //     after MaxAttempts); a topic whose every slot is held by abandoned publishes is
 //     paused until they return, and Dispatcher.Health reports it. Other
 //     topics are not affected by one topic's hang: it holds at most its own
-//     limit. The limits of all topics together may pass the dispatcher's
+//     limit, and its backlog is not read by their claims (since migration
+//     0046 a claim reads the claim index of its own topics only). The limits of all topics together may pass the dispatcher's
 //     Concurrency (half of it each, by default), so a topic that already
 //     has a publish in flight does not take the dispatcher's last free slot
 //     while another topic has none in flight. Topics that hang together
