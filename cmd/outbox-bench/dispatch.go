@@ -27,7 +27,7 @@ import (
 // $4 worker id, $5 lease), and the predicate of today's claim index
 // (unsettled, unheld events since migration 0014; of these it takes the
 // pending ones), so that the baseline gets the index the library's claim
-// uses. Since migration 0046 that index is led by namespace and topic, and
+// uses. Since migration 0045 that index is led by namespace and topic, and
 // the library reads it per topic: the workloads claim one topic, so the
 // baseline reads that topic's part of it (the first key of $2), where it
 // tested (namespace || ':' || topic) = ANY($2) on each row of an index by

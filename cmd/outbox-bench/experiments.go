@@ -21,7 +21,7 @@ import (
 
 // topicPredicate is the baseline claim's topic filter (rawClaimSQL): the
 // one topic's part of the claim index, as the library reads it per topic
-// since migration 0046.
+// since migration 0045.
 const topicPredicate = `AND namespace = split_part(($2::text[])[1], ':', 1) AND topic = substr(($2::text[])[1], strpos(($2::text[])[1], ':') + 1)`
 
 // claimVariant rewrites the topic filter of the baseline claim.

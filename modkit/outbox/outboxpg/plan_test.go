@@ -196,7 +196,7 @@ func claimPassesOverWaitingRetries(t *testing.T, chains []int32) {
 	}
 }
 
-// A claim reads the claim index of its own topics only (migration 0046):
+// A claim reads the claim index of its own topics only (migration 0045):
 // it walked the whole index from its front, reading the row of every due
 // event of a topic left out of it (a lane full or paused, a topic no
 // dispatcher serves) before reaching its own, and compared each with every
@@ -244,7 +244,7 @@ func claimReadsOnlyItsOwnTopics(t *testing.T, chain int32, idle int) {
 }
 
 // A claim of several topics takes the oldest due events of them all, in
-// order, and locks no more events than it leases (migration 0046 reads
+// order, and locks no more events than it leases (migration 0045 reads
 // each topic's part of the claim index and merges them): a lock on an
 // event it does not lease would write a WAL record and keep other claims
 // off the event until commit.

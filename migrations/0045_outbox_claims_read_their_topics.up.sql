@@ -77,7 +77,7 @@ DECLARE
     -- The lease token of this claim, shared by the events it leases.
     v_claim_token uuid := gen_random_uuid();
     -- The claim's topics, each once, as namespace and topic, and how many
-    -- events of each to lock (since migration 0046).
+    -- events of each to lock (since migration 0045).
     v_want_ns text[];
     v_want_topic text[];
     v_take int[];
@@ -103,7 +103,7 @@ BEGIN
     IF v_want_ns IS NULL THEN
         RETURN;
     END IF;
-    -- The claim index is read per topic (since migration 0046 it is led by
+    -- The claim index is read per topic (since migration 0045 it is led by
     -- namespace and topic), so a claim reads its own topics' entries only:
     -- the backlog of a topic left out of the claim (its lane full or
     -- paused, or served by no dispatcher) is not read.
@@ -243,7 +243,7 @@ DECLARE
     v_links int;
     -- The claim's topics, each once, as namespace and topic, with their
     -- chain lengths and how many heads each has among those counted
-    -- (since migration 0046).
+    -- (since migration 0045).
     v_want_ns text[];
     v_want_topic text[];
     v_want_chain int[];
@@ -270,7 +270,7 @@ BEGIN
         RETURN;
     END IF;
     v_count := pg_catalog.array_fill(0, ARRAY[pg_catalog.cardinality(v_want_ns)]);
-    -- The claim index is read per topic (since migration 0046 it is led by
+    -- The claim index is read per topic (since migration 0045 it is led by
     -- namespace and topic), so a claim reads its own topics' entries only:
     -- the backlog of a topic left out of the claim (its lane full or
     -- paused, or served by no dispatcher) is not read. Each topic's walk
@@ -449,7 +449,7 @@ AS $function$
 BEGIN
     IF p_status IN ('pending', 'processing') THEN
         RETURN QUERY
-        -- Since migration 0046 the claim index is led by namespace and
+        -- Since migration 0045 the claim index is led by namespace and
         -- topic: the topics with events in it are found one index descent
         -- each (unless the filter names one), and each topic's part of it
         -- is walked in enqueue order, up to p_limit events, and merged.
