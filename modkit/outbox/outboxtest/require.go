@@ -50,7 +50,11 @@ const payloadHidden = "its payload is hidden from the client's database role (mo
 // payload and RequireNotEnqueued would pass whatever was enqueued.
 func Payload(want any) Matcher {
 	refuse := func(why string) Matcher {
-		return Matcher{desc: fmt.Sprintf("payload %#v", want), bad: why, match: func(outbox.Event) (bool, string) { return false, "" }}
+		desc := fmt.Sprintf("payload %#v", want)
+		if v := reflect.ValueOf(want); v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Uint8 {
+			desc = fmt.Sprintf("payload %T(%q)", want, v.Bytes()) // as text, not hex
+		}
+		return Matcher{desc: desc, bad: why, match: func(outbox.Event) (bool, string) { return false, "" }}
 	}
 	if _, marshals := want.(json.Marshaler); !marshals {
 		v := reflect.ValueOf(want)
@@ -305,7 +309,7 @@ func checkMatchers(t TB, match []Matcher) {
 	for i, m := range match {
 		if m.match == nil {
 			fatal(t, "matcher %d is the zero outboxtest.Matcher, which matches nothing: build it with Payload, PayloadJSON, "+
-				"PayloadWhere, DedupeKey or Tenant", i)
+				"PayloadWhere, DedupeKey, Tenant, OrderingKey or Header", i)
 		}
 		if m.bad != "" {
 			fatal(t, "matcher %s: %s", m.desc, m.bad)

@@ -100,7 +100,7 @@ func TestRequireEnqueued(t *testing.T) {
 		"PayloadJSON of two values":                   outboxtest.PayloadJSON(`{"id":"o-1"},{"id":"o-2"}`),
 	} {
 		msg := failure(t, func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, m) })
-		if !strings.Contains(msg, "matcher") {
+		if !strings.Contains(msg, "matcher") || strings.Contains(msg, "0x7b") { // bytes shown as text, not hex
 			t.Errorf("RequireNotEnqueued with a broken %s matcher passed or said %q", name, msg)
 		}
 	}
@@ -352,8 +352,9 @@ func TestHelpersRefuseTheZeroMatcher(t *testing.T) {
 		"RequireEnqueuedTx":    func(t outboxtest.TB) { outboxtest.RequireEnqueuedTx(t, c, pool, placed, outboxtest.Matcher{}) },
 		"RequireNotEnqueued":   func(t outboxtest.TB) { outboxtest.RequireNotEnqueued(t, c, placed, outboxtest.Matcher{}) },
 		"RequireNotEnqueuedTx": func(t outboxtest.TB) { outboxtest.RequireNotEnqueuedTx(t, c, pool, placed, outboxtest.Matcher{}) },
+		"RequireEnqueuedOnce":  func(t outboxtest.TB) { outboxtest.RequireEnqueuedOnce(t, c, placed, outboxtest.Matcher{}) },
 	} {
-		if msg := failure(t, helper); !strings.Contains(msg, "zero outboxtest.Matcher") {
+		if msg := failure(t, helper); !strings.Contains(msg, "zero outboxtest.Matcher") || !strings.Contains(msg, "OrderingKey or Header") {
 			t.Errorf("%s with the zero Matcher: failed with %q; want it to say the matcher is the zero value", name, msg)
 		}
 	}
