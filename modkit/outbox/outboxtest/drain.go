@@ -33,11 +33,12 @@ import (
 // from the app's, so a test of what the app's own publishers did should
 // give Drain those publishers, or wait on what they do. It fails t if the dispatcher
 // cannot start or the topics are not drained within WaitTimeout, naming
-// some of the events left and their last errors. Two kinds of event keep a topic from draining, so a
-// test that makes them waits out WaitTimeout and fails: one held behind a
-// dead event of its ordering key (unless the publisher sets
-// SkipDeadHeads), and a retry whose error asks for a later time
-// (RetryAfter) than the test allows.
+// some of the events left and their last errors. Two kinds of event keep a
+// topic from draining: one held behind a dead event of its ordering key
+// (unless the publisher sets SkipDeadHeads), which fails t as soon as
+// every event left is such an event, and a retry whose error asks for a
+// later time (RetryAfter) than the test allows, which waits out
+// WaitTimeout.
 func Drain(t TB, c *outbox.Client, pubs ...outbox.Publisher) []outbox.Delivery {
 	t.Helper()
 	return DrainWith(t, c, DrainOptions{}, pubs...)
@@ -160,10 +161,17 @@ func DrainWith(t TB, c *outbox.Client, opts DrainOptions, pubs ...outbox.Publish
 		}
 	}
 	defer stop()
+	skipDead := map[outbox.Topic]bool{}
+	for _, p := range pubs {
+		if p.SkipDeadHeads {
+			skipDead[p.Topic] = true
+		}
+	}
 	timeout := time.NewTimer(WaitTimeout)
 	defer timeout.Stop()
 	recheck := time.NewTicker(drainRecheck)
 	defer recheck.Stop()
+	stuckBefore := false // at the last recheck, with no outcome since
 	for {
 		left, err := undelivered(ctx, c, topics)
 		if err != nil {
@@ -174,7 +182,17 @@ func DrainWith(t TB, c *outbox.Client, opts DrainOptions, pubs ...outbox.Publish
 		}
 		select {
 		case <-outcome:
+			stuckBefore = false
 		case <-recheck.C:
+			// Every event left waits behind a dead event of its key, twice
+			// in a row with no outcome between: waiting out WaitTimeout
+			// cannot change that.
+			stuck := behindDeadHeads(ctx, c, topics, skipDead) >= left
+			if stuck && stuckBefore {
+				fatal(t, "drain: the %d event(s) left of %d topic(s) all wait behind dead events of their ordering keys, "+
+					"which this Drain cannot deliver%s", left, len(topics), leftOver(ctx, c, topics))
+			}
+			stuckBefore = stuck
 		case <-timeout.C:
 			left, _ = undelivered(ctx, c, topics)
 			fatal(t, "drain: %d event(s) of %d topic(s) still pending or processing after %v%s", left, len(topics), WaitTimeout,
@@ -256,6 +274,23 @@ func blockedKeys(ctx context.Context, c *outbox.Client, topics map[outbox.Topic]
 		}
 	}
 	return b.String()
+}
+
+// behindDeadHeads counts the events of topics that wait behind a dead
+// event of their ordering key, but for the topics whose publishers skip
+// dead heads (skipDead); -1 when they cannot be listed.
+func behindDeadHeads(ctx context.Context, c *outbox.Client, topics, skipDead map[outbox.Topic]bool) int64 {
+	blocked, err := c.Admin().BlockedKeys(ctx, 10000)
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, k := range blocked {
+		if topics[k.Topic] && !skipDead[k.Topic] {
+			n += k.Waiting
+		}
+	}
+	return n
 }
 
 // leftEvents names some of the topics' pending and processing events with

@@ -340,3 +340,42 @@ func TestDrainLogsDeadEventsAndPanics(t *testing.T) {
 		}
 	}
 }
+
+// A Drain whose events left all wait behind dead events of their ordering
+// keys fails as soon as it sees so, rather than after WaitTimeout (a
+// minute by default), which could not change it; under SkipDeadHeads
+// such a key goes on, and the Drain ends with its later events delivered.
+// (A serial test: it changes WaitTimeout.)
+func TestDrainFailsAtOnceBehindADeadHead(t *testing.T) {
+	saved := outboxtest.WaitTimeout
+	outboxtest.WaitTimeout = 2 * time.Minute // the guard: the failure must come long before
+	defer func() { outboxtest.WaitTimeout = saved }()
+	for _, skip := range []bool{false, true} {
+		c, tdb := outboxtest.NewClient(t, outbox.Config{})
+		for i := range 3 {
+			enqueue(t, c, tdb.Provider.Pool, placed, fmt.Sprintf(`{"n":%d}`, i), func(m *outbox.Message) { m.OrderingKey = "acct-1" })
+		}
+		rec := outboxtest.NewRecorder()
+		rec.Fail = func(d outbox.Delivery) error {
+			if d.Sequence == 1 {
+				return outbox.Permanent(errors.New("the ledger refused it"))
+			}
+			return nil
+		}
+		pub := rec.Publisher(placed)
+		pub.SkipDeadHeads = skip
+		var published []outbox.Delivery
+		msg := failure(t, func(tb outboxtest.TB) { published = outboxtest.Drain(tb, c, pub) })
+		if skip {
+			if msg != "" || len(published) != 2 {
+				t.Errorf("SkipDeadHeads: Drain failed with %q, published %d; want the two later events published", msg, len(published))
+			}
+			continue
+		}
+		for _, want := range []string{"the 2 event(s) left of 1 topic(s) all wait behind dead events", `ordering key "acct-1"`} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("Drain behind a dead head failed with %q; want it to say %q", msg, want)
+			}
+		}
+	}
+}
