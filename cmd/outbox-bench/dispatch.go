@@ -27,11 +27,7 @@ import (
 // $4 worker id, $5 lease), and the predicate of today's claim index
 // (unsettled, unheld events since migration 0014; of these it takes the
 // pending ones), so that the baseline gets the index the library's claim
-// uses. Since migration 0045 that index is led by namespace and topic, and
-// the library reads it per topic: the workloads claim one topic, so the
-// baseline reads that topic's part of it (the first key of $2), where it
-// tested (namespace || ':' || topic) = ANY($2) on each row of an index by
-// enqueue time. It leaves out the repair of expired
+// uses; it leaves out the repair of expired
 // leases, which a drain never needs. It leaves out the
 // asynchronous commit the library's statements carry: the baseline is what
 // a hand-written loop would send.
@@ -40,7 +36,7 @@ func rawClaimSQL(table string) string {
 	SELECT id FROM ` + table + `
 	WHERE settled_status IS NULL AND NOT held AND status = 'pending' AND next_attempt_at <= now()
 	  AND attempts < $1
-	  AND namespace = split_part(($2::text[])[1], ':', 1) AND topic = substr(($2::text[])[1], strpos(($2::text[])[1], ':') + 1)
+	  AND (namespace || ':' || topic) = ANY($2::text[])
 	ORDER BY created_at, id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED

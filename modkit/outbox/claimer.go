@@ -16,9 +16,10 @@ import (
 // pool. It claims only for topics whose lanes have room and never more than
 // they can start before the publish deadline (see workerPool.plan: lanes
 // with less room than a shared claim's size get claims of their own), so a
-// paused topic costs the others nothing (since migration 0045 a claim
-// reads the claim index of its own topics only) and nothing queued locally
-// is ever found expired and claimed again.
+// paused topic holds none of the others' slots and nothing queued locally
+// is ever found expired and claimed again. (A paused topic's due events
+// still cost the other topics' claims, which walk past them: doc.go,
+// "Topic isolation".)
 //
 // It claims while it knows of due work and there is room, then waits for
 // room, a wake-up, a re-check or the poll timer. A wake-up opens a wake

@@ -2,7 +2,6 @@ package outboxpg_test
 
 import (
 	"context"
-	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -193,95 +192,6 @@ func claimPassesOverWaitingRetries(t *testing.T, chains []int32) {
 	if read := tableReads(t, tx, "modkit_outbox_events"); read > 10*due {
 		t.Fatalf("the claim of %d due events behind %d waiting retries read %d rows and index entries; want a few per claimed event",
 			due, waiting, read)
-	}
-}
-
-// A claim reads the claim index of its own topics only (migration 0045):
-// it walked the whole index from its front, reading the row of every due
-// event of a topic left out of it (a lane full or paused, a topic no
-// dispatcher serves) before reaching its own, and compared each with every
-// topic of the claim, so that one topic's backlog slowed every other
-// topic's claims in proportion to backlog × topics (trial H: 500,000 due
-// events of a hung topic, claims of 1,000 topics of 11 s, a quiet topic's
-// events not published at all).
-func TestClaimReadsOnlyItsOwnTopics(t *testing.T) {
-	for name, chains := range map[string]int32{"without chains": 1, "with chains": 10} {
-		for _, idle := range []int{0, 200} {
-			t.Run(fmt.Sprintf("%s, %d idle topics", name, idle), func(t *testing.T) { claimReadsOnlyItsOwnTopics(t, chains, idle) })
-		}
-	}
-}
-
-func claimReadsOnlyItsOwnTopics(t *testing.T, chain int32, idle int) {
-	s, tdb := newStore(t)
-	pool := tdb.Provider.Pool
-	const backlog, due = 3000, 5
-	if _, err := s.Insert(ctx, pool, rows(backlog, "test", "hot"), nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Insert(ctx, pool, rows(due, "test", "cold"), nil); err != nil {
-		t.Fatal(err)
-	}
-	mustExec(t, pool, "VACUUM ANALYZE modkit_outbox_events")
-	topics, chains := []string{"test:cold"}, []int32{chain}
-	for i := range idle {
-		topics, chains = append(topics, fmt.Sprintf("idle%d:events", i)), append(chains, chain)
-	}
-	tx := ownTx(t, tdb)
-	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
-		t.Fatal(err)
-	}
-	var claimed int64
-	err := tx.QueryRow(ctx, `SELECT count(*) FROM modkit_outbox_claim_chained($1, $2, 100, 3, '1 minute', NULL, $3)`,
-		uuid.New(), topics, chains).Scan(&claimed)
-	if err != nil || claimed != due {
-		t.Fatalf("claimed %d of the %d due events: %v", claimed, due, err)
-	}
-	if read := tableReads(t, tx, "modkit_outbox_events"); read > 10*due {
-		t.Fatalf("the claim of %d due events of its topic (and %d idle ones) behind %d due events of a topic left out of it read %d rows and index entries; want a few per claimed event",
-			due, idle, backlog, read)
-	}
-}
-
-// A claim of several topics takes the oldest due events of them all, in
-// order, and locks no more events than it leases (migration 0045 reads
-// each topic's part of the claim index and merges them): a lock on an
-// event it does not lease would write a WAL record and keep other claims
-// off the event until commit.
-func TestClaimOfSeveralTopicsTakesTheOldestAndLocksWhatItLeases(t *testing.T) {
-	s, tdb := newStore(t)
-	pool := tdb.Provider.Pool
-	// Three topics' events interleaved in time: a, b, c, a, b, c, ...
-	var want []uuid.UUID
-	for i := range 30 {
-		r := rows(1, "test", []string{"a", "b", "c"}[i%3])
-		if _, err := s.Insert(ctx, pool, r, nil); err != nil {
-			t.Fatal(err)
-		}
-		if i < 10 {
-			want = append(want, r[0].ID)
-		}
-	}
-	// Each insert commits on its own, so created_at follows that order.
-	tx := ownTx(t, tdb)
-	var got []uuid.UUID
-	err := tx.QueryRow(ctx, `SELECT array_agg(c.id ORDER BY c.created_at, c.id)
-		FROM modkit_outbox_claim_plain($1, $2, 10, 3, '1 minute', NULL, NULL) c`,
-		uuid.New(), []string{"test:c", "test:a", "test:b"}).Scan(&got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("claimed %v, want the 10 oldest %v", got, want)
-	}
-	// What the claim (not committed) left unlocked, another claim can lock.
-	var free int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM modkit_outbox_events
-		WHERE status = 'pending' FOR UPDATE SKIP LOCKED) f`).Scan(&free); err != nil {
-		t.Fatal(err)
-	}
-	if free != 20 {
-		t.Fatalf("a claim of 10 events left %d of the other 20 unlocked; it must lock only what it leases", free)
 	}
 }
 
