@@ -28,7 +28,11 @@ import (
 //
 // For a dedupe key or a tenant, build the Message with Message and set them
 // before enqueueing it. The zero TypedTopic has no topic: enqueues and
-// publishers built from it are refused.
+// publishers built from it are refused. encoding/json replaces invalid
+// UTF-8 in T's strings with U+FFFD rather than failing, so such a string
+// is enqueued changed, where a raw Message payload holding the same bytes
+// is refused (ErrInvalidPayload); validate the text T carries if that
+// matters.
 type TypedTopic[T any] struct{ topic Topic }
 
 // NewTypedTopic returns the typed topic (namespace, topic) for payloads of
