@@ -953,6 +953,68 @@ func TestPurgeDryRun(t *testing.T) {
 	}
 }
 
+// TestPurgeSequences: purge --sequences deletes the sequence rows of
+// ordering keys with no event left (after a purge of their delivered
+// events), counts them for --dry-run and the confirmation, honours
+// --limit, keeps the rows of keys with events, refuses the flags of a
+// purge of events, and says which migration a schema lacks.
+func TestPurgeSequences(t *testing.T) {
+	f := newFixture(t)
+	for i, key := range []string{"acct-1", "acct-2", "acct-3", "acct-4"} {
+		if _, err := f.client.Enqueue(bg, f.pool, outbox.Message{Namespace: orders.Namespace, Topic: orders.Topic,
+			Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), OrderingKey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.settle(t, orders, 3, driver.Delivered, 0) // acct-4's event stays pending
+	cli(t, f.dsn, "purge", "--topic", "shop/order_paid", "--older-than", "0s", "--yes").must(t, exitOK)
+	rows := func() int {
+		t.Helper()
+		var n int
+		if err := f.pool.QueryRow(bg, "SELECT count(*) FROM modkit_outbox_sequences").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	r := cli(t, f.dsn, "purge", "--sequences", "--dry-run").must(t, exitOK)
+	if !strings.Contains(r.stdout, "dry run: the sequence rows of 3 ordering key(s) without events would be deleted; nothing was changed") {
+		t.Fatalf("purge --sequences --dry-run:\n%s", r.stdout)
+	}
+	r = cli(t, f.dsn, "purge", "--sequences").must(t, exitAborted)
+	if !strings.Contains(r.stderr, "Delete the sequence rows of 3 ordering key(s) that have no event left?") || rows() != 4 {
+		t.Fatalf("the confirmation does not say how many go, or something went:\n%s", r.stderr)
+	}
+	r = cli(t, f.dsn, "purge", "--sequences", "--limit", "2", "--yes").must(t, exitOK)
+	if !strings.Contains(r.stdout, "deleted the sequence rows of 2 ordering key(s) without events") || rows() != 2 {
+		t.Fatalf("purge --sequences --limit 2:\n%s", r.stdout)
+	}
+	r = cli(t, f.dsn, "purge", "--sequences", "--yes").must(t, exitOK)
+	if !strings.Contains(r.stdout, "deleted the sequence rows of 1 ordering key(s)") || rows() != 1 {
+		t.Fatalf("purge --sequences:\n%s", r.stdout)
+	}
+	r = cli(t, f.dsn, "purge", "--sequences").must(t, exitOK)
+	if !strings.Contains(r.stdout, "no ordering key without events; nothing to purge") {
+		t.Fatalf("purge --sequences with nothing to prune:\n%s", r.stdout)
+	}
+	for _, args := range [][]string{
+		{"--sequences", "--topic", "shop/order_paid"}, {"--sequences", "--older-than", "1h"}, {"--sequences", "--limit", "-1"},
+		{"--topic", "shop/order_paid", "--older-than", "1h", "--limit", "5"},
+	} {
+		cli(t, f.dsn, append([]string{"purge"}, args...)...).must(t, exitUsage)
+	}
+
+	if _, err := f.pool.Exec(bg, "DROP FUNCTION modkit_outbox_prune_sequences, modkit_outbox_prunable_sequences"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--dry-run"}, {"--yes"}} {
+		r = cli(t, f.dsn, append([]string{"purge", "--sequences"}, args...)...).must(t, exitFailure)
+		if !strings.Contains(r.stderr, "purge --sequences needs migration 0045") {
+			t.Fatalf("purge --sequences %v without migration 0045: %+v", args, r)
+		}
+	}
+}
+
 func TestExitCodes(t *testing.T) {
 	f := newFixture(t)
 	for _, c := range []struct {

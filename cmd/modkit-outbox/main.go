@@ -99,7 +99,7 @@ func commands() []command {
 		{"stats", "count events per namespace, topic and status; list blocked keys and topics no dispatcher serves", runStats},
 		{"events", "list events with filters, or show one", runEvents},
 		{"dead", "replay or purge dead events (by id or filter), skip an ordering key's dead head, or dead-letter pending events", runDead},
-		{"purge", "delete delivered events of topics older than a retention", runPurge},
+		{"purge", "delete delivered events of topics older than a retention, or the sequence rows of ordering keys without events", runPurge},
 		{"tail", "follow deliveries and dead letters live", runTail},
 		{"serve", "serve the web dashboard", runServe},
 	}

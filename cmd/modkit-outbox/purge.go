@@ -14,6 +14,15 @@ const purgeExamples = `  modkit-outbox purge --topic shop/order_paid --older-tha
   modkit-outbox purge --topic shop/order_paid --older-than 72h
   modkit-outbox purge --topic shop/order_paid --topic shop/refunded --older-than 0s --yes
 
+  modkit-outbox purge --sequences --dry-run   # ordering keys with no event left: how many rows could go
+  modkit-outbox purge --sequences --yes --limit 100000
+
+  # --sequences deletes the sequence rows of ordering keys that have no
+  # event left, of any status (run it after purging delivered events): the
+  # database keeps one for every key ever used. A key used again afterwards
+  # starts again at sequence 1, on a new stream. Rows that an enqueue under
+  # way holds are left for the next run.
+
   # The count (of --dry-run and of the confirmation) is an upper bound: the
   # topics' delivered events of any age, which stats counts too (it reads
   # the whole table); which of them are older than --older-than is not
@@ -22,13 +31,16 @@ const purgeExamples = `  modkit-outbox purge --topic shop/order_paid --older-tha
 `
 
 func runPurge(ctx context.Context, e env, args []string) error {
-	f := newFlags(e, "purge", "purge --topic NAMESPACE/TOPIC... --older-than DURATION [flags]", purgeExamples)
+	f := newFlags(e, "purge", "purge --topic NAMESPACE/TOPIC... --older-than DURATION [flags]\n  modkit-outbox purge --sequences [--limit N] [flags]",
+		purgeExamples)
 	var topicArgs listFlag
 	f.Var(&topicArgs, "topic", "a topic to purge, `NAMESPACE/TOPIC` (repeat for several)")
 	var olderThanFlag requiredDuration
 	f.Var(&olderThanFlag, "older-than", "delete delivered events whose delivery is older than this `duration` (0s: all delivered)")
 	olderThan := &olderThanFlag.d
-	dryRun := f.Bool("dry-run", false, "count the delivered events of the topics, at most what would be deleted, and delete nothing")
+	sequences := f.Bool("sequences", false, "delete the sequence rows of ordering keys that have no event left, instead of events")
+	limit := f.Int("limit", 0, "--sequences: delete at most this many rows (0: all of them)")
+	dryRun := f.Bool("dry-run", false, "count the delivered events of the topics (--sequences: the rows), at most what would be deleted, and delete nothing")
 	yes := f.Bool("yes", false, "do not ask for confirmation (and do not count first)")
 	pos, err := f.parse(e, args)
 	if err != nil {
@@ -36,6 +48,19 @@ func runPurge(ctx context.Context, e env, args []string) error {
 	}
 	if len(pos) > 0 {
 		return usageErr("purge takes no arguments (got %q); name topics with --topic", pos)
+	}
+	if *sequences {
+		if len(topicArgs) > 0 || olderThanFlag.set {
+			return usageErr("purge --sequences takes no --topic nor --older-than: it deletes the rows of every ordering key " +
+				"without events; purge the delivered events first, in a run of their own")
+		}
+		if *limit < 0 {
+			return usageErr("--limit is %d; give the most rows to delete, or 0 for all of them", *limit)
+		}
+		return runPurgeSequences(ctx, e, f, *limit, *dryRun, *yes)
+	}
+	if f.setFlags()["limit"] {
+		return usageErr("--limit is for purge --sequences; a purge of delivered events deletes all those older than --older-than")
 	}
 	if len(topicArgs) == 0 || !olderThanFlag.set {
 		f.printUsage(e.stderr)
@@ -123,4 +148,50 @@ func purgeBound(ctx context.Context, e env, a *outbox.Admin, topics []outbox.Top
 		}
 	}
 	return total, nil
+}
+
+// runPurgeSequences is purge --sequences: it deletes the sequence rows of
+// ordering keys without events (Admin.PruneSequences), at most limit (0:
+// all), after counting them unless yes.
+func runPurgeSequences(ctx context.Context, e env, f *cmdFlags, limit int, dryRun, yes bool) error {
+	c, pool, err := f.client(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	notMigrated := func(err error) error {
+		if errors.Is(err, outbox.ErrNotMigrated) {
+			return fmt.Errorf("purge --sequences needs migration 0045 in schema %s: run modkit-outbox migrate up as its owner: %w", f.schema, err)
+		}
+		return err
+	}
+	if dryRun || !yes {
+		n, err := c.Admin().PrunableSequences(ctx)
+		if err != nil {
+			return notMigrated(err)
+		}
+		upTo := ""
+		if limit > 0 && int64(limit) < n {
+			upTo = fmt.Sprintf(" (--limit: %d of them)", limit)
+			n = int64(limit)
+		}
+		switch {
+		case n == 0:
+			fmt.Fprintln(e.stdout, "no ordering key without events; nothing to purge")
+			return nil
+		case dryRun:
+			fmt.Fprintf(e.stdout, "dry run: the sequence rows of %d ordering key(s) without events would be deleted%s; nothing was changed\n", n, upTo)
+			return nil
+		}
+		if err := confirm(e, fmt.Sprintf("Delete the sequence rows of %d ordering key(s) that have no event left%s? "+
+			"A key used again starts again at sequence 1, on a new stream.", n, upTo)); err != nil {
+			return err
+		}
+	}
+	n, err := c.Admin().PruneSequences(ctx, limit)
+	if err != nil {
+		return fmt.Errorf("%w (%d deleted before the error)", notMigrated(err), n)
+	}
+	fmt.Fprintf(e.stdout, "deleted the sequence rows of %d ordering key(s) without events\n", n)
+	return nil
 }

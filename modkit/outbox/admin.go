@@ -694,6 +694,71 @@ func (a *Admin) Purge(ctx context.Context, retention time.Duration, topics ...To
 	return res.Purged, nil
 }
 
+// pruneSequencesBatch is how many sequence rows one statement of
+// PruneSequences deletes at most: each runs in a transaction of its own,
+// so that none holds many locks or runs long.
+const pruneSequencesBatch = 1000
+
+// PruneSequences deletes the sequence rows of ordering keys that have no
+// event left, at most limit of them (0: all there are), in batches of a
+// transaction each, and returns how many it deleted. The database keeps
+// one row per ordering key ever used (its last sequence and stream), and
+// nothing else deletes them: keys per order or per aggregate grow the
+// table without bound (about 210 bytes a key) once their events are
+// purged. A key keeps its row while any event of it is in the table,
+// whatever its status (pending, leased, held, dead, or delivered and not
+// purged yet). A key used again after its row was pruned starts again, as
+// a new key does: a new stream, sequence 1 (Delivery.Sequence goes back to
+// 1), so a consumer that checks that a key's sequences increase must take
+// a 1 for a new start (every event of the key before it was delivered, or
+// dead and purged, by then). It never
+// fails an enqueue, nor lets an event be lost or delivered out of order: a
+// row an enqueue under way holds is skipped (run it again later), and an
+// enqueue that waits for a row being pruned starts the key afresh. Run it
+// outside a transaction of REPEATABLE READ or SERIALIZABLE isolation (it
+// runs on the client's pool, at the server's default isolation): there, a
+// key enqueued meanwhile fails it with a serialization error. Rows
+// deleted before an error are not restored; the count says how many. It
+// needs migration 0045 (before it, an error matching ErrNotMigrated) and
+// the operator role; PrunableSequences counts what it would delete.
+func (a *Admin) PruneSequences(ctx context.Context, limit int) (int64, error) {
+	if limit < 0 {
+		return 0, configError("PruneSequences limit is %d; give the most rows to delete, or 0 for all of them", limit)
+	}
+	var total, after int64
+	for {
+		batch := pruneSequencesBatch
+		if limit > 0 {
+			batch = min(batch, limit-int(total))
+		}
+		// Each batch goes on after the last row the one before took, so
+		// that the table is read once, not once a batch.
+		n, last, err := a.c.store.PruneSequences(ctx, batch, after)
+		total += n
+		if err != nil {
+			return total, a.wrapWriteErr(err, "prune sequences")
+		}
+		// None taken: no row is left after the last (those held by
+		// enqueues under way are skipped).
+		if last == 0 || (limit > 0 && total >= int64(limit)) {
+			return total, nil
+		}
+		after = last
+	}
+}
+
+// PrunableSequences counts the sequence rows of ordering keys that have
+// no event left: how many PruneSequences would delete now. It reads the
+// whole sequences table. It needs migration 0045 (before it, an error
+// matching ErrNotMigrated) and the reader or operator role.
+func (a *Admin) PrunableSequences(ctx context.Context) (int64, error) {
+	n, err := a.c.store.PrunableSequences(ctx)
+	if err != nil {
+		return 0, a.wrapErr(err, "count prunable sequences")
+	}
+	return n, nil
+}
+
 func encodeCursor(at time.Time, id uuid.UUID) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id.String()))
 }

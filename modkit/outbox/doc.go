@@ -172,7 +172,9 @@
 // kept) and Backlog (pending, processing and dead only, from their indexes:
 // for dashboards and probes), List (pending, dead, … with filters and paging),
 // Get, ReplayDead and PurgeDead (by id or filter), DeadLetter (pending
-// events made dead: those of a topic no dispatcher serves), Purge, Series
+// events made dead: those of a topic no dispatcher serves), Purge,
+// PruneSequences (the sequence rows of ordering keys without events, which
+// the database otherwise keeps for every key ever used), Series
 // (throughput and delivery latency per bucket, for charts) and Settled
 // (recent outcomes, to follow deliveries). Dispatcher.Health says whether a
 // dispatcher is ready (its first claim succeeded) and whether it is

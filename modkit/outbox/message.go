@@ -70,7 +70,10 @@ type Message struct {
 	// two transactions that each enqueue several keys can deadlock when
 	// they take them in opposite orders; the one PostgreSQL aborts gets
 	// ErrConflict, so enqueue a transaction's keys in one order (sorted,
-	// say). Many events of one key in one
+	// say). The database keeps a row per key ever used, after its events
+	// are purged, until an operator prunes it (Admin.PruneSequences); a
+	// key used again after that starts again at sequence 1. Many events of
+	// one key in one
 	// transaction go faster through one EnqueueBatch, which takes the key's
 	// sequence once: each Enqueue takes it again, and a transaction's
 	// repeated writes of one row slow each other down (about 0.5 s for

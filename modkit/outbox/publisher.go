@@ -57,7 +57,9 @@ type Delivery struct {
 	// Sequence the event's place among the key's events (1, 2, …; 0
 	// without a key). Events of one key reach the publisher one at a
 	// time, in Sequence order: the next is claimed only after this one is
-	// delivered (or dead and skipped).
+	// delivered (or dead and skipped). A key whose sequence row an
+	// operator pruned (Admin.PruneSequences: it had no event left) starts
+	// again at 1 when used again.
 	OrderingKey string
 	Sequence    int64
 	// Headers as enqueued (Message.Headers, plus the W3C trace context of

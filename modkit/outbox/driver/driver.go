@@ -169,6 +169,19 @@ type Store interface {
 	// ones alone, records who did it in their history, and returns their
 	// ids.
 	DeadLetter(ctx context.Context, p ReplayParams) ([]uuid.UUID, error)
+	// PruneSequences deletes at most limit (at least 1) of the ordering
+	// keys' sequence rows whose key has no event left, of any status,
+	// among those after the row after (a stream id; 0 for the first),
+	// and returns how many it deleted and the last row it took (0 when
+	// none is left), for the next call's after. A row that an enqueue under way
+	// holds is skipped, and an enqueue never fails for a row deleted: a
+	// key used again after its row went starts a new stream at sequence
+	// 1. A schema that cannot (outboxpg: without migration 0045) fails
+	// with the engine's "undefined function" error.
+	PruneSequences(ctx context.Context, limit int, after int64) (pruned, last int64, err error)
+	// PrunableSequences counts the sequence rows PruneSequences would
+	// delete now.
+	PrunableSequences(ctx context.Context) (int64, error)
 	// History returns an event's attempts ledger, oldest first. It is
 	// kept after the event is purged; an unknown id has an empty history.
 	History(ctx context.Context, id uuid.UUID) ([]Attempt, error)

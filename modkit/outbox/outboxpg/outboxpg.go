@@ -822,6 +822,19 @@ func (s *store) PurgeDead(ctx context.Context, p driver.ReplayParams) ([]uuid.UU
 	return s.changeSelected(ctx, s.sql.purgeDeadIDs, s.sql.purgeDeadFilter, p)
 }
 
+// PruneSequences implements driver.Store (migration 0045).
+func (s *store) PruneSequences(ctx context.Context, limit int, after int64) (pruned, last int64, err error) {
+	err = s.pool.QueryRow(ctx, s.sql.pruneSequences, limit, after).Scan(&pruned, &last)
+	return pruned, last, err
+}
+
+// PrunableSequences implements driver.Store (migration 0045).
+func (s *store) PrunableSequences(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, s.sql.prunableSequences).Scan(&n)
+	return n, err
+}
+
 // DeadLetter implements driver.Store.
 func (s *store) DeadLetter(ctx context.Context, p driver.ReplayParams) ([]uuid.UUID, error) {
 	return s.changeSelected(ctx, s.sql.deadLetterIDs, s.sql.deadLetterFilter, p)

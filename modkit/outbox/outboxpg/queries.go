@@ -126,6 +126,9 @@ FROM {{async}}{{fn}}modkit_outbox_claim_chained($1, $2::text[], $3, $4, $5::inte
 	qDeadLetterIDs    = `SELECT id FROM {{fn}}modkit_outbox_dead_letter($1::uuid[], $2, {{now}}) AS id`
 	qDeadLetterFilter = `SELECT id FROM {{fn}}modkit_outbox_dead_letter_filter(` + filterParams + `, $10, {{now}}) AS id`
 
+	qPruneSequences    = `SELECT pruned, last_stream FROM {{fn}}modkit_outbox_prune_sequences($1, $2)`
+	qPrunableSequences = `SELECT {{fn}}modkit_outbox_prunable_sequences()`
+
 	qBlockedKeys = `SELECT namespace, topic, ordering_key, head_id, head_seq, waiting, last_error, dead_since
 FROM {{fn}}modkit_outbox_blocked_keys($1)`
 	qSkipHead    = `SELECT {{fn}}modkit_outbox_skip_head($1, $2, {{now}})`
@@ -148,8 +151,9 @@ const (
 	// gauges, for the topics it names; no direct table access.
 	RoleDispatcher = "modkit_outbox_dispatcher"
 	// RoleOperator may read stats, list and show events with payloads and
-	// history, replay dead events and purge; each replay is recorded with
-	// its session_user.
+	// history, replay dead events and purge, and prune the sequence rows
+	// of ordering keys without events (since migration 0045); each replay
+	// is recorded with its session_user.
 	RoleOperator = "modkit_outbox_operator"
 	// RoleReader may read stats, list and show events without payloads,
 	// and history.
@@ -172,6 +176,7 @@ type queries struct {
 	replayIDs, replayFilter              string
 	purgeDeadIDs, purgeDeadFilter        string
 	deadLetterIDs, deadLetterFilter      string
+	pruneSequences, prunableSequences    string
 	blockedKeys, skipHead, releaseHeld   string
 }
 
@@ -227,5 +232,7 @@ func newQueries(schema string, syncCommit, testClock bool) queries {
 		purgeDeadFilter:     bind(qPurgeDeadFilter, "11", ""),
 		deadLetterIDs:       bind(qDeadLetterIDs, "3", ""),
 		deadLetterFilter:    bind(qDeadLetterFilter, "11", ""),
+		pruneSequences:      bind(qPruneSequences, "", ""),
+		prunableSequences:   bind(qPrunableSequences, "", ""),
 	}
 }
