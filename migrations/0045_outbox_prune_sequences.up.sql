@@ -13,8 +13,10 @@
 -- consumer that remembers a key's last sequence sees it go back to 1 (the
 -- docs say so).
 --
--- The prune never fails an enqueue nor lets an event be lost or misordered
--- (under READ COMMITTED, how the outbox's calls run):
+-- The prune never lets an event be lost or misordered, nor fails an
+-- enqueue at READ COMMITTED (an enqueue in a REPEATABLE READ or
+-- SERIALIZABLE transaction whose snapshot predates a prune of its key gets
+-- a serialization failure, which the library reports as ErrConflict):
 --   - It locks the rows it will delete FOR UPDATE SKIP LOCKED: a row an
 --     enqueue under way holds (its update of last_seq, or the key share
 --     lock of its event's foreign-key check) is skipped, and is left for a

@@ -709,12 +709,14 @@ const pruneSequencesBatch = 1000
 // whatever its status (pending, leased, held, dead, or delivered and not
 // purged yet). A key used again after its row was pruned starts again, as
 // a new key does: a new stream, sequence 1 (Delivery.Sequence goes back to
-// 1), so a consumer that checks that a key's sequences increase must take
-// a 1 for a new start (every event of the key before it was delivered, or
-// dead and purged, by then). It never
-// fails an enqueue, nor lets an event be lost or delivered out of order: a
-// row an enqueue under way holds is skipped (run it again later), and an
-// enqueue that waits for a row being pruned starts the key afresh. Run it
+// 1): a consumer that drops what it has seen by key and sequence would
+// drop the key's new events, so deduplicate by Delivery.ID when pruning.
+// It never lets an event be lost or delivered out of order, nor fails a
+// READ COMMITTED enqueue: a row an enqueue under way holds is skipped (run
+// it again later), and an enqueue that waits for a row being pruned starts
+// the key afresh (a REPEATABLE READ or SERIALIZABLE enqueue whose
+// transaction began before the prune committed gets ErrConflict: retry
+// it). Run it
 // outside a transaction of REPEATABLE READ or SERIALIZABLE isolation (it
 // runs on the client's pool, at the server's default isolation): there, a
 // key enqueued meanwhile fails it with a serialization error. Rows

@@ -59,7 +59,8 @@ type Delivery struct {
 	// time, in Sequence order: the next is claimed only after this one is
 	// delivered (or dead and skipped). A key whose sequence row an
 	// operator pruned (Admin.PruneSequences: it had no event left) starts
-	// again at 1 when used again.
+	// again at 1 when used again, so (OrderingKey, Sequence) names an
+	// event only until then: deduplicate by ID.
 	OrderingKey string
 	Sequence    int64
 	// Headers as enqueued (Message.Headers, plus the W3C trace context of

@@ -174,7 +174,7 @@ type Store interface {
 	// among those after the row after (a stream id; 0 for the first),
 	// and returns how many it deleted and the last row it took (0 when
 	// none is left), for the next call's after. A row that an enqueue under way
-	// holds is skipped, and an enqueue never fails for a row deleted: a
+	// holds is skipped, and a READ COMMITTED enqueue never fails for a row deleted: a
 	// key used again after its row went starts a new stream at sequence
 	// 1. A schema that cannot (outboxpg: without migration 0045) fails
 	// with the engine's "undefined function" error.

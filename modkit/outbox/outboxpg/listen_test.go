@@ -138,9 +138,7 @@ func TestListenGivesUpOnASilentConnection(t *testing.T) {
 	px.silence()
 	select {
 	case err := <-done:
-		// A check the pool sent just before the silence does not come
-		// back either: the listener then reports itself deaf, as true.
-		if err == nil || !strings.Contains(err.Error(), "delivered no notification") && !errors.Is(err, driver.ErrListenDeaf) {
+		if err == nil || !strings.Contains(err.Error(), "delivered no notification") || errors.Is(err, driver.ErrListenDeaf) {
 			t.Fatalf("the listener ended with %v; want it to say its connection went silent", err)
 		}
 	case <-time.After(guard):
@@ -435,4 +433,128 @@ func TestListenNoticesItHearsNoOneElse(t *testing.T) {
 	case <-time.After(guard):
 		t.Fatal("a listener that hears no one else listened on")
 	}
+}
+
+// A listener whose own connection goes silent while the pool is healthy
+// is a dead connection, not a deaf listener: the pool's check does not
+// come back, and its own connection does not answer either. It was
+// reported deaf, with the advice for PgBouncer, every time.
+func TestListenTellsADeadConnectionFromADeafOne(t *testing.T) {
+	t.Cleanup(outboxpg.SetListenCheck(100*time.Millisecond, 2*time.Second))
+	tdb := pgtest.NewDB(t)
+	lc, err := pgx.ParseConfig(tdb.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := newSilencingProxy(t, lc.Host, lc.Port)
+	lc.Host, lc.Port = "127.0.0.1", px.port()
+	lc.TLSConfig, lc.Fallbacks = nil, nil
+	st, err := outboxpg.New(tdb.Provider.Pool).ListenOn(lc).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks, done := listeningForChecks(t, st)
+	for range 2 { // the pool's checks come back through the proxy
+		select {
+		case <-checks:
+		case err := <-done:
+			t.Fatalf("the listener ended on a live connection: %v", err)
+		case <-time.After(guard):
+			t.Fatal("no check came back")
+		}
+	}
+	px.silence()
+	select {
+	case err := <-done:
+		if errors.Is(err, driver.ErrListenDeaf) || err == nil || !strings.Contains(err.Error(), "delivered no notification") {
+			t.Fatalf("a listener whose connection went silent ended with %v; want a silent connection, not a deaf listener", err)
+		}
+	case <-time.After(guard):
+		t.Fatal("the listener kept waiting on a connection that delivers nothing")
+	}
+}
+
+// A check the listener sends on its own connection, when the pool cannot
+// send it (every connection busy), proves nothing about hearing others:
+// it comes back even where no one else's notification would. It was
+// reported as heard (wake with the empty topic), which cleared a deaf
+// listener's Health report whenever the pool was busy. Here the listener
+// is deaf (ListenOn another database) and the pool exhausted: its own
+// checks, seen by a watcher there, come back to it unreported.
+func TestListenDoesNotCountItsOwnCheck(t *testing.T) {
+	t.Cleanup(outboxpg.SetListenCheck(100*time.Millisecond, 2*time.Second))
+	tdb, other := pgtest.NewDB(t), pgtest.NewDB(t)
+	cfg := tdb.Provider.Pool.Config().Copy()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	held, err := pool.Acquire(ctx) // the pool cannot send a check
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held.Release)
+	watcher, err := pgx.Connect(ctx, other.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { watcher.Close(ctx) })
+	if _, err := watcher.Exec(ctx, "LISTEN "+pgx.Identifier{outboxpg.NotifyChannel("public")}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere, err := pgx.ParseConfig(other.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := outboxpg.New(pool).ListenOn(elsewhere).Open(driver.Options{Schema: "public"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks, done := listeningForChecks(t, st)
+	wctx, cancel := context.WithTimeout(ctx, guard)
+	defer cancel()
+	for seen := 0; seen < 2; {
+		n, err := watcher.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("waiting for the listener's own checks: %v", err)
+		}
+		if strings.HasPrefix(n.Payload, " modkit-outbox listener check ") {
+			seen++
+		}
+	}
+	// The second check was sent after the first came back to the listener.
+	select {
+	case <-checks:
+		t.Fatal("the listener reported its own check as heard")
+	case err := <-done:
+		t.Fatalf("the listener ended: %v", err)
+	default:
+	}
+}
+
+// listeningForChecks runs s.Listen until the test ends and returns a
+// channel that receives each check that came back as heard (wake with the
+// empty topic) and one that receives what Listen returned.
+func listeningForChecks(t *testing.T, s driver.Store) (checks <-chan struct{}, done <-chan error) {
+	t.Helper()
+	lctx, cancel := context.WithCancel(ctx)
+	c, d, exited := make(chan struct{}, 100), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(exited)
+		d <- s.Listen(lctx, func() {}, func(topic string) {
+			if topic == "" {
+				select {
+				case c <- struct{}{}:
+				default:
+				}
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-exited
+	})
+	return c, d
 }

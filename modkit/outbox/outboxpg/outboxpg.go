@@ -887,9 +887,11 @@ const listenEchoPrefix = " modkit-outbox listener check "
 // one session for its whole life, which a pooled connection is not),
 // opened with the pool's connection settings and its BeforeConnect and
 // AfterConnect hooks (rotating credentials, service discovery), or with
-// Driver.ListenOn's. A check that comes back calls wake with the empty
-// topic; one that does not ends it with an error wrapping
-// driver.ErrListenDeaf when the pool sent it.
+// Driver.ListenOn's. A check the pool sent that comes back calls wake
+// with the empty topic; one that does not ends it, with an error wrapping
+// driver.ErrListenDeaf when the listener's own connection still answers
+// (it listens where no one notifies), and as a silent connection when it
+// does not.
 func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic string)) error {
 	conn, err := s.listenConn(ctx)
 	if err != nil {
@@ -916,8 +918,13 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		cancel()
 		if err == nil {
 			if n.Payload == echo {
+				// Only a check the pool sent shows that the listener hears
+				// other sessions; one it sent itself comes back even where
+				// it hears no one.
+				if fromPool {
+					wake("")
+				}
 				echoSent = time.Time{}
-				wake("")
 			} else {
 				wake(n.Payload)
 			}
@@ -931,12 +938,24 @@ func (s *store) Listen(ctx context.Context, onReady func(), wake func(topic stri
 		silent := fmt.Errorf("outboxpg: the notification listener's connection delivered no notification, not even its own check, "+
 			"for %v: reconnecting", listenQuiet+listenEchoWait)
 		if !echoSent.IsZero() {
-			if fromPool {
-				return fmt.Errorf("outboxpg: %w (for %v): reconnecting. Behind PgBouncer in transaction mode LISTEN does not work: "+
-					"give the listener a direct connection (Driver.ListenOn), or set DispatcherConfig.PollOnly and Config.DisableNotify "+
-					"on the producers", driver.ErrListenDeaf, listenQuiet+listenEchoWait)
+			if !fromPool {
+				return silent
 			}
-			return silent
+			// The pool's check did not come back: deaf if the listener's
+			// own connection still answers, silent (a dead connection)
+			// if it does not.
+			actx, cancel := context.WithTimeout(ctx, listenEchoWait/2)
+			_, err := conn.Exec(actx, "SELECT 1", pgx.QueryExecModeSimpleProtocol)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case err != nil:
+				return silent
+			}
+			return fmt.Errorf("outboxpg: %w (for %v): reconnecting. Behind PgBouncer in transaction mode LISTEN does not work: "+
+				"give the listener a direct connection (Driver.ListenOn), or set DispatcherConfig.PollOnly and Config.DisableNotify "+
+				"on the producers", driver.ErrListenDeaf, listenQuiet+listenEchoWait)
 		}
 		// In the simple protocol: no statement is prepared, on any pooler.
 		echoSent = time.Now()

@@ -2,6 +2,7 @@ package outboxtest
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -27,5 +28,25 @@ func TestInfoAsDebugKeepsWarningsAndErrors(t *testing.T) {
 	debug.Info("migration applied")
 	if out := buf.String(); !strings.Contains(out, "level=DEBUG msg=\"migration applied\"") {
 		t.Fatalf("at Debug, infoAsDebug printed:\n%s", out)
+	}
+}
+
+// Drain's log goes to the test's log only until Drain has stopped its
+// dispatcher: a publish abandoned at its deadline can return, and be
+// logged, after the test has ended, when t.Logf panics and ends the
+// whole test binary (a review reproduced it). The lines are still kept.
+func TestDrainLogEndsWithTheDrain(t *testing.T) {
+	var logged []string
+	l := &lastLines{logf: func(format string, args ...any) { logged = append(logged, fmt.Sprintf(format, args...)) }}
+	fmt.Fprintln(l, "during")
+	l.log("dead-lettered")
+	l.endLog()
+	fmt.Fprintln(l, "after")
+	l.log("after")
+	if len(logged) != 2 || !strings.Contains(logged[0], "during") || !strings.Contains(logged[1], "dead-lettered") {
+		t.Fatalf("logged %q; want the two lines before endLog only", logged)
+	}
+	if !strings.Contains(l.String(), "after") {
+		t.Fatalf("kept %q; want the line after endLog kept", l.String())
 	}
 }
