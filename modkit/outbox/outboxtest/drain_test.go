@@ -218,17 +218,7 @@ func TestDrainNamesABlockedKey(t *testing.T) {
 	saved := outboxtest.WaitTimeout
 	outboxtest.WaitTimeout = time.Second
 	defer func() { outboxtest.WaitTimeout = saved }()
-	c, tdb := outboxtest.NewClient(t, outbox.Config{})
-	for i := range 2 {
-		enqueue(t, c, tdb.Provider.Pool, placed, fmt.Sprintf(`{"n":%d}`, i), func(m *outbox.Message) { m.OrderingKey = "acct-1" })
-	}
-	rec := outboxtest.NewRecorder()
-	rec.Fail = func(d outbox.Delivery) error {
-		if d.Sequence == 1 {
-			return outbox.Permanent(errors.New("the ledger refused it"))
-		}
-		return nil
-	}
+	c, rec := keyWithADeadHead(t, 2)
 	msg := failure(t, func(tb outboxtest.TB) { outboxtest.Drain(tb, c, rec.Publisher(placed)) })
 	for _, want := range []string{`(event 2 of ordering key "acct-1"), pending`, `ordering key "acct-1" of ` + placed.String() +
 		`: its 1 later event(s) wait behind the dead event`, "the ledger refused it"} {
@@ -351,17 +341,7 @@ func TestDrainFailsAtOnceBehindADeadHead(t *testing.T) {
 	outboxtest.WaitTimeout = 2 * time.Minute // the guard: the failure must come long before
 	defer func() { outboxtest.WaitTimeout = saved }()
 	for _, skip := range []bool{false, true} {
-		c, tdb := outboxtest.NewClient(t, outbox.Config{})
-		for i := range 3 {
-			enqueue(t, c, tdb.Provider.Pool, placed, fmt.Sprintf(`{"n":%d}`, i), func(m *outbox.Message) { m.OrderingKey = "acct-1" })
-		}
-		rec := outboxtest.NewRecorder()
-		rec.Fail = func(d outbox.Delivery) error {
-			if d.Sequence == 1 {
-				return outbox.Permanent(errors.New("the ledger refused it"))
-			}
-			return nil
-		}
+		c, rec := keyWithADeadHead(t, 3)
 		pub := rec.Publisher(placed)
 		pub.SkipDeadHeads = skip
 		var published []outbox.Delivery
@@ -378,4 +358,23 @@ func TestDrainFailsAtOnceBehindADeadHead(t *testing.T) {
 			}
 		}
 	}
+}
+
+// keyWithADeadHead enqueues n events of ordering key "acct-1" and returns
+// a recorder whose publisher refuses the first for good ("the ledger
+// refused it"): a drain leaves the key's later events behind a dead head.
+func keyWithADeadHead(t *testing.T, n int) (*outbox.Client, *outboxtest.Recorder) {
+	t.Helper()
+	c, tdb := outboxtest.NewClient(t, outbox.Config{})
+	for i := range n {
+		enqueue(t, c, tdb.Provider.Pool, placed, fmt.Sprintf(`{"n":%d}`, i), func(m *outbox.Message) { m.OrderingKey = "acct-1" })
+	}
+	rec := outboxtest.NewRecorder()
+	rec.Fail = func(d outbox.Delivery) error {
+		if d.Sequence == 1 {
+			return outbox.Permanent(errors.New("the ledger refused it"))
+		}
+		return nil
+	}
+	return c, rec
 }
